@@ -1,0 +1,70 @@
+"""The store's typed errors. psycopg errors are translated once, here, at the database boundary."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import errors as pg_errors
+
+
+class StoreError(Exception):
+    """Base class of everything the store raises on purpose."""
+
+
+class TransientStoreError(StoreError):
+    """The database did not answer (connection lost, timeout): the write may or may not have committed."""
+
+
+class ConstraintRefused(StoreError):
+    """The database refused the write on a named constraint; ``constraint`` says which."""
+
+    def __init__(self, constraint: str | None, message: str) -> None:
+        super().__init__(message)
+        self.constraint = constraint
+
+
+class NotPermitted(StoreError):
+    """The role this process runs as may not do that (SQLSTATE 42501)."""
+
+
+class IdempotencyConflict(StoreError):
+    """The idempotency key was used before with a different request (a 409)."""
+
+    def __init__(self, job_id: object) -> None:
+        super().__init__("this idempotency key was used for a different request")
+        self.job_id = job_id
+
+
+class UnknownReference(StoreError):
+    """A referenced row (destination, original job) does not exist in this tenant."""
+
+
+class InvariantViolation(StoreError):
+    """Something changed under a row lock; the outcome computed under it is not true, so nothing is recorded."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection failures and timeouts: the only errors that leave a write's fate unknown.
+
+    Constraint violations and other database errors are real answers, not uncertainty.
+    """
+    if isinstance(exc, TransientStoreError | TimeoutError | ConnectionError | OSError):
+        return True
+    if isinstance(exc, pg_errors.QueryCanceled | pg_errors.AdminShutdown | pg_errors.CannotConnectNow):
+        return True
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        # OperationalError with a SQLSTATE of a real refusal is not transient (e.g. lock_not_available).
+        sqlstate = getattr(exc, "sqlstate", None)
+        return sqlstate is None or sqlstate.startswith(("08", "57"))
+    return False
+
+
+def translate(exc: psycopg.Error) -> StoreError:
+    """Map one psycopg error to the typed error it means."""
+    diag_constraint = exc.diag.constraint_name if exc.diag else None
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return NotPermitted(str(exc.diag.message_primary or "permission denied"))
+    if isinstance(exc, pg_errors.IntegrityError | pg_errors.CheckViolation):
+        return ConstraintRefused(diag_constraint, str(exc.diag.message_primary or exc))
+    if is_transient(exc):
+        return TransientStoreError(type(exc).__name__)
+    return StoreError(f"{type(exc).__name__}: {exc.diag.message_primary if exc.diag else exc}")

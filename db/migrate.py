@@ -1,0 +1,65 @@
+"""Numbered ``.sql`` migrations, applied under an advisory lock and recorded, so running twice is a no-op."""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+log = logging.getLogger(__name__)
+
+# Any constant works; it only has to be the same for every migrating process.
+_MIGRATION_LOCK = 7_461_003_211
+
+APP_ROLES = ("exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler")
+
+
+def migration_files() -> list[tuple[str, str]]:
+    """Return ``(name, sql_text)`` for every migration, in order."""
+    folder = resources.files("db") / "migrations"
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".sql"))
+    return [(n, (folder / n).read_text(encoding="utf-8")) for n in names]
+
+
+def migrate(url: str) -> list[str]:
+    """Apply every pending migration to ``url`` and return the names applied now.
+
+    Idempotent and safe to run from several processes at once: the advisory lock serializes them and
+    each migration commits together with its record in ``schema_migrations``.
+    """
+    applied_now: list[str] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%(k)s)", {"k": _MIGRATION_LOCK})
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            )
+            done = {r[0] for r in conn.execute("SELECT name FROM schema_migrations")}
+            for name, text in migration_files():
+                if name in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(text)  # a whole file of DDL, no parameters
+                    conn.execute("INSERT INTO schema_migrations (name) VALUES (%(n)s)", {"n": name})
+                log.info("applied migration %s", name)
+                applied_now.append(name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%(k)s)", {"k": _MIGRATION_LOCK})
+    return applied_now
+
+
+def ensure_app_login(url: str, login: str) -> None:
+    """Create ``login`` (a LOGIN role without superuser) as a member of the four application roles.
+
+    Processes connect as this login and ``SET ROLE`` to the role their job needs; NOINHERIT means the
+    login alone can do nothing. Used by the demo and the tests; production grants membership its own way.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": login}).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOINHERIT").format(sql.Identifier(login)))
+        for role in APP_ROLES:
+            conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(login)))

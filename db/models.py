@@ -1,0 +1,227 @@
+"""Typed values of the row protocol: the seeds' enumerations, spelled as the seeds spell them, and rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict
+
+
+class JobStatus(StrEnum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    DELIVERING = "Delivering"
+    CANCELED = "Canceled"
+    REJECTED = "Rejected"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+    COMPLETED = "Completed"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+
+
+class FailureCode(StrEnum):
+    BUILD_FAILED = "BuildFailed"
+    ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+    NOT_DELIVERED = "NotDelivered"
+    FINAL_NAME_OCCUPIED = "FinalNameOccupied"
+    ORIGINAL_DELIVERED = "OriginalDelivered"
+
+
+class EventKind(StrEnum):
+    CLAIMED = "Claimed"
+    DELIVERY_AUTHORIZED = "DeliveryAuthorized"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+    FINISHED = "Finished"
+    REQUEUED_BY_RECOVERY = "RequeuedByRecovery"
+    STOPPED_BY_RECOVERY = "StoppedByRecovery"
+    ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+    RESOLVED_BY_RECOVERY = "ResolvedByRecovery"
+    RECONCILED = "Reconciled"
+    CORRECTED = "Corrected"
+    DELIVERY_EVIDENCE = "DeliveryEvidence"
+
+
+class CancellationOutcome(StrEnum):
+    CANCELED_WHILE_QUEUED = "CanceledWhileQueued"
+    STOP_REQUESTED = "StopRequested"
+    STOP_ALREADY_REQUESTED = "StopAlreadyRequested"
+    ALREADY_CANCELED = "AlreadyCanceled"
+    ALREADY_ENDED = "AlreadyEnded"
+    TOO_LATE = "TooLate"
+    # Answers that record nothing:
+    REQUEST_ID_REUSED = "RequestIdReused"
+    NOT_FOUND = "NotFound"
+    BUSY = "Busy"
+
+
+RECORDED_OUTCOMES = frozenset(
+    {
+        CancellationOutcome.CANCELED_WHILE_QUEUED,
+        CancellationOutcome.STOP_REQUESTED,
+        CancellationOutcome.STOP_ALREADY_REQUESTED,
+        CancellationOutcome.ALREADY_CANCELED,
+        CancellationOutcome.ALREADY_ENDED,
+        CancellationOutcome.TOO_LATE,
+    }
+)
+
+
+class ClaimResult(StrEnum):
+    CLAIMED = "Claimed"
+    LOST = "Lost"
+    UNKNOWN = "Unknown"
+
+
+class AuthorizationResult(StrEnum):
+    AUTHORIZED = "Authorized"
+    STOP_RECORDED = "StopRecorded"
+    LEASE_LAPSED = "LeaseLapsed"
+    NOT_OWNER = "NotOwner"
+    ORIGINAL_COMPLETED = "OriginalCompleted"
+    UNKNOWN = "Unknown"
+
+
+class FinishResult(StrEnum):
+    """What a terminal write found: it wrote, it had already written (a lost response), or not its row."""
+
+    WRITTEN = "Written"
+    NOT_OWNER = "NotOwner"
+    UNKNOWN = "Unknown"
+
+
+class DeliveryOutcome(StrEnum):
+    """The terminal write of a delivery: Delivering becomes one of these."""
+
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+
+
+class StopPoint(StrEnum):
+    WHILE_BUILDING = "while building"
+    BEFORE_DELIVERY = "before delivery"
+
+
+class Row(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ExportJob(Row):
+    """One ``export_jobs`` row, every column."""
+
+    id: UUID
+    tenant_id: UUID
+    status: JobStatus
+    version: int
+    destination_id: UUID
+    attempt_id: UUID | None
+    attempt_count: int
+    claimed_by: str | None
+    lease_expires_at: datetime | None
+    stop_request_id: UUID | None
+    cancellation_request_id: UUID | None
+    expected_file_name: str | None
+    expected_file_bytes: int | None
+    expected_file_sha256: bytes | None
+    delivery_authorized_at: datetime | None
+    woken_at: datetime
+    failure_reason: FailureCode | None
+    delivery_key: str
+    replaces_job_id: UUID | None
+    created_by: str
+    replacement_reason: str | None
+    overwrite_agreement_ref: str | None
+    sweep_count: int
+    list_name: str
+    rejection_reason: str | None
+    created_at: datetime
+
+    @property
+    def final_name(self) -> str:
+        return final_name_for(self.delivery_key)
+
+
+def final_name_for(delivery_key: str) -> str:
+    """The partner-facing file name: a function of the delivery key alone (000 "The Tables")."""
+    return f"contacts-{delivery_key}.csv"
+
+
+class OwnershipState(Row):
+    """The lost-response re-read: state and ownership read together in one statement."""
+
+    status: JobStatus
+    attempt_id: UUID | None
+    stop_request_id: UUID | None
+    lease_current: bool
+    original_status: JobStatus | None
+
+
+class Renewal(Row):
+    """A lease renewal's answer: whether this attempt still owns the row, and whether a stop is recorded."""
+
+    owned: bool
+    stop_requested: bool
+    status: JobStatus | None = None
+
+
+class AttemptEvent(Row):
+    id: int
+    job_id: UUID
+    attempt_id: UUID
+    kind: EventKind
+    version: int | None
+    worker_id: str | None
+    observed_by: str | None
+    detail: str | None
+    recorded_at: datetime
+
+
+class CancellationRequest(Row):
+    tenant_id: UUID
+    id: UUID
+    job_id: UUID
+    requested_by: str
+    reason: str | None
+    outcome: CancellationOutcome
+    found_status: JobStatus
+    found_attempt_id: UUID | None
+    found_attempt_count: int
+    found_delivery_authorized_at: datetime | None
+    recorded_at: datetime
+
+
+class CancellationResult(Row):
+    """What a cancellation submission answers. ``request`` is the recorded request when one exists."""
+
+    request_id: UUID
+    outcome: CancellationOutcome
+    request: CancellationRequest | None = None
+    job: ExportJob | None = None
+    replayed: bool = False  # the answer was already recorded by an earlier submission of this request ID
+
+
+class ExpiredLease(Row):
+    """A candidate nominated by recovery's scan; each takeover repeats every condition it relied on."""
+
+    id: UUID
+    attempt_id: UUID
+    status: JobStatus
+    stop_request_id: UUID | None
+    attempt_count: int
+    replaces_job_id: UUID | None
+
+
+class OutboxMessage(Row):
+    message_id: UUID
+    kind: str
+    job_id: UUID
+    created_at: datetime
+
+
+class Created(Row):
+    job_id: UUID
+    message_id: UUID | None = None
+    replayed: bool = False

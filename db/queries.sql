@@ -1,0 +1,367 @@
+-- Every statement of the row protocol, one per transition, loaded by name (db/queries.py).
+-- Each write repeats every condition it relies on, and a state change commits with its attempt event in
+-- the same statement (000 "Claim and Authorization in One Statement Each"). Lease arithmetic is on the
+-- database clock, clock_timestamp(), never a worker's.
+
+-- name: create_original
+-- Creates an original export: deliveries row, Queued job, first wake-up and (optional) idempotency key,
+-- together or not at all.
+WITH delivery AS (
+    INSERT INTO deliveries (tenant_id, delivery_key, original_job_id)
+    VALUES (%(tenant_id)s, %(delivery_key)s, %(job_id)s)),
+idem AS (
+    INSERT INTO idempotency_keys (tenant_id, operation, key, fingerprint, job_id)
+    SELECT %(tenant_id)s, 'create_export', %(idempotency_key)s::text, %(fingerprint)s, %(job_id)s
+    WHERE %(idempotency_key)s::text IS NOT NULL),
+created AS (
+    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by, woken_at,
+                             list_name)
+    VALUES (%(job_id)s, %(tenant_id)s, 'Queued', 1, %(destination_id)s, %(delivery_key)s, %(created_by)s,
+            clock_timestamp(), %(list_name)s)
+    RETURNING id),
+woke AS (   -- not RETURNING: the outbox is insert-only for this role, not readable
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created)
+SELECT id AS job_id FROM created;
+
+-- name: find_idempotency_key
+-- The job an idempotency key already names, with the fingerprint it was bound to.
+SELECT job_id, fingerprint FROM idempotency_keys
+WHERE tenant_id = %(tenant_id)s AND operation = %(operation)s AND key = %(idempotency_key)s;
+
+-- name: create_replacement
+-- Creates a replacement for a named person. Inserts nothing unless the original may be replaced: an
+-- original, same tenant, OutcomeUnknown or Failed for a reason that proves nothing was finalized.
+WITH original AS (
+    SELECT id, tenant_id, destination_id, delivery_key, list_name
+    FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s AND replaces_job_id IS NULL
+      AND (status = 'OutcomeUnknown'
+           OR (status = 'Failed' AND failure_reason IN ('BuildFailed', 'AttemptsExhausted', 'NotDelivered')))
+    FOR UPDATE),   -- waits for a concurrent correction of the original, then re-checks its status
+created AS (
+    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id,
+                             created_by, replacement_reason, overwrite_agreement_ref, woken_at, list_name)
+    SELECT %(job_id)s, tenant_id, 'Queued', 1, destination_id, delivery_key, id,
+           %(created_by)s, %(replacement_reason)s, %(overwrite_agreement_ref)s, clock_timestamp(), list_name
+    FROM original
+    RETURNING id),
+woke AS (   -- not RETURNING: the outbox is insert-only for this role, not readable
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created)
+SELECT id AS job_id FROM created;
+
+-- name: edit_terms_if_queued
+-- Changes a queued export's terms for the version the editor read: increments version (the claim's
+-- version condition depends on it) and writes a new wake-up, so the edited job is never stranded.
+WITH edited AS (
+    UPDATE export_jobs
+    SET destination_id = %(destination_id)s, list_name = %(list_name)s, version = version + 1,
+        woken_at = clock_timestamp()
+    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND status = 'Queued' AND version = %(expected_version)s
+    RETURNING id, version),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM edited)
+SELECT id AS job_id, version FROM edited;
+
+-- name: reject_if_queued
+-- Queued -> Rejected, for the evaluated version only: an edit since the evaluation makes this match nothing.
+UPDATE export_jobs
+SET status = 'Rejected', rejection_reason = %(reason)s
+WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
+RETURNING id;
+
+-- name: claim_if_queued
+-- Cutoff 1: Queued -> Running for the checked version, with the lease and the Claimed event.
+WITH claimed AS (
+    UPDATE export_jobs
+    SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = attempt_count + 1,
+        claimed_by = %(worker_id)s, lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+    WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
+    RETURNING id, attempt_id, version, claimed_by)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
+SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed
+RETURNING id;
+
+-- name: authorize_delivery_if_running
+-- Cutoff 2: Running -> Delivering for this attempt, only with no stop request and a current lease; for a
+-- replacement, only while its original is not Completed. FOR SHARE conflicts with a correction's update
+-- of the original, so whichever commits first makes the other wait, and this statement then re-checks.
+WITH original_open AS (
+    SELECT 1 FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid AND status <> 'Completed'
+    FOR SHARE),
+authorized AS (
+    UPDATE export_jobs
+    SET status = 'Delivering',
+        expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
+        delivery_authorized_at = clock_timestamp()
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+      AND stop_request_id IS NULL
+      AND lease_expires_at > clock_timestamp()
+      AND (%(replaces_job_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM original_open))   -- typed, so a null binds
+    RETURNING id, attempt_id, delivery_authorized_at)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
+SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized
+RETURNING id;
+
+-- name: read_ownership
+-- The lost-response re-read: state and ownership together, with the lease judged on the database clock
+-- and, for a replacement, its original's status.
+SELECT j.status, j.attempt_id, j.stop_request_id,
+       coalesce(j.lease_expires_at > clock_timestamp(), false) AS lease_current,
+       o.status AS original_status
+FROM export_jobs j
+LEFT JOIN export_jobs o ON o.tenant_id = j.tenant_id AND o.id = j.replaces_job_id
+WHERE j.id = %(job_id)s;
+
+-- name: renew_lease
+-- Renewal. It deliberately does not check expiry: ownership ends only when a takeover commits. It answers,
+-- in the same round trip, whether a stop request is recorded.
+UPDATE export_jobs
+SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status IN ('Running', 'Delivering')
+RETURNING status, stop_request_id IS NOT NULL AS stop_requested;
+
+-- name: finish_stopped
+-- Running -> Stopped for this attempt, only when a stop request is recorded: a lease takeover can never be
+-- written as an operator's stop. The event names the request it honored.
+WITH stopped AS (
+    UPDATE export_jobs
+    SET status = 'Stopped', lease_expires_at = NULL
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running' AND stop_request_id IS NOT NULL
+    RETURNING id, attempt_id, stop_request_id, claimed_by)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+SELECT id, attempt_id, 'Stopped', claimed_by, %(stop_point)s || ', for ' || stop_request_id::text || '; ' || %(note)s,
+       clock_timestamp()
+FROM stopped
+RETURNING id;
+
+-- name: finish_failed
+-- Running -> Failed for this attempt, with one failure code; the cause (an error type, never data) goes in
+-- the event's detail.
+WITH failed AS (
+    UPDATE export_jobs
+    SET status = 'Failed', failure_reason = %(code)s, lease_expires_at = NULL
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+    RETURNING id, attempt_id, claimed_by)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+SELECT id, attempt_id, 'Failed', claimed_by, %(code)s || coalesce(': ' || %(cause)s::text, ''), clock_timestamp()
+FROM failed
+RETURNING id;
+
+-- name: finish_delivery
+-- The attempt's terminal write: Delivering -> Completed, Failed (with a code) or OutcomeUnknown, for this
+-- attempt only. A write after a takeover matches nothing; the evidence was appended before it.
+WITH finished AS (
+    UPDATE export_jobs
+    SET status = %(outcome)s,
+        failure_reason = CASE WHEN %(outcome)s = 'Failed' THEN %(code)s::text END,
+        lease_expires_at = NULL
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Delivering'
+      AND %(outcome)s IN ('Completed', 'Failed', 'OutcomeUnknown')
+    RETURNING id, attempt_id, claimed_by, status, failure_reason)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+SELECT id, attempt_id, 'Finished', claimed_by,
+       status || coalesce(' ' || failure_reason, '') || coalesce(': ' || %(summary)s::text, ''), clock_timestamp()
+FROM finished
+RETURNING id;
+
+-- name: append_delivery_evidence
+-- Evidence of what an attempt or a recovery run observed. An insert that never touches the job's status;
+-- it is kept whoever owns the job now.
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, %(attempt_id)s, 'DeliveryEvidence', %(observed_by)s, %(detail)s, clock_timestamp()
+FROM export_jobs WHERE id = %(job_id)s
+RETURNING id;
+
+-- name: find_expired_leases
+-- Recovery's scan. It only nominates: each takeover below repeats every condition it relied on.
+SELECT id, attempt_id, status, stop_request_id, attempt_count, replaces_job_id
+FROM export_jobs
+WHERE status IN ('Running', 'Delivering') AND lease_expires_at < clock_timestamp()
+ORDER BY lease_expires_at
+LIMIT %(limit)s;
+
+-- name: requeue_expired_attempt
+-- An expired Running attempt with no stop request, under the cap, goes back to the queue with its event and
+-- a new outbox row.
+WITH requeued AS (
+    UPDATE export_jobs
+    SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
+        woken_at = clock_timestamp()
+    WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
+      AND stop_request_id IS NULL AND attempt_count < %(max_attempts)s
+      AND lease_expires_at < clock_timestamp()
+    RETURNING id),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)
+    SELECT id, %(expired_attempt_id)s, 'RequeuedByRecovery', %(recovery_run_id)s, clock_timestamp() FROM requeued),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM requeued)
+SELECT id AS job_id FROM requeued;
+
+-- name: stop_expired_attempt
+-- An expired Running attempt with a recorded stop request is finished, not restarted. Terminal states keep
+-- attempt_id for audit.
+WITH stopped AS (
+    UPDATE export_jobs
+    SET status = 'Stopped', lease_expires_at = NULL
+    WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
+      AND stop_request_id IS NOT NULL
+      AND lease_expires_at < clock_timestamp()
+    RETURNING id, attempt_id, stop_request_id)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'StoppedByRecovery', %(recovery_run_id)s, 'for ' || stop_request_id::text, clock_timestamp()
+FROM stopped
+RETURNING id;
+
+-- name: exhaust_expired_attempt
+-- An expired Running attempt at the attempt cap fails: a job that crashes its worker every time ends.
+WITH exhausted AS (
+    UPDATE export_jobs
+    SET status = 'Failed', failure_reason = 'AttemptsExhausted', lease_expires_at = NULL
+    WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
+      AND stop_request_id IS NULL AND attempt_count >= %(max_attempts)s
+      AND lease_expires_at < clock_timestamp()
+    RETURNING id, attempt_id, attempt_count)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'AttemptsExhausted', %(recovery_run_id)s, 'after ' || attempt_count || ' attempts',
+       clock_timestamp()
+FROM exhausted
+RETURNING id;
+
+-- name: resolve_expired_delivery
+-- An expired Delivering attempt is resolved from evidence, never retried: Completed only on evidence,
+-- otherwise OutcomeUnknown. The lease condition makes a renewal during recovery's lookup win.
+WITH resolved AS (
+    UPDATE export_jobs
+    SET status = %(resolution)s, lease_expires_at = NULL
+    WHERE id = %(job_id)s AND status = 'Delivering' AND attempt_id = %(expired_attempt_id)s
+      AND lease_expires_at < clock_timestamp()
+      AND %(resolution)s IN ('Completed', 'OutcomeUnknown')
+    RETURNING id, attempt_id, status)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, status || ': ' || %(evidence_summary)s,
+       clock_timestamp()
+FROM resolved
+RETURNING id;
+
+-- name: reconcile_unknown
+-- OutcomeUnknown -> Completed or Failed (NotDelivered), for that attempt, once: the unique index allows one
+-- Reconciled event per attempt. No lease condition: recovery cleared the lease.
+WITH reconciled AS (
+    UPDATE export_jobs
+    SET status = %(resolution)s,
+        failure_reason = CASE WHEN %(resolution)s = 'Failed' THEN 'NotDelivered' END
+    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = 'OutcomeUnknown' AND %(resolution)s IN ('Completed', 'Failed')
+    RETURNING id, attempt_id, status)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evidence_summary)s, clock_timestamp()
+FROM reconciled
+RETURNING id;
+
+-- name: correct_outcome
+-- A named reconciler corrects a recorded Completed or Failed once, with who and why, conditionally on
+-- the recorded status and attempt.
+WITH corrected AS (
+    UPDATE export_jobs
+    SET status = %(corrected_status)s,
+        failure_reason = CASE WHEN %(corrected_status)s = 'Failed' THEN %(failure_reason)s::text END
+    WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = %(recorded_status)s AND status IN ('Completed', 'Failed')
+      AND %(corrected_status)s IN ('Completed', 'Failed') AND %(corrected_status)s <> %(recorded_status)s
+    RETURNING id, attempt_id, status)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'Corrected', %(corrected_by)s,
+       %(recorded_status)s || ' to ' || status || ': ' || %(evidence_ref)s || '; ' || %(why)s, clock_timestamp()
+FROM corrected
+RETURNING id;
+
+-- name: sweep_stale_queued
+-- The sweeper: a bounded batch of Queued jobs whose last wake-up is older than the threshold gets a fresh
+-- outbox row. SKIP LOCKED leaves rows another writer holds to the next sweep; the update re-checks Queued.
+WITH due AS (
+    SELECT id FROM export_jobs
+    WHERE status = 'Queued' AND woken_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+    ORDER BY woken_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED),
+swept AS (
+    UPDATE export_jobs j
+    SET woken_at = clock_timestamp(), sweep_count = j.sweep_count + 1
+    FROM due
+    WHERE j.id = due.id AND j.status = 'Queued'
+    RETURNING j.id),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM swept)
+SELECT id AS job_id FROM swept;
+
+-- name: lock_job_for_cancel
+-- The cancellation transaction's locking read: this tenant's job row, every column, until commit.
+SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s FOR UPDATE;
+
+-- name: find_cancellation_request
+-- An earlier submission of this request ID in this tenant, if any.
+SELECT * FROM cancellation_requests WHERE tenant_id = %(tenant_id)s AND id = %(request_id)s;
+
+-- name: cancel_if_queued
+-- Queued -> Canceled, recording the request that canceled it. Defense in depth: the row is already locked.
+UPDATE export_jobs
+SET status = 'Canceled', cancellation_request_id = %(request_id)s
+WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND status = 'Queued'
+RETURNING id;
+
+-- name: request_stop_if_running
+-- Records the first stop request on a Running job; cutoff 2 refuses while it is set.
+UPDATE export_jobs
+SET stop_request_id = %(request_id)s
+WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND status = 'Running' AND stop_request_id IS NULL
+RETURNING id;
+
+-- name: insert_cancellation_request
+-- Every request for a visible job is recorded, with the state and attempt it found.
+INSERT INTO cancellation_requests (tenant_id, id, job_id, requested_by, reason, outcome, found_status,
+                                   found_attempt_id, found_attempt_count, found_delivery_authorized_at)
+VALUES (%(tenant_id)s, %(request_id)s, %(job_id)s, %(requested_by)s, %(reason)s, %(outcome)s, %(found_status)s,
+        %(found_attempt_id)s, %(found_attempt_count)s, %(found_delivery_authorized_at)s)
+RETURNING *;
+
+-- name: get_job
+-- One export by ID (the worker's and recovery's view; job IDs are globally unique).
+SELECT * FROM export_jobs WHERE id = %(job_id)s;
+
+-- name: get_tenant_job
+-- One export as a tenant sees it: another tenant's job is indistinguishable from a missing one.
+SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s;
+
+-- name: list_tenant_jobs
+-- A tenant's exports, newest first.
+SELECT * FROM export_jobs WHERE tenant_id = %(tenant_id)s ORDER BY created_at DESC, id LIMIT %(limit)s;
+
+-- name: job_events
+-- An export's attempt history, in the order it was recorded.
+SELECT * FROM export_attempt_events WHERE job_id = %(job_id)s ORDER BY id;
+
+-- name: job_cancellation_requests
+-- Every cancellation request recorded for an export, oldest first.
+SELECT * FROM cancellation_requests WHERE tenant_id = %(tenant_id)s AND job_id = %(job_id)s
+ORDER BY recorded_at, id;
+
+-- name: take_unpublished
+-- The dispatcher's batch: unpublished wake-ups, oldest first, skipping rows another dispatcher holds.
+SELECT message_id, kind, job_id, created_at FROM outbox
+WHERE published_at IS NULL
+ORDER BY created_at
+LIMIT %(batch)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: mark_published
+-- Marks one wake-up published; the dispatcher may change nothing else.
+UPDATE outbox SET published_at = clock_timestamp()
+WHERE message_id = %(message_id)s AND published_at IS NULL
+RETURNING message_id;

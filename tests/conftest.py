@@ -1,0 +1,75 @@
+"""Session-wide real servers and per-module fresh databases. No mocks of PostgreSQL, Temporal or SFTP."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from db.pool import open_pool
+from db.store import JobStore
+from tests.support.factories import Factory
+from tests.support.pg import TestDatabase, clone_database, make_template, postgres_server
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip on a developer machine, fail in CI: a missing server is never a pass."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is missing, and CI=true: failing rather than skipping")
+    pytest.skip(f"{what} is missing")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: str) -> str:
+    return make_template(pg_server)
+
+
+@pytest.fixture(scope="module")
+def database(pg_server: str, pg_template: str) -> TestDatabase:
+    """A fresh migrated database for this test module."""
+    return clone_database(pg_server, pg_template)
+
+
+@pytest.fixture(scope="module")
+async def worker_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+    pool = await open_pool(database.app_url, "exports_worker", max_size=10)
+    yield JobStore(pool, lease_seconds=60)
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def api_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+    pool = await open_pool(database.app_url, "exports_api", max_size=10)
+    yield JobStore(pool)
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def reconciler_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+    pool = await open_pool(database.app_url, "exports_reconciler", max_size=4)
+    yield JobStore(pool)
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def dispatcher_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+    pool = await open_pool(database.app_url, "exports_dispatcher", max_size=4)
+    yield JobStore(pool)
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def factory(database: TestDatabase, api_store: JobStore, worker_store: JobStore) -> Factory:
+    """Puts a job in any state through the protocol's own statements; clock helpers act as superuser."""
+    return Factory(database, api=api_store, worker=worker_store)

@@ -1,0 +1,222 @@
+"""Factories that put a job in any state through the protocol's own statements, and clock helpers.
+
+Lease and wake-up ages are set on the row (the database clock decides), never with sleeps: time-skipping
+moves Temporal's clock, not PostgreSQL's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from db.models import (
+    AuthorizationResult,
+    CancellationOutcome,
+    ClaimResult,
+    DeliveryOutcome,
+    ExportJob,
+    FailureCode,
+    FinishResult,
+    JobStatus,
+    StopPoint,
+    final_name_for,
+)
+from db.store import JobStore
+from tests.support.pg import TestDatabase
+
+
+class Factory:
+    """Fresh uuid identifiers every call; nothing shared between tests."""
+
+    def __init__(self, database: TestDatabase, *, api: JobStore, worker: JobStore) -> None:
+        self.db = database
+        self.api = api
+        self.worker = worker
+
+    # -- superuser helpers (set-up and clocks only) --------------------------------------------------
+
+    async def admin(self, query: Any, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        async with await psycopg.AsyncConnection.connect(self.db.admin_url, autocommit=True) as conn:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query, params or {})
+                return await cur.fetchall() if cur.description else []
+
+    async def tenant(self, name: str = "acme") -> UUID:
+        tenant_id = uuid.uuid4()
+        await self.admin(
+            "INSERT INTO tenants (id, name) VALUES (%(id)s, %(n)s)", {"id": tenant_id, "n": name}
+        )
+        return tenant_id
+
+    async def destination(self, tenant_id: UUID, **fields: Any) -> UUID:
+        dest_id = uuid.uuid4()
+        row = {
+            "id": dest_id,
+            "tenant_id": tenant_id,
+            "name": "partner-old",
+            "host": "127.0.0.1",
+            "port": 22,
+            "username": "partner",
+            "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPlaceholder",
+            "credential_ref": "/nonexistent/key",
+            "remote_dir": "/upload",
+            "name_and_size_identify": False,
+            "hash_evidence": "none",
+            "ack_suffix": None,
+            "max_write_request": 32768,
+        }
+        row.update(fields)
+        await self.admin(
+            "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref,"
+            " remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request)"
+            " VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,"
+            " %(credential_ref)s, %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s,"
+            " %(max_write_request)s)",
+            row,
+        )
+        return dest_id
+
+    async def contacts(self, tenant_id: UUID, list_name: str, rows: list[tuple[str, str, str]]) -> None:
+        """Insert contacts (email, first, last) for a tenant's list."""
+        async with await psycopg.AsyncConnection.connect(self.db.admin_url, autocommit=True) as conn:
+            async with conn.cursor() as cur:
+                async with cur.copy(
+                    "COPY contacts (tenant_id, list_name, email, first_name, last_name) FROM STDIN"
+                ) as copy:
+                    for email, first, last in rows:
+                        await copy.write_row((tenant_id, list_name, email, first, last))
+
+    async def expire_lease(self, job_id: UUID, seconds_ago: float = 1.0) -> None:
+        await self.admin(
+            "UPDATE export_jobs SET lease_expires_at = clock_timestamp() - make_interval(secs => %(s)s)"
+            " WHERE id = %(id)s AND status IN ('Running', 'Delivering')",
+            {"id": job_id, "s": seconds_ago},
+        )
+
+    async def age_wake_up(self, job_id: UUID, minutes: float) -> None:
+        await self.admin(
+            "UPDATE export_jobs SET woken_at = clock_timestamp() - make_interval(mins => %(m)s)"
+            " WHERE id = %(id)s AND status = 'Queued'",
+            {"id": job_id, "m": minutes},
+        )
+
+    async def status(self, job_id: UUID) -> JobStatus:
+        rows = await self.admin("SELECT status FROM export_jobs WHERE id = %(id)s", {"id": job_id})
+        return JobStatus(rows[0]["status"])
+
+    async def job(self, job_id: UUID) -> ExportJob:
+        job = await self.worker.get_job(job_id)
+        assert job is not None
+        return job
+
+    async def event_kinds(self, job_id: UUID) -> list[str]:
+        return [e.kind.value for e in await self.worker.job_events(job_id)]
+
+    async def outbox_count(self, job_id: UUID) -> int:
+        rows = await self.admin("SELECT count(*) AS n FROM outbox WHERE job_id = %(id)s", {"id": job_id})
+        return rows[0]["n"]
+
+    # -- jobs in any state, through the protocol's statements ----------------------------------------
+
+    async def queued(
+        self, tenant_id: UUID | None = None, destination_id: UUID | None = None, list_name: str = "main"
+    ) -> ExportJob:
+        tenant_id = tenant_id or await self.tenant()
+        destination_id = destination_id or await self.destination(tenant_id)
+        created = await self.api.create_original(
+            tenant_id=tenant_id, destination_id=destination_id, list_name=list_name, created_by="admin@acme"
+        )
+        return await self.job(created.job_id)
+
+    async def running(
+        self, job: ExportJob | None = None, worker_id: str = "worker-3"
+    ) -> tuple[ExportJob, UUID]:
+        job = job or await self.queued()
+        attempt_id = uuid.uuid4()
+        assert (
+            await self.worker.claim_if_queued(job.id, job.version, attempt_id, worker_id)
+            == ClaimResult.CLAIMED
+        )
+        return await self.job(job.id), attempt_id
+
+    async def delivering(
+        self, job: ExportJob | None = None, size: int = 1234, sha256: bytes = b"\x01" * 32
+    ) -> tuple[ExportJob, UUID]:
+        job, attempt_id = await self.running(job)
+        result = await self.worker.authorize_delivery_if_running(
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            attempt_id=attempt_id,
+            replaces_job_id=job.replaces_job_id,
+            final_name=final_name_for(job.delivery_key),
+            length=size,
+            sha256=sha256,
+        )
+        assert result == AuthorizationResult.AUTHORIZED
+        return await self.job(job.id), attempt_id
+
+    async def cancel(
+        self, job: ExportJob, requested_by: str = "sam.ops", request_id: UUID | None = None, **kw: Any
+    ):
+        return await self.api.request_cancellation(
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            request_id=request_id or uuid.uuid4(),
+            requested_by=requested_by,
+            reason="wrong destination",
+            **kw,
+        )
+
+    async def in_status(
+        self, status: JobStatus, code: FailureCode = FailureCode.BUILD_FAILED, job: ExportJob | None = None
+    ) -> tuple[ExportJob, UUID | None]:
+        """A job in ``status``, reached only along the protocol's edges."""
+        match status:
+            case JobStatus.QUEUED:
+                j = job or await self.queued()
+                return j, None
+            case JobStatus.RUNNING:
+                return await self.running(job)
+            case JobStatus.DELIVERING:
+                return await self.delivering(job)
+            case JobStatus.CANCELED:
+                j = job or await self.queued()
+                assert (await self.cancel(j)).outcome == CancellationOutcome.CANCELED_WHILE_QUEUED
+                return await self.job(j.id), None
+            case JobStatus.REJECTED:
+                j = job or await self.queued()
+                assert await self.worker.reject_if_queued(j.id, j.version, "policy: destination not allowed")
+                return await self.job(j.id), None
+            case JobStatus.STOPPED:
+                j, attempt = await self.running(job)
+                assert (await self.cancel(j)).outcome == CancellationOutcome.STOP_REQUESTED
+                assert (
+                    await self.worker.finish_stopped(j.id, attempt, StopPoint.WHILE_BUILDING)
+                    == FinishResult.WRITTEN
+                )
+                return await self.job(j.id), attempt
+            case JobStatus.FAILED if code in (FailureCode.BUILD_FAILED,):
+                j, attempt = await self.running(job)
+                assert (
+                    await self.worker.finish_failed(j.id, attempt, code, "BuildError") == FinishResult.WRITTEN
+                )
+                return await self.job(j.id), attempt
+            case JobStatus.FAILED:
+                j, attempt = await self.delivering(job)
+                assert (
+                    await self.worker.finish_delivery(j.id, attempt, DeliveryOutcome.FAILED, code)
+                    == FinishResult.WRITTEN
+                )
+                return await self.job(j.id), attempt
+            case JobStatus.COMPLETED | JobStatus.OUTCOME_UNKNOWN:
+                j, attempt = await self.delivering(job)
+                assert (
+                    await self.worker.finish_delivery(j.id, attempt, DeliveryOutcome(status.value))
+                    == FinishResult.WRITTEN
+                )
+                return await self.job(j.id), attempt
+        raise AssertionError(status)

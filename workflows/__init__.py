@@ -1,0 +1,1 @@
+"""ExportWorkflow, RecoveryWorkflow, SweeperWorkflow: deterministic, no I/O, IDs only."""
