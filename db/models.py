@@ -137,6 +137,7 @@ class ExportJob(Row):
     sweep_count: int
     list_name: str
     rejection_reason: str | None
+    workflow_id: str | None
     created_at: datetime
 
     @property

@@ -77,7 +77,8 @@ RETURNING id;
 WITH claimed AS (
     UPDATE export_jobs
     SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = attempt_count + 1,
-        claimed_by = %(worker_id)s, lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+        claimed_by = %(worker_id)s, lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+        workflow_id = %(workflow_id)s
     WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
     RETURNING id, attempt_id, version, claimed_by)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)

@@ -244,7 +244,12 @@ class JobStore:
     # -- cutoff 1 -------------------------------------------------------------------------------------
 
     async def claim_if_queued(
-        self, job_id: UUID, checked_version: int, attempt_id: UUID, worker_id: str
+        self,
+        job_id: UUID,
+        checked_version: int,
+        attempt_id: UUID,
+        worker_id: str,
+        workflow_id: str | None = None,
     ) -> ClaimResult:
         """Cutoff 1 with the lost-response re-read: Claimed only if the row is Running with this attempt."""
         wrote = await self._write_or_none(
@@ -254,6 +259,7 @@ class JobStore:
                 "checked_version": checked_version,
                 "attempt_id": attempt_id,
                 "worker_id": worker_id,
+                "workflow_id": workflow_id,
                 "lease_seconds": self.lease_seconds,
             },
         )

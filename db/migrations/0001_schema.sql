@@ -71,6 +71,7 @@ CREATE TABLE export_jobs (
     -- the policy's reason when it rejects a version.
     list_name                text NOT NULL,
     rejection_reason         text,
+    workflow_id              text,              -- the Temporal workflow of the current attempt, set by the claim
     created_at               timestamptz NOT NULL DEFAULT clock_timestamp(),
     CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id),
     CONSTRAINT fk_export_jobs_destination FOREIGN KEY (tenant_id, destination_id)
