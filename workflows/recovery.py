@@ -1,0 +1,47 @@
+"""RecoveryWorkflow: one recovery run over expired leases, in batches, started by a Temporal Schedule.
+
+No I/O here: the activity scans and takes over. The run's ID (workflow ID and run ID) is recorded as
+``observed_by`` on every takeover event and every piece of evidence recovery appends.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.recovery import (
+        RECOVERY_OBSERVER_PREFIX,
+        RecoveryBatchInput,
+        RecoveryBatchResult,
+        RecoveryInput,
+    )
+
+
+@workflow.defn(name="RecoveryWorkflow")
+class RecoveryWorkflow:
+    """Runs recovery batches until a batch is short or took nothing over, at most ``max_batches``."""
+
+    @workflow.run
+    async def run(self, inp: RecoveryInput) -> RecoveryBatchResult:
+        """Take over expired leases batch by batch; returns the counts by takeover for the whole run."""
+        info = workflow.info()
+        run_id = f"{RECOVERY_OBSERVER_PREFIX}:{info.workflow_id}/{info.run_id}"
+        total = RecoveryBatchResult()
+        for _ in range(inp.max_batches):
+            # Retrying a batch is safe: every takeover is conditional, and a repeated one matches nothing.
+            batch = await workflow.execute_activity(
+                "recover_expired_leases",
+                RecoveryBatchInput(recovery_run_id=run_id, limit=inp.batch),
+                result_type=RecoveryBatchResult,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
+            total.add(batch)
+            # Candidates that matched nothing are no longer expired; errors wait for the next run.
+            if batch.scanned < inp.batch or batch.taken_over == 0:
+                break
+        return total
