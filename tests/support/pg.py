@@ -30,6 +30,10 @@ def with_database(url: str, database: str, user: str | None = None) -> str:
 
 
 def _docker_answers() -> bool:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://") and not os.path.exists(host.removeprefix("unix://")):
+        # No socket: asking the client anyway leaks its failed socket (a ResourceWarning, an error here).
+        return False
     try:
         import docker
 
