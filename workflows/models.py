@@ -1,0 +1,178 @@
+"""Inputs and results of the workflows and their activities: IDs, sizes, hashes and codes only.
+
+Temporal history is shown in plain text in its Web UI, so nothing here may carry contact data, file
+contents or credentials. Every model is a pydantic model so fields can be added later with defaults, and
+every client uses ``pydantic_data_converter``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from uuid import UUID
+
+from pydantic import BaseModel
+
+from db.models import AuthorizationResult, CancellationOutcome, DeliveryOutcome, FailureCode, FinishResult
+
+# Custom search attributes (keywords) the workflow sets when the server has them registered.
+SEARCH_ATTRIBUTE_JOB_ID = "ExportJobId"
+SEARCH_ATTRIBUTE_TENANT_ID = "ExportTenantId"
+SEARCH_ATTRIBUTE_OUTCOME = "ExportOutcome"
+SEARCH_ATTRIBUTE_NAMES = (SEARCH_ATTRIBUTE_JOB_ID, SEARCH_ATTRIBUTE_TENANT_ID, SEARCH_ATTRIBUTE_OUTCOME)
+
+
+class AttemptOutcome(StrEnum):
+    """How one ExportWorkflow ended, from its own writes; the row stays the authority on the job."""
+
+    SETTLED = "Settled"  # the row was not Queued (canceled, claimed, finished, or not found): nothing done
+    REJECTED = "Rejected"  # the policy denied this version; Queued -> Rejected was written
+    NOT_CLAIMED = (
+        "NotClaimed"  # the claim matched nothing: another wake-up claimed it, or it was canceled/edited
+    )
+    STOPPED = "Stopped"  # this attempt wrote Running -> Stopped for a recorded stop request
+    FAILED = "Failed"  # this attempt wrote a Failed with a code
+    COMPLETED = "Completed"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+    NOT_OWNER = (
+        "NotOwner"  # ownership was lost (a takeover or a terminal write by someone else): wrote nothing
+    )
+    LEFT_TO_RECOVERY = "LeftToRecovery"  # unanswered write, timed-out or failed activity: the lease decides
+
+
+class Stage(StrEnum):
+    """Where an attempt stands, for the ``progress`` query and the Web UI's current details."""
+
+    CLAIMING = "Claiming"
+    BUILDING = "Building"
+    DELIVERING = "Delivering"
+    FINISHED = "Finished"
+
+
+class ExportInput(BaseModel):
+    """One wake-up: the job it names and the outbox message it came from.
+
+    The timeouts have production defaults; tests shorten them. They are codes and numbers only.
+    """
+
+    job_id: UUID
+    message_id: UUID
+    build_heartbeat_seconds: float = 5.0
+    deliver_heartbeat_seconds: float = 10.0
+    schedule_to_start_seconds: float = 60.0
+    build_timeout_seconds: float = 2 * 3600.0
+    deliver_timeout_seconds: float = 6 * 3600.0
+
+
+class ExportResult(BaseModel):
+    """What this workflow did. ``cutoff_answers`` lists cutoff 2's answers in order (a retry adds one)."""
+
+    job_id: UUID
+    attempt_id: UUID
+    outcome: AttemptOutcome
+    failure_code: FailureCode | None = None
+    cutoff_answers: list[AuthorizationResult] = []
+    file_bytes: int | None = None
+    file_sha256: str | None = None
+    temporal_cancel: CancellationOutcome | None = None
+    stop_signals: int = 0
+
+
+class ExportProgress(BaseModel):
+    """The ``progress`` query's answer: where the attempt stands."""
+
+    job_id: UUID | None = None
+    attempt_id: UUID | None = None
+    stage: Stage = Stage.CLAIMING
+    worker_task_queue: str | None = None
+    file_bytes: int | None = None
+    file_rows: int | None = None
+    stop_request_ids: list[str] = []
+    temporal_cancel: CancellationOutcome | None = None
+    outcome: AttemptOutcome | None = None
+
+
+# -- activities ---------------------------------------------------------------------------------------
+
+
+class ClaimStep(StrEnum):
+    CLAIMED = "Claimed"
+    SETTLED = "Settled"
+    REJECTED = "Rejected"
+    NOT_CLAIMED = "NotClaimed"
+
+
+class ClaimInput(BaseModel):
+    job_id: UUID
+    attempt_id: UUID
+    workflow_id: str
+
+
+class ClaimOutcome(BaseModel):
+    """The claim's answer. ``task_queue`` is the claiming worker's own queue, set only when claimed."""
+
+    step: ClaimStep
+    tenant_id: UUID | None = None
+    task_queue: str | None = None
+    search_attributes: bool = False  # the server has the export search attributes registered
+
+
+class PrepareInput(BaseModel):
+    job_id: UUID
+    attempt_id: UUID
+
+
+class LocalFile(BaseModel):
+    """The built file, on the host that built it; it never leaves that host."""
+
+    path: str
+    final_name: str
+    size: int
+    sha256: str  # hex
+    rows: int
+
+
+class PrepareResult(BaseModel):
+    """Build and cutoff 2. ``file`` is set only when delivery was authorized."""
+
+    outcome: AttemptOutcome | None = None  # None: authorized, go on to deliver
+    failure_code: FailureCode | None = None
+    cutoff_answers: list[AuthorizationResult] = []
+    file: LocalFile | None = None
+
+
+class ConfirmStopInput(BaseModel):
+    job_id: UUID
+    attempt_id: UUID
+    request_id: str
+
+
+class ConfirmStopResult(BaseModel):
+    """Whether the row shows this attempt Running with a stop request recorded."""
+
+    confirmed: bool
+    stop_request_id: UUID | None = None
+
+
+class DeliverInput(BaseModel):
+    job_id: UUID
+    attempt_id: UUID
+    file: LocalFile
+
+
+class DeliverResult(BaseModel):
+    """The classified delivery, and whether this attempt's terminal write matched."""
+
+    delivery: DeliveryOutcome | None = None  # None: the upload was never started (ownership lost)
+    failure_code: FailureCode | None = None
+    finish: FinishResult | None = None
+    evidence_appended: int = 0
+    evidence_lost: int = 0
+
+
+class RecordCancelInput(BaseModel):
+    job_id: UUID
+    request_id: UUID
+
+
+class RecordCancelResult(BaseModel):
+    outcome: CancellationOutcome
