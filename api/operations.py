@@ -1,0 +1,473 @@
+"""The operations people and clients ask for, shared by the HTTP API and the command line.
+
+Each returns an ``Answer``: the HTTP status the seed's tables give, a JSON-able body with a ``message``
+or ``detail`` for people, and headers. Every read and write is scoped to the caller's tenant, so another
+tenant's export is indistinguishable from a missing one. Nothing here writes ``export_jobs`` except
+through the store's conditional statements.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from psycopg_pool import AsyncConnectionPool
+
+from api.auth import Caller
+from api.schemas import CancelExport, CorrectExport, CreateExport, EditTerms, ReconcileExport, ReplaceExport
+from api.signals import NoSignaller, StopSignaller, signal_stop_best_effort
+from api.sql import run
+from api.views import (
+    SETTLED,
+    TimelineEntry,
+    cancellation_message,
+    status_line,
+    temporal_ui_links,
+    timeline,
+)
+from db.errors import ConstraintRefused, IdempotencyConflict, UnknownReference
+from db.models import (
+    AttemptEvent,
+    CancellationOutcome,
+    CancellationRequest,
+    ExportJob,
+    FailureCode,
+    JobStatus,
+)
+from db.store import JobStore
+
+CREATE_OPERATION = "create_export"
+FINGERPRINT_VERSION = 1
+RETRY_AFTER_SECONDS = 2
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+_IF_MATCH = re.compile(r'^(?:W/)?"?(\d{1,9})"?$')
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An operation's answer: HTTP status, JSON body, extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The sentence a person should read."""
+        return str(self.body.get("message") or self.body.get("detail") or "")
+
+
+def refusal(status: int, detail: str, **extra: Any) -> Answer:
+    """A 4xx/5xx answer with a clear ``detail``."""
+    return Answer(status, {"detail": detail, **extra})
+
+
+def request_fingerprint(caller: Caller, body: CreateExport) -> str:
+    """SHA-256 of the canonical JSON of the validated command and its scope (002 "Canonical fingerprint").
+
+    Key order and whitespace in the client's JSON do not matter; the server-minted job ID is not included.
+    """
+    canonical = json.dumps(
+        {
+            "operation": CREATE_OPERATION,
+            "version": FINGERPRINT_VERSION,
+            "tenant_id": str(caller.tenant_id),
+            "principal": caller.principal,
+            "destination_id": str(body.destination_id),
+            "list_name": body.list_name,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def export_json(job: ExportJob) -> dict[str, Any]:
+    """One export as JSON: every column, the hash in hex."""
+    data = job.model_dump(mode="json", exclude={"expected_file_sha256"})
+    data["expected_file_sha256"] = job.expected_file_sha256.hex() if job.expected_file_sha256 else None
+    return data
+
+
+def request_json(request: CancellationRequest) -> dict[str, Any]:
+    """One recorded cancellation request as JSON."""
+    return request.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class Detail:
+    """Everything the console and ``GET /exports/{id}`` show for one export."""
+
+    job: ExportJob
+    events: list[AttemptEvent]
+    requests: list[CancellationRequest]
+    tenant_name: str
+    destination_name: str
+    entries: list[TimelineEntry]
+    message: str | None
+    status_line: str
+    links: dict[str, str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "export": export_json(self.job),
+            "status_line": self.status_line,
+            "message": self.message,
+            "timeline": [e.as_json() for e in self.entries],
+            "cancellation_requests": [request_json(r) for r in self.requests],
+            "links": {"self": f"/exports/{self.job.id}", **self.links},
+        }
+
+
+class Exports:
+    """The operations, over an ``exports_api`` store (and an ``exports_reconciler`` one for corrections)."""
+
+    def __init__(
+        self,
+        api_store: JobStore,
+        reconciler_store: JobStore | None = None,
+        signaller: StopSignaller | None = None,
+        *,
+        temporal_ui_url: str = "http://localhost:8233",
+        namespace: str = "default",
+        cancel_lock_timeout: str = "2s",
+    ) -> None:
+        self.store = api_store
+        self.reconciler_store = reconciler_store
+        self.signaller: StopSignaller = signaller or NoSignaller()
+        self.temporal_ui_url = temporal_ui_url
+        self.namespace = namespace
+        self.cancel_lock_timeout = cancel_lock_timeout
+
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        return self.store.pool
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    async def tenant_name(self, tenant_id: UUID) -> str:
+        """The tenant's display name."""
+        async with self.pool.connection() as conn:
+            rows = await run(conn, "tenant_name", {"tenant_id": tenant_id})
+        return rows[0]["name"] if rows else str(tenant_id)
+
+    async def destination_names(self, tenant_id: UUID) -> dict[UUID, str]:
+        """The tenant's destinations by ID, for display."""
+        async with self.pool.connection() as conn:
+            rows = await run(conn, "tenant_destinations", {"tenant_id": tenant_id})
+        return {r["id"]: r["name"] for r in rows}
+
+    async def detail(self, caller: Caller, job_id: UUID) -> Detail | None:
+        """One export of the caller's tenant with its timeline, or ``None`` (missing or another tenant's)."""
+        job = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        if job is None:
+            return None
+        events = await self.store.job_events(job.id)
+        requests = await self.store.job_cancellation_requests(caller.tenant_id, job.id)
+        destinations = await self.destination_names(caller.tenant_id)
+        destination = destinations.get(job.destination_id, str(job.destination_id))
+        latest = requests[-1] if requests else None
+        tenant_name = await self.tenant_name(caller.tenant_id)
+        return Detail(
+            job=job,
+            events=events,
+            requests=requests,
+            tenant_name=tenant_name,
+            destination_name=destination,
+            entries=timeline(job, events, requests, tenant_name=tenant_name, destination_name=destination),
+            message=cancellation_message(latest, job, events, destination) if latest else None,
+            status_line=status_line(job, events),
+            links=temporal_ui_links(self.temporal_ui_url, self.namespace, job),
+        )
+
+    async def status(self, caller: Caller, job_id: UUID) -> Answer:
+        """``GET /exports/{id}``: the export, its status line, its latest cancellation message, its timeline."""
+        detail = await self.detail(caller, job_id)
+        if detail is None:
+            return refusal(404, "no such export")
+        return Answer(200, detail.as_json(), {"ETag": f'"{detail.job.version}"'})
+
+    async def list(self, caller: Caller, limit: int = 100) -> Answer:
+        """``GET /exports``: the tenant's exports, newest first."""
+        jobs = await self.store.list_tenant_jobs(caller.tenant_id, limit)
+        return Answer(200, {"exports": [export_json(j) for j in jobs]})
+
+    # -- creation and terms ---------------------------------------------------------------------------
+
+    async def create(self, caller: Caller, body: CreateExport, idempotency_key: str | None) -> Answer:
+        """Create an export once per idempotency key: a replay with the same request returns the first job
+        (200), the same key with a different request is a 409, and a new key creates a job (201)."""
+        if idempotency_key is None:
+            return refusal(
+                400, "the Idempotency-Key header is required: one value per request, reused on retry"
+            )
+        if not _IDEMPOTENCY_KEY.match(idempotency_key):
+            return refusal(400, "Idempotency-Key must be 1-200 visible ASCII characters")
+        try:
+            created = await self.store.create_original(
+                tenant_id=caller.tenant_id,
+                destination_id=body.destination_id,
+                list_name=body.list_name,
+                created_by=caller.principal,
+                idempotency_key=idempotency_key,
+                fingerprint=request_fingerprint(caller, body),
+            )
+        except IdempotencyConflict:
+            return refusal(
+                409, "this Idempotency-Key was used for a different request", code="idempotency_conflict"
+            )
+        except UnknownReference:
+            return refusal(422, "destination_id: no such destination in this tenant")
+        job = await self.store.get_tenant_job(caller.tenant_id, created.job_id)
+        assert job is not None
+        headers = {"Location": f"/exports/{job.id}", "ETag": f'"{job.version}"'}
+        if created.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return Answer(
+            200 if created.replayed else 201,
+            {"export": export_json(job), "replayed": created.replayed},
+            headers,
+        )
+
+    async def edit(self, caller: Caller, job_id: UUID, body: EditTerms, if_match: str | None) -> Answer:
+        """Change a queued export's terms for the version the editor read (``If-Match``).
+
+        428 without If-Match, 412 when the version moved on, 409 when the export is no longer queued.
+        """
+        if if_match is None:
+            return refusal(428, 'the If-Match header is required: the version you read, e.g. If-Match: "1"')
+        matched = _IF_MATCH.match(if_match.strip())
+        if matched is None:
+            return refusal(400, 'If-Match must be the version you read, e.g. "1"')
+        expected = int(matched.group(1))
+        job = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        if job is None:
+            return refusal(404, "no such export")
+        if job.version != expected:
+            return refusal(
+                412, f"the export is at version {job.version}, not {expected}", version=job.version
+            )
+        if job.status != JobStatus.QUEUED:
+            return refusal(409, f"the export is {job.status.value}; only a queued export's terms can change")
+        try:
+            version = await self.store.edit_terms_if_queued(
+                tenant_id=caller.tenant_id,
+                job_id=job_id,
+                expected_version=expected,
+                destination_id=body.destination_id or job.destination_id,
+                list_name=body.list_name or job.list_name,
+            )
+        except UnknownReference:
+            return refusal(422, "destination_id: no such destination in this tenant")
+        now = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        assert now is not None
+        if version is None:
+            # The conditional edit matched nothing: someone moved first. Say what they changed.
+            if now.version != expected:
+                return refusal(
+                    412, f"the export is at version {now.version}, not {expected}", version=now.version
+                )
+            return refusal(409, f"the export is {now.status.value}; only a queued export's terms can change")
+        return Answer(200, {"export": export_json(now)}, {"ETag": f'"{now.version}"'})
+
+    # -- cancellation ----------------------------------------------------------------------------------
+
+    async def cancel(self, caller: Caller, job_id: UUID, body: CancelExport) -> Answer:
+        """Record one cancellation request and answer as the seed's table says (001 "What the API returns")."""
+        result = await self.store.request_cancellation(
+            tenant_id=caller.tenant_id,
+            job_id=job_id,
+            request_id=body.request_id,
+            requested_by=caller.principal,
+            reason=body.reason,
+            lock_timeout=self.cancel_lock_timeout,
+        )
+        base: dict[str, Any] = {"outcome": result.outcome.value, "request_id": str(body.request_id)}
+        match result.outcome:
+            case CancellationOutcome.NOT_FOUND:
+                return Answer(404, {**base, "detail": "no such export"})
+            case CancellationOutcome.BUSY:
+                return Answer(
+                    503,
+                    {
+                        **base,
+                        "recorded": False,
+                        "message": (
+                            "Busy: this submission made no new decision and recorded nothing. Retry with the "
+                            "same request ID; if an earlier submission committed, the retry returns its outcome."
+                        ),
+                    },
+                    {"Retry-After": str(RETRY_AFTER_SECONDS)},
+                )
+            case CancellationOutcome.REQUEST_ID_REUSED:
+                return Answer(
+                    400, {**base, "detail": "this request ID belongs to a different request; use a new one"}
+                )
+        return await self._recorded_answer(caller, result.request, base, replayed=result.replayed)
+
+    async def _recorded_answer(
+        self, caller: Caller, request: CancellationRequest | None, base: dict[str, Any], *, replayed: bool
+    ) -> Answer:
+        assert request is not None  # every recorded outcome carries its request
+        detail = await self.detail(caller, request.job_id)
+        assert detail is not None  # the request's foreign key names this tenant's job
+        job = detail.job
+        body = {
+            **base,
+            "export_id": str(job.id),
+            "replayed": replayed,
+            "recorded_at": request.recorded_at.isoformat(),
+            "found_status": request.found_status.value,
+            "found_attempt_id": str(request.found_attempt_id) if request.found_attempt_id else None,
+            "message": cancellation_message(request, job, detail.events, detail.destination_name),
+        }
+        status_url = f"/exports/{job.id}"
+        match request.outcome:
+            case CancellationOutcome.CANCELED_WHILE_QUEUED:
+                body["any_attempt_started"] = request.found_attempt_count > 0
+                return Answer(200, body)
+            case CancellationOutcome.ALREADY_CANCELED:
+                by = next((r for r in detail.requests if r.id == job.cancellation_request_id), None)
+                body["canceled_by_request_id"] = str(job.cancellation_request_id)
+                body["canceled_at"] = by.recorded_at.isoformat() if by else None
+                body["changed_nothing"] = True
+                return Answer(200, body)
+            case CancellationOutcome.STOP_REQUESTED | CancellationOutcome.STOP_ALREADY_REQUESTED:
+                body["attempt_id"] = body["found_attempt_id"]
+                body["worker"] = job.claimed_by
+                body["stop_request_id"] = str(job.stop_request_id) if job.stop_request_id else None
+                body["status_url"] = status_url
+                body["current_status"] = job.status.value
+                if job.status == JobStatus.RUNNING and job.stop_request_id is not None:
+                    await signal_stop_best_effort(self.signaller, job.workflow_id, job.stop_request_id)
+                return Answer(202, body, {"Location": status_url})
+            case CancellationOutcome.ALREADY_ENDED:
+                body["ending"] = job.status.value
+                body["failure_reason"] = job.failure_reason.value if job.failure_reason else None
+                body["honored_stop_request_id"] = (
+                    str(job.stop_request_id)
+                    if job.status == JobStatus.STOPPED and job.stop_request_id
+                    else None
+                )
+                body["delivered_nothing"] = True
+                if job.failure_reason == FailureCode.ORIGINAL_DELIVERED:
+                    body["delivered_under_original_job"] = str(job.replaces_job_id)
+                return Answer(409, body)
+            case _:  # TooLate
+                body["current_status"] = job.status.value
+                body["delivery_authorized_at"] = (
+                    request.found_delivery_authorized_at.isoformat()
+                    if request.found_delivery_authorized_at
+                    else None
+                )
+                body["delivery_outcome"] = job.status.value if job.status in SETTLED else None
+                body["failure_reason"] = job.failure_reason.value if job.failure_reason else None
+                body["status_url"] = status_url
+                return Answer(409, body)
+
+    # -- replacement, reconciliation, correction --------------------------------------------------------
+
+    async def replace(self, caller: Caller, job_id: UUID, body: ReplaceExport) -> Answer:
+        """Create a replacement for a named person; a replacement of a replacement resolves to its original."""
+        job = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        if job is None:
+            return refusal(404, "no such export")
+        original_id = job.replaces_job_id or job.id
+        try:
+            created = await self.store.create_replacement(
+                tenant_id=caller.tenant_id,
+                original_job_id=original_id,
+                created_by=caller.principal,
+                replacement_reason=body.reason,
+                overwrite_agreement_ref=body.overwrite_agreement_ref,
+            )
+        except ConstraintRefused as exc:
+            if exc.constraint == "uq_export_jobs_one_replacement":
+                return refusal(409, f"a replacement of {original_id} is already live, or has delivered")
+            raise
+        if created is None:
+            original = await self.store.get_tenant_job(caller.tenant_id, original_id)
+            assert original is not None
+            code = f" ({original.failure_reason.value})" if original.failure_reason else ""
+            return refusal(
+                409,
+                f"the original {original_id} is {original.status.value}{code}; only an OutcomeUnknown original, "
+                "or one that Failed with BuildFailed, AttemptsExhausted or NotDelivered, may be replaced",
+            )
+        new = await self.store.get_tenant_job(caller.tenant_id, created.job_id)
+        assert new is not None
+        return Answer(
+            201,
+            {"export": export_json(new), "replaces_job_id": str(original_id)},
+            {"Location": f"/exports/{new.id}"},
+        )
+
+    async def reconcile(self, caller: Caller, job_id: UUID, body: ReconcileExport) -> Answer:
+        """Resolve an OutcomeUnknown attempt to Completed or Failed(NotDelivered) from evidence, once."""
+        job = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        if job is None:
+            return refusal(404, "no such export")
+        if job.status != JobStatus.OUTCOME_UNKNOWN or job.attempt_id is None:
+            return refusal(409, f"the export is {job.status.value}; only OutcomeUnknown is reconciled")
+        attempt_id = body.attempt_id or job.attempt_id
+        try:
+            done = await self.store.reconcile_unknown(
+                tenant_id=caller.tenant_id,
+                job_id=job_id,
+                attempt_id=attempt_id,
+                resolution=JobStatus(body.resolution),
+                reconciled_by=caller.principal,
+                evidence_summary=body.evidence_summary,
+            )
+        except ConstraintRefused as exc:
+            if exc.constraint == "uq_attempt_transition":
+                return refusal(409, f"attempt {attempt_id} was already reconciled once")
+            raise
+        if not done:
+            return refusal(
+                409, f"nothing matched: the export changed, or attempt {attempt_id} is not its attempt"
+            )
+        now = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        assert now is not None
+        return Answer(200, {"export": export_json(now)})
+
+    async def correct(self, caller: Caller, job_id: UUID, body: CorrectExport) -> Answer:
+        """Correct a recorded Completed/Failed once, with who and why; reconcilers only (403 for others)."""
+        if caller.role != "reconciler" or self.reconciler_store is None:
+            return refusal(403, "corrections need the reconciler role")
+        job = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        if job is None:
+            return refusal(404, "no such export")
+        attempt_id = body.attempt_id or job.attempt_id
+        if attempt_id is None:
+            return refusal(409, f"the export is {job.status.value} and has no attempt to correct")
+        try:
+            done = await self.reconciler_store.correct_outcome(
+                tenant_id=caller.tenant_id,
+                job_id=job_id,
+                attempt_id=attempt_id,
+                recorded_status=JobStatus(body.recorded_status),
+                corrected_status=JobStatus(body.corrected_status),
+                failure_reason=body.failure_reason,
+                corrected_by=caller.principal,
+                evidence_ref=body.evidence_ref,
+                why=body.why,
+            )
+        except ConstraintRefused as exc:
+            if exc.constraint == "uq_attempt_transition":
+                return refusal(409, f"attempt {attempt_id}'s outcome was already corrected once")
+            raise
+        if not done:
+            return refusal(
+                409,
+                f"nothing matched: the export is {job.status.value}, not a recorded {body.recorded_status} "
+                f"of attempt {attempt_id}",
+            )
+        now = await self.store.get_tenant_job(caller.tenant_id, job_id)
+        assert now is not None
+        return Answer(200, {"export": export_json(now)})

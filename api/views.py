@@ -1,0 +1,312 @@
+"""What people read: the console's cancellation messages (001 "When Cancellation Loses") and the
+timeline of one export in the shape of the seed's evidence block. Pure functions of recorded rows.
+
+A message reports "completed" or "unknown" only once the attempt has recorded it; until then it says
+what the row says (stop requested, delivery authorized), never more.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from urllib.parse import quote
+from uuid import UUID
+
+from db.models import (
+    AttemptEvent,
+    CancellationOutcome,
+    CancellationRequest,
+    EventKind,
+    ExportJob,
+    FailureCode,
+    JobStatus,
+)
+
+ENDED_WITHOUT_DELIVERY = {JobStatus.CANCELED, JobStatus.REJECTED, JobStatus.STOPPED, JobStatus.FAILED}
+SETTLED = ENDED_WITHOUT_DELIVERY | {JobStatus.COMPLETED, JobStatus.OUTCOME_UNKNOWN}
+
+
+def clock(at: datetime | None) -> str:
+    """A recorded time as people read it in a message: ``14:02:07.412 UTC``."""
+    if at is None:
+        return "an unrecorded time"
+    return at.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+
+
+def stamp(at: datetime) -> str:
+    """A recorded time with its date, for the timeline: ``2026-11-14 14:02:07.412``."""
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def short(value: UUID | str | None) -> str:
+    """A short, recognisable form of an ID for the timeline (the full ID is shown on hover)."""
+    return "-" if value is None else str(value)[:8] + "…"
+
+
+def _event(events: Iterable[AttemptEvent], attempt_id: UUID | None, *kinds: EventKind) -> AttemptEvent | None:
+    for e in events:
+        if e.kind in kinds and (attempt_id is None or e.attempt_id == attempt_id):
+            return e
+    return None
+
+
+def _code(job: ExportJob) -> str:
+    return f" ({job.failure_reason.value})" if job.failure_reason else ""
+
+
+def _delivery_so_far(job: ExportJob, events: list[AttemptEvent], destination_name: str) -> str:
+    """What the attempt has recorded about its delivery, and nothing it has not."""
+    ended = _event(
+        reversed(events),
+        job.attempt_id,
+        EventKind.CORRECTED,
+        EventKind.RECONCILED,
+        EventKind.FINISHED,
+        EventKind.RESOLVED_BY_RECOVERY,
+    )
+    at = clock(ended.recorded_at if ended else None)
+    match job.status:
+        case JobStatus.COMPLETED:
+            size = f"{job.expected_file_bytes:,} bytes" if job.expected_file_bytes is not None else "the file"
+            return f"Delivery completed at {at}: {size} ({job.expected_file_name}) to {destination_name}."
+        case JobStatus.OUTCOME_UNKNOWN:
+            return (
+                f"The delivery outcome is unknown: the attempt recorded OutcomeUnknown at {at}. "
+                "It stays unresolved until it is reconciled from evidence."
+            )
+        case JobStatus.FAILED if job.failure_reason == FailureCode.ORIGINAL_DELIVERED:
+            return (
+                f"The delivery happened under the original job {job.replaces_job_id}; this job sent nothing."
+            )
+        case JobStatus.FAILED:
+            return f"The delivery was recorded as Failed{_code(job)} at {at}."
+        case _:
+            return "The delivery is under way; its outcome is not recorded yet."
+
+
+def cancellation_message(
+    request: CancellationRequest,
+    job: ExportJob,
+    events: list[AttemptEvent],
+    destination_name: str = "the partner",
+) -> str:
+    """The one sentence the console shows for a recorded cancellation request, given the job as it is now."""
+    outcome = request.outcome
+    if outcome == CancellationOutcome.CANCELED_WHILE_QUEUED:
+        if request.found_attempt_count == 0:
+            return "Canceled while queued. No attempt had started, and none will."
+        return "Canceled while queued. No further attempt will start."
+
+    if outcome == CancellationOutcome.ALREADY_CANCELED:
+        return (
+            f"Already canceled by {job.cancellation_request_id}. "
+            f"Your request {request.id} changed nothing and is recorded."
+        )
+
+    if outcome in (CancellationOutcome.STOP_REQUESTED, CancellationOutcome.STOP_ALREADY_REQUESTED):
+        attempt = request.found_attempt_id
+        claimed = _event(events, attempt, EventKind.CLAIMED)
+        started = f"Already started at {clock(claimed.recorded_at if claimed else None)}."
+        if job.attempt_id == attempt and job.status == JobStatus.STOPPED:
+            stopped = _event(events, attempt, EventKind.STOPPED, EventKind.STOPPED_BY_RECOVERY)
+            return (
+                f"{started} Stopped at {clock(stopped.recorded_at if stopped else None)}, "
+                "before delivery was authorized. Nothing was sent."
+            )
+        if job.attempt_id == attempt and job.status == JobStatus.FAILED:
+            failed = _event(events, attempt, EventKind.FAILED, EventKind.ATTEMPTS_EXHAUSTED)
+            return (
+                f"{started} The attempt ended Failed{_code(job)} at "
+                f"{clock(failed.recorded_at if failed else None)}, before delivery was authorized. "
+                "Nothing was sent."
+            )
+        if outcome == CancellationOutcome.STOP_ALREADY_REQUESTED:
+            return (
+                f"{started} Stop already requested by {job.stop_request_id}; "
+                "the attempt will stop before delivery is authorized."
+            )
+        return f"{started} Stop requested; the attempt will stop before delivery is authorized."
+
+    if outcome == CancellationOutcome.TOO_LATE:
+        return (
+            f"Too late: delivery was authorized at about {clock(request.found_delivery_authorized_at)}, "
+            f"before your request. {_delivery_so_far(job, events, destination_name)} "
+            f"Your request {request.id} is recorded."
+        )
+
+    # AlreadyEnded: Rejected, Stopped or Failed before this request.
+    match job.status:
+        case JobStatus.STOPPED:
+            stopped = _event(
+                reversed(events), job.attempt_id, EventKind.STOPPED, EventKind.STOPPED_BY_RECOVERY
+            )
+            return (
+                f"Already ended: stopped at {clock(stopped.recorded_at if stopped else None)} for request "
+                f"{job.stop_request_id}, before delivery was authorized. Nothing was sent."
+            )
+        case JobStatus.REJECTED:
+            return "Already ended: the policy check rejected this export before it started. Nothing was sent."
+        case JobStatus.FAILED if job.failure_reason == FailureCode.ORIGINAL_DELIVERED:
+            return (
+                f"Already ended: the delivery happened under the original job {job.replaces_job_id}; "
+                "this replacement sent nothing."
+            )
+        case JobStatus.FAILED if job.failure_reason == FailureCode.ATTEMPTS_EXHAUSTED:
+            return (
+                f"Already ended: gave up after {job.attempt_count} attempts. This export delivered nothing."
+            )
+        case _:
+            return f"Already ended: {job.status.value}{_code(job)}. This export delivered nothing."
+
+
+def status_line(job: ExportJob, events: list[AttemptEvent]) -> str:
+    """A one-line summary of where the export is now, from the row."""
+    match job.status:
+        case JobStatus.QUEUED:
+            return f"Queued (v{job.version}), waiting for a worker."
+        case JobStatus.RUNNING:
+            claimed = _event(events, job.attempt_id, EventKind.CLAIMED)
+            stop = " A stop is requested." if job.stop_request_id else ""
+            return (
+                f"Running: attempt {short(job.attempt_id)} on {job.claimed_by}, claimed at "
+                f"{clock(claimed.recorded_at if claimed else None)}.{stop}"
+            )
+        case JobStatus.DELIVERING:
+            return f"Delivering: delivery authorized at {clock(job.delivery_authorized_at)}."
+        case JobStatus.FAILED if job.failure_reason == FailureCode.ATTEMPTS_EXHAUSTED:
+            return f"Failed: gave up after {job.attempt_count} attempts."
+        case _:
+            return f"{job.status.value}{_code(job)}."
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One line of the evidence block: what, which record, by whom, when (that host's reading), details."""
+
+    label: str
+    subject: str
+    subject_full: str
+    actor: str
+    at: datetime
+    detail: str = ""
+    more: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "label": self.label,
+            "subject": self.subject_full,
+            "actor": self.actor,
+            "at": self.at.isoformat(),
+            "when": stamp(self.at),
+            "subject_short": self.subject,
+            "detail": self.detail,
+            "more": self.more,
+        }
+
+
+_EVENT_LABELS = {
+    EventKind.CLAIMED: "Claimed",
+    EventKind.DELIVERY_AUTHORIZED: "Authorized",
+    EventKind.STOPPED: "Stopped",
+    EventKind.FAILED: "Failed",
+    EventKind.FINISHED: "Delivered",
+    EventKind.REQUEUED_BY_RECOVERY: "Requeued",
+    EventKind.STOPPED_BY_RECOVERY: "Stopped",
+    EventKind.ATTEMPTS_EXHAUSTED: "Gave up",
+    EventKind.RESOLVED_BY_RECOVERY: "Resolved",
+    EventKind.RECONCILED: "Reconciled",
+    EventKind.CORRECTED: "Corrected",
+    EventKind.DELIVERY_EVIDENCE: "Evidence",
+}
+
+
+def _event_entry(e: AttemptEvent, job: ExportJob) -> TimelineEntry:
+    actor = f"by {e.worker_id or e.observed_by}" if (e.worker_id or e.observed_by) else ""
+    detail = e.detail or ""
+    if e.kind == EventKind.CLAIMED:
+        detail = f"checked v{e.version}"
+    elif (
+        e.kind == EventKind.DELIVERY_AUTHORIZED
+        and job.expected_file_bytes is not None
+        and e.attempt_id == job.attempt_id
+    ):
+        detail = f"{e.detail}, {job.expected_file_bytes:,} bytes expected"
+    elif e.kind == EventKind.DELIVERY_EVIDENCE:
+        detail = _evidence_summary(e.detail)
+    return TimelineEntry(
+        label=_EVENT_LABELS.get(e.kind, e.kind.value),
+        subject=f"attempt {short(e.attempt_id)}",
+        subject_full=f"attempt {e.attempt_id}",
+        actor=actor,
+        at=e.recorded_at,
+        detail=detail,
+    )
+
+
+def _evidence_summary(detail: str | None) -> str:
+    try:
+        data = json.loads(detail or "{}")
+    except ValueError:
+        return "observation"
+    if not isinstance(data, dict):
+        return "observation"
+    # IDs, sizes, hashes and codes only: the evidence never carries contact data.
+    keys = ("observation", "present", "size", "outcome", "code", "matches")
+    return ", ".join(f"{k}={data[k]}" for k in keys if k in data) or "observation"
+
+
+def timeline(
+    job: ExportJob,
+    events: list[AttemptEvent],
+    requests: list[CancellationRequest],
+    *,
+    tenant_name: str,
+    destination_name: str,
+) -> list[TimelineEntry]:
+    """The export's story in recorded order: requested, claimed, cancel (with what it found), stopped or
+    delivered. Each time is the reading of the host that recorded it, for people; the row settled the order."""
+    what = f"{destination_name}, list {job.list_name!r}"
+    if job.replaces_job_id:
+        what += f", replaces {short(job.replaces_job_id)}: {job.replacement_reason!r}"
+    entries = [
+        TimelineEntry(
+            label="Requested",
+            subject=short(job.id),
+            subject_full=str(job.id),
+            actor=f"by {job.created_by} ({tenant_name})",
+            at=job.created_at,
+            detail=what,
+        )
+    ]
+    entries += [_event_entry(e, job) for e in events]
+    for r in requests:
+        found = (
+            f"found attempt {short(r.found_attempt_id)} {r.found_status.value}"
+            if r.found_attempt_id
+            else (f"found {r.found_status.value}, {r.found_attempt_count} earlier attempt(s)")
+        )
+        entries.append(
+            TimelineEntry(
+                label="Cancel",
+                subject=short(r.id),
+                subject_full=str(r.id),
+                actor=f"by {r.requested_by}",
+                at=r.recorded_at,
+                detail=repr(r.reason) if r.reason else "",
+                more=[f"outcome {r.outcome.value}; {found}"],
+            )
+        )
+    return sorted(entries, key=lambda entry: entry.at)
+
+
+def temporal_ui_links(ui_url: str, namespace: str, job: ExportJob) -> dict[str, str]:
+    """Links into the Temporal Web UI: every workflow of this export (by search attribute), and the
+    current attempt's workflow when one is recorded."""
+    base = f"{ui_url.rstrip('/')}/namespaces/{quote(namespace, safe='')}/workflows"
+    query = quote('ExportJobId="' + str(job.id) + '"', safe="")
+    links = {"workflows": f"{base}?query={query}"}
+    if job.workflow_id:
+        links["current_workflow"] = f"{base}/{quote(job.workflow_id, safe='')}"
+    return links

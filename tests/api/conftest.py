@@ -1,0 +1,111 @@
+"""The API under test: the real app over real PostgreSQL stores, driven in-process through httpx."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from api.app import create_app
+from api.auth import mint_token
+from api.signals import StopSignaller
+from db.store import JobStore
+from settings import Settings
+from tests.support.factories import Factory
+from tests.support.pg import TestDatabase
+
+
+@dataclass(frozen=True)
+class TenantKeys:
+    """A tenant with a destination and two callers: an operator and a reconciler."""
+
+    id: UUID
+    destination_id: UUID
+    operator: dict[str, str]
+    reconciler: dict[str, str]
+    operator_name: str
+    reconciler_name: str
+
+
+async def make_tenant(factory: Factory, database: TestDatabase, name: str) -> TenantKeys:
+    tenant_id = await factory.tenant(name)
+    destination_id = await factory.destination(tenant_id)
+    operator_name, reconciler_name = f"sam.ops@{name}", f"rita.recon@{name}"
+    operator = await mint_token(
+        database.admin_url, tenant_id=tenant_id, principal=operator_name, role="operator"
+    )
+    reconciler = await mint_token(
+        database.admin_url, tenant_id=tenant_id, principal=reconciler_name, role="reconciler"
+    )
+    return TenantKeys(
+        id=tenant_id,
+        destination_id=destination_id,
+        operator={"Authorization": f"Bearer {operator}"},
+        reconciler={"Authorization": f"Bearer {reconciler}"},
+        operator_name=operator_name,
+        reconciler_name=reconciler_name,
+    )
+
+
+@pytest.fixture(scope="module")
+async def acme(factory: Factory, database: TestDatabase) -> TenantKeys:
+    return await make_tenant(factory, database, "acme")
+
+
+@pytest.fixture(scope="module")
+async def globex(factory: Factory, database: TestDatabase) -> TenantKeys:
+    return await make_tenant(factory, database, "globex")
+
+
+@pytest.fixture(scope="module")
+def make_app(api_store: JobStore, reconciler_store: JobStore) -> Callable[..., FastAPI]:
+    def build(signaller: StopSignaller | None = None, lock_timeout: str = "300ms") -> FastAPI:
+        return create_app(
+            Settings(temporal_ui_url="http://ui.test:8233"),
+            api_store=api_store,
+            reconciler_store=reconciler_store,
+            signaller=signaller,
+            cancel_lock_timeout=lock_timeout,
+        )
+
+    return build
+
+
+def client_for(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+
+
+@pytest.fixture(scope="module")
+async def client(make_app: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(make_app()) as c:
+        yield c
+
+
+def cancel_body(request_id: UUID | None = None, reason: str = "wrong destination") -> dict[str, Any]:
+    return {"request_id": str(request_id or uuid.uuid4()), "reason": reason}
+
+
+async def recorded_requests(factory: Factory, job_id: UUID) -> int:
+    rows = await factory.admin(
+        "SELECT count(*) AS n FROM cancellation_requests WHERE job_id = %(id)s", {"id": job_id}
+    )
+    return rows[0]["n"]
+
+
+async def snapshot(factory: Factory, job_id: UUID) -> dict[str, Any]:
+    """Everything a request could have changed about one job: the row, its events, requests, outbox."""
+    row = (await factory.admin("SELECT * FROM export_jobs WHERE id = %(id)s", {"id": job_id}))[0]
+    counts = await factory.admin(
+        "SELECT (SELECT count(*) FROM export_attempt_events WHERE job_id = %(id)s) AS events,"
+        " (SELECT count(*) FROM cancellation_requests WHERE job_id = %(id)s) AS requests,"
+        " (SELECT count(*) FROM outbox WHERE job_id = %(id)s) AS wakeups,"
+        " (SELECT count(*) FROM export_jobs WHERE replaces_job_id = %(id)s) AS replacements",
+        {"id": job_id},
+    )
+    return {**row, **counts[0]}
