@@ -1,0 +1,188 @@
+"""The lease keeper against a real PostgreSQL (000 test matrix, "Renewal"). Faults enter at the keeper's
+``before_renewal`` seam; interleavings are held with events, never won with sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from activities.lease import LeaseKeeper
+from db.errors import TransientStoreError
+from db.models import CancellationOutcome, FailureCode, FinishResult, JobStatus
+from db.pool import open_pool
+from db.store import JobStore
+from tests.support import pg
+from tests.support.factories import Factory
+
+
+@pytest.fixture(scope="module")
+async def keeper_store(database: pg.TestDatabase) -> AsyncIterator[JobStore]:
+    pool = await open_pool(database.app_url, "exports_worker", max_size=6)
+    yield JobStore(pool, lease_seconds=120)  # longer than the claim's 60 s, so a renewal shows
+    await pool.close()
+
+
+async def lease_of(factory: Factory, job_id: uuid.UUID):
+    rows = await factory.admin("SELECT lease_expires_at FROM export_jobs WHERE id = %(id)s", {"id": job_id})
+    return rows[0]["lease_expires_at"]
+
+
+class Gate:
+    """A renewal seam that counts renewals, can fail some, and can hold one open until released."""
+
+    def __init__(self, fail: set[int] | None = None, hold: int | None = None) -> None:
+        self.calls = 0
+        self.active = 0
+        self.max_active = 0
+        self.fail = fail or set()
+        self.hold = hold
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
+        self.reached: dict[int, asyncio.Event] = {}
+
+    def reached_call(self, n: int) -> asyncio.Event:
+        return self.reached.setdefault(n, asyncio.Event())
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        n = self.calls
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            self.reached_call(n).set()
+            if n in self.fail:
+                raise TransientStoreError("injected at the before_renewal seam")
+            if n == self.hold:
+                self.held.set()
+                await self.release.wait()
+        finally:
+            self.active -= 1
+
+
+async def test_keeper_renews_the_lease_on_the_database_clock(
+    factory: Factory, keeper_store: JobStore
+) -> None:
+    job, attempt = await factory.running()
+    before = await lease_of(factory, job.id)
+    gate = Gate()
+    keeper = LeaseKeeper(keeper_store, job.id, attempt, every=0.05, before_renewal=gate)
+    first = await keeper.start()
+    assert first is not None and first.owned and not first.stop_requested
+    await asyncio.wait_for(gate.reached_call(3).wait(), 10)
+    await keeper.finish()
+    assert await lease_of(factory, job.id) > before
+    assert keeper.owned and keeper.renewals >= 2
+
+
+async def test_a_renewal_that_throws_is_retried_at_the_next_interval(
+    factory: Factory, keeper_store: JobStore
+) -> None:
+    job, attempt = await factory.running()
+    lost: list[bool] = []
+    gate = Gate(fail={2, 3})
+    keeper = LeaseKeeper(
+        keeper_store, job.id, attempt, every=0.05, before_renewal=gate, on_lost=lambda: lost.append(True)
+    )
+    await keeper.start()
+    await asyncio.wait_for(gate.reached_call(5).wait(), 10)
+    await keeper.finish()
+    assert keeper.failures == 2
+    assert keeper.owned and not lost
+    assert await factory.status(job.id) == JobStatus.RUNNING
+
+
+async def test_on_demand_renewal_is_serialized_with_the_timer(
+    factory: Factory, keeper_store: JobStore
+) -> None:
+    job, attempt = await factory.running()
+    gate = Gate(hold=2)  # the first timer renewal is held open
+    keeper = LeaseKeeper(keeper_store, job.id, attempt, every=0.05, before_renewal=gate)
+    await keeper.start()
+    await asyncio.wait_for(gate.held.wait(), 10)
+    on_demand = asyncio.create_task(keeper.renew_now())
+    await asyncio.sleep(0)  # let it reach the lock; it must not enter the seam while the timer's is open
+    assert gate.calls == 2 and not on_demand.done()
+    gate.release.set()
+    answer = await asyncio.wait_for(on_demand, 10)
+    await keeper.finish()
+    assert answer is not None and answer.owned
+    assert gate.max_active == 1
+
+
+async def test_finish_waits_for_a_renewal_in_flight_and_ignores_its_missing_row(
+    factory: Factory, keeper_store: JobStore
+) -> None:
+    job, attempt = await factory.running()
+    lost: list[bool] = []
+    gate = Gate(hold=2)
+    keeper = LeaseKeeper(
+        keeper_store, job.id, attempt, every=0.05, before_renewal=gate, on_lost=lambda: lost.append(True)
+    )
+    await keeper.start()
+    await asyncio.wait_for(gate.held.wait(), 10)
+    # The attempt's terminal write commits while that renewal is in flight.
+    written = await factory.worker.finish_failed(job.id, attempt, FailureCode.BUILD_FAILED, "BuildError")
+    assert written == FinishResult.WRITTEN
+    finishing = asyncio.create_task(keeper.finish())
+    await asyncio.sleep(0)
+    assert not finishing.done()  # it waits for the renewal in flight
+    gate.release.set()
+    await asyncio.wait_for(finishing, 10)
+    calls = gate.calls
+    assert not lost and keeper.owned  # the renewal found no row, after finish began: not a loss
+    assert await keeper.renew_now() is None and gate.calls == calls  # nothing renews after finish
+
+
+async def test_a_renewal_after_a_takeover_reports_lost_ownership_once(
+    factory: Factory, keeper_store: JobStore
+) -> None:
+    job, attempt = await factory.running()
+    lost: list[bool] = []
+    keeper = LeaseKeeper(
+        keeper_store, job.id, attempt, every=60, timer=False, on_lost=lambda: lost.append(True)
+    )
+    assert (await keeper.start()).owned
+    await factory.expire_lease(job.id)
+    assert await factory.worker.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
+    first = await keeper.renew_now()
+    second = await keeper.renew_now()
+    await keeper.finish()
+    assert first is not None and not first.owned and second is not None and not second.owned
+    assert lost == [True]
+    assert await factory.status(job.id) == JobStatus.QUEUED
+
+
+async def test_an_expired_lease_can_still_be_renewed_until_a_takeover_commits(
+    factory: Factory, keeper_store: JobStore
+) -> None:
+    for status in (JobStatus.RUNNING, JobStatus.DELIVERING):
+        job, attempt = await factory.in_status(status)
+        assert attempt is not None
+        await factory.expire_lease(job.id, seconds_ago=30)
+        keeper = LeaseKeeper(keeper_store, job.id, attempt, every=60, timer=False)
+        answer = await keeper.start()
+        await keeper.finish()
+        assert answer is not None and answer.owned and answer.status == status
+        assert (await factory.worker.read_ownership(job.id)).lease_current
+
+
+async def test_the_renewal_reports_a_recorded_stop_request(factory: Factory, keeper_store: JobStore) -> None:
+    job, attempt = await factory.running()
+    stops: list[bool] = []
+    keeper = LeaseKeeper(
+        keeper_store,
+        job.id,
+        attempt,
+        every=60,
+        timer=False,
+        on_stop_requested=lambda: stops.append(True),
+    )
+    assert not (await keeper.start()).stop_requested
+    assert (await factory.cancel(job)).outcome == CancellationOutcome.STOP_REQUESTED
+    assert (await keeper.renew_now()).stop_requested
+    await keeper.renew_now()
+    await keeper.finish()
+    assert stops == [True]
