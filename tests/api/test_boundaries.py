@@ -1,0 +1,231 @@
+"""What every route refuses: another tenant's exports (indistinguishable from missing ones), malformed
+input (a clear 4xx, never a 500, recording nothing), and callers without a valid token."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from api.auth import CONSOLE_HEADER, COOKIE_NAME
+from db.models import JobStatus
+from tests.api.conftest import cancel_body, snapshot
+
+CORRECTION = {
+    "recorded_status": "Completed",
+    "corrected_status": "Failed",
+    "failure_reason": "NotDelivered",
+    "evidence_ref": "TICKET-1",
+    "why": "partner says no file",
+}
+
+
+@pytest.fixture(scope="module")
+async def globex_jobs(factory, globex) -> dict[str, Any]:
+    """One of globex's exports per route, each in the state where that route would act on it."""
+    queued = await factory.queued(globex.id, globex.destination_id)
+    unknown, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(globex.id, globex.destination_id)
+    )
+    completed, _ = await factory.in_status(
+        JobStatus.COMPLETED, job=await factory.queued(globex.id, globex.destination_id)
+    )
+    return {"queued": queued, "unknown": unknown, "completed": completed}
+
+
+def routes(jobs: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any] | None, dict[str, str]]]:
+    """(name, method, path, json body, extra headers) for every route that names one export."""
+    return [
+        ("read", "GET", f"/exports/{jobs['queued']}", None, {}),
+        ("edit", "PATCH", f"/exports/{jobs['queued']}", {"list_name": "stolen"}, {"If-Match": '"1"'}),
+        ("cancel", "POST", f"/exports/{jobs['queued']}/cancellations", cancel_body(), {}),
+        ("replace", "POST", f"/exports/{jobs['unknown']}/replacements", {"reason": "mine now"}, {}),
+        (
+            "reconcile",
+            "POST",
+            f"/exports/{jobs['unknown']}/reconciliation",
+            {"resolution": "Completed", "evidence_summary": "trust me"},
+            {},
+        ),
+        ("correct", "POST", f"/exports/{jobs['completed']}/corrections", CORRECTION, {}),
+    ]
+
+
+ROUTE_NAMES = ["read", "edit", "cancel", "replace", "reconcile", "correct"]
+
+
+@pytest.mark.parametrize("route", ROUTE_NAMES)
+async def test_another_tenants_export_looks_exactly_like_a_missing_one_on_every_route(
+    client, factory, acme, globex_jobs, route
+):
+    ids = {k: v.id for k, v in globex_jobs.items()}
+    missing = {k: uuid.uuid4() for k in ids}
+    _, method, path, body, extra = next(r for r in routes(ids) if r[0] == route)
+    _, _, missing_path, _, _ = next(r for r in routes(missing) if r[0] == route)
+    before = {k: await snapshot(factory, v) for k, v in ids.items()}
+    headers = {**acme.reconciler, **extra}  # the strongest role acme has
+
+    theirs = await client.request(method, path, json=body, headers=headers)
+    absent = await client.request(method, missing_path, json=body, headers=headers)
+
+    assert theirs.status_code == absent.status_code == 404
+    assert theirs.json() == absent.json()
+    assert {k: await snapshot(factory, v) for k, v in ids.items()} == before
+
+
+async def test_the_console_shows_another_tenants_export_as_not_found(client, acme, globex_jobs):
+    client.cookies.set(COOKIE_NAME, acme.operator["Authorization"].removeprefix("Bearer "))
+    try:
+        theirs = await client.get(f"/console/exports/{globex_jobs['queued'].id}")
+        absent = await client.get(f"/console/exports/{uuid.uuid4()}")
+    finally:
+        client.cookies.clear()
+
+    assert theirs.status_code == absent.status_code == 404
+    assert theirs.text == absent.text
+
+
+MALFORMED: list[tuple[str, str, Any]] = [
+    ("not-a-uuid-in-the-path", "path", None),
+    ("missing-fields", "json", {}),
+    ("wrong-uuid", "json", "uuid"),
+    ("oversized-string", "json", "long"),
+    ("control-character", "json", "nul"),
+    ("unknown-field", "json", "extra"),
+    ("not-json", "content", "{not json"),
+    ("wrong-type", "content", "[1, 2, 3]"),
+]
+
+
+def malformed_body(route: str, kind: str, acme) -> Any:
+    """A body for ``route`` broken in the way ``kind`` says."""
+    good = {
+        "create": {"destination_id": str(acme.destination_id), "list_name": "x"},
+        "edit": {"list_name": "x"},
+        "cancel": cancel_body(),
+        "replace": {"reason": "x"},
+        "reconcile": {"resolution": "Completed", "evidence_summary": "x"},
+        "correct": dict(CORRECTION),
+    }[route]
+    uuid_field = {"create": "destination_id", "edit": "destination_id", "cancel": "request_id"}.get(
+        route, "attempt_id"
+    )
+    text_field = {
+        "create": "list_name",
+        "edit": "list_name",
+        "cancel": "reason",
+        "replace": "reason",
+        "reconcile": "evidence_summary",
+        "correct": "why",
+    }[route]
+    match kind:
+        case "uuid":
+            return {**good, uuid_field: "123-not-a-uuid"}
+        case "long":
+            return {**good, text_field: "x" * 5000}
+        case "nul":
+            return {**good, text_field: "bad\x00value"}
+        case "extra":
+            return {**good, "status": "Completed"}
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("route", ["create", *ROUTE_NAMES[1:]])
+@pytest.mark.parametrize(("kind", "where", "spec"), MALFORMED, ids=[m[0] for m in MALFORMED])
+async def test_malformed_input_is_a_clear_4xx_and_records_nothing_on_every_route(
+    client, factory, acme, route, kind, where, spec
+):
+    queued = await factory.queued(acme.id, acme.destination_id)
+    unknown, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)
+    )
+    completed, _ = await factory.in_status(
+        JobStatus.COMPLETED, job=await factory.queued(acme.id, acme.destination_id)
+    )
+    jobs = {"queued": queued.id, "unknown": unknown.id, "completed": completed.id}
+    before = {k: await snapshot(factory, v) for k, v in jobs.items()}
+    count_before = await factory.admin(
+        "SELECT count(*) AS n FROM export_jobs WHERE tenant_id = %(t)s", {"t": acme.id}
+    )
+    if route == "create":
+        method, path, extra = "POST", "/exports", {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    else:
+        _, method, path, _, extra = next(r for r in routes(jobs) if r[0] == route)
+    if where == "path":
+        path = (
+            path.replace(str(next(v for v in jobs.values() if str(v) in path)), "12345")
+            if route != "create"
+            else "/exports/12345"
+        )
+        method = "GET" if route == "create" else method
+    headers = {**acme.reconciler, **extra}
+    kwargs: dict[str, Any] = {}
+    if where == "json":
+        kwargs["json"] = spec if spec == {} else malformed_body(route, spec, acme)
+    elif where == "content":
+        kwargs["content"] = spec
+        headers["Content-Type"] = "application/json"
+    else:
+        kwargs["json"] = {}
+
+    r = await client.request(method, path, headers=headers, **kwargs)
+
+    assert 400 <= r.status_code < 500, r.text
+    assert isinstance(r.json()["detail"], str) and r.json()["detail"]
+    assert "\x00" not in r.text and "x" * 1000 not in r.text  # never echoes the input
+    assert {k: await snapshot(factory, v) for k, v in jobs.items()} == before
+    count_after = await factory.admin(
+        "SELECT count(*) AS n FROM export_jobs WHERE tenant_id = %(t)s", {"t": acme.id}
+    )
+    assert count_after == count_before
+
+
+async def test_the_list_refuses_a_bad_limit(client, acme):
+    for limit in ("0", "501", "many"):
+        r = await client.get("/exports", params={"limit": limit}, headers=acme.operator)
+        assert r.status_code == 422
+        assert "limit" in r.json()["detail"]
+
+
+async def test_an_oversized_body_is_413(client, factory, acme):
+    job = await factory.queued(acme.id, acme.destination_id)
+
+    r = await client.post(
+        f"/exports/{job.id}/cancellations",
+        content=b'{"reason": "' + b"x" * 70_000 + b'"}',
+        headers={**acme.operator, "Content-Type": "application/json"},
+    )
+
+    assert r.status_code == 413
+    assert await factory.status(job.id) == JobStatus.QUEUED
+
+
+@pytest.mark.parametrize(
+    "authorization", [None, "Basic dXNlcjpwYXNz", "Bearer ", "Bearer fx_unknown", "Bearer " + "a" * 500]
+)
+async def test_a_request_without_a_valid_bearer_token_is_401(client, factory, acme, authorization):
+    job = await factory.queued(acme.id, acme.destination_id)
+    headers = {"Authorization": authorization} if authorization else {}
+
+    r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=headers)
+
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert await factory.status(job.id) == JobStatus.QUEUED
+
+
+async def test_a_cookie_authenticated_write_needs_the_console_header(client, factory, acme):
+    job = await factory.queued(acme.id, acme.destination_id)
+    client.cookies.set(COOKIE_NAME, acme.operator["Authorization"].removeprefix("Bearer "))
+    try:
+        forged = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body())
+        assert forged.status_code == 403
+        assert await factory.status(job.id) == JobStatus.QUEUED
+
+        console = await client.post(
+            f"/exports/{job.id}/cancellations", json=cancel_body(), headers={CONSOLE_HEADER: "1"}
+        )
+        assert console.status_code == 200
+    finally:
+        client.cookies.clear()
