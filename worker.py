@@ -25,7 +25,6 @@ import socket
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -46,11 +45,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.dispatcher import OutboxDispatcher
+from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities, RecoveryInput
 from activities.sweeper import SweeperActivities, SweepInput
 from db.pool import open_pool
 from db.store import JobStore
 from settings import Settings
+from workflows.export import ExportWorkflow
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
@@ -183,22 +184,19 @@ async def run_worker(
     client: Client | None = None,
     ready: asyncio.Event | None = None,
     schedules: bool = True,
-    export_hooks: Callable[[Any], None] | None = None,
+    export_hooks: Callable[[ExportActivities], None] | None = None,
 ) -> None:
     """Run one host's workers and the outbox dispatcher until ``stop`` is set, then shut down gracefully.
 
-    ``client`` defaults to one connected from ``settings``; ``ready`` is set once both workers and the
-    dispatcher run. With ``schedules`` the recovery and sweeper Schedules are ensured (a server without
-    Schedules, such as the time-skipping test server, is logged and tolerated). ``export_hooks`` receives
-    the ``ExportActivities`` instance before the workers start (a test seam for its hooks). On ``stop``
+    ``client`` defaults to one connected from ``settings``; ``ready`` is set once both workers run and the
+    dispatcher listens. With ``schedules`` the recovery and sweeper Schedules are ensured (a server
+    without Schedules, such as the time-skipping test server, is logged and tolerated). ``export_hooks``
+    receives the ``ExportActivities`` before the workers start (a test seam for its hooks). On ``stop``
     the dispatcher stops first, then both workers stop polling and give running activities
     ``shutdown_grace_seconds`` before cancelling them; recovery takes over whatever was abandoned.
     """
     if settings.database_url is None:
         raise ValueError("EXPORTS_DATABASE_URL is not set")
-    from activities.export import ExportActivities
-    from workflows.export import ExportWorkflow
-
     worker_id = new_worker_id(settings)
     own_queue = own_task_queue(settings, worker_id)
     client = client or await connect_client(settings)
@@ -206,15 +204,19 @@ async def run_worker(
     if schedules:
         await _ensure_schedules_tolerant(client, settings)
 
-    worker_pool = await open_pool(
-        settings.database_url, "exports_worker", max_size=10, name=f"worker-{worker_id}"
-    )
-    dispatcher_pool = await open_pool(
-        settings.database_url, "exports_dispatcher", max_size=2, name=f"dispatcher-{worker_id}"
-    )
-    try:
+    async with contextlib.AsyncExitStack() as resources:
+        worker_pool = await open_pool(
+            settings.database_url, "exports_worker", max_size=10, name=f"worker-{worker_id}"
+        )
+        resources.push_async_callback(worker_pool.close)
+        dispatcher_pool = await open_pool(
+            settings.database_url, "exports_dispatcher", max_size=2, name=f"dispatcher-{worker_id}"
+        )
+        resources.push_async_callback(dispatcher_pool.close)
+
         store = JobStore(worker_pool, lease_seconds=settings.lease_seconds)
         export = ExportActivities(store, worker_pool, settings, worker_id, own_queue)
+        resources.push_async_callback(export.aclose)
         if export_hooks is not None:
             export_hooks(export)
         recovery = RecoveryActivities(store, worker_pool, settings)
@@ -238,38 +240,49 @@ async def run_worker(
         dispatcher = OutboxDispatcher(
             JobStore(dispatcher_pool), client, settings.task_queue, listen_url=settings.database_url
         )
-        dispatcher_stop = asyncio.Event()
-        runs = [
-            asyncio.create_task(shared.run(), name="shared-worker"),
-            asyncio.create_task(own.run(), name="own-worker"),
-            asyncio.create_task(dispatcher.run(dispatcher_stop), name="outbox-dispatcher"),
-        ]
-        log.info(
-            "worker %s running: shared queue %s, own queue %s", worker_id, settings.task_queue, own_queue
-        )
-        if ready is not None:
-            ready.set()
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopping, *runs], return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        # Stop taking work: no new wake-ups, no new tasks; running activities get the grace window.
-        dispatcher_stop.set()
-        log.info("worker %s shutting down (grace %.0f s)", worker_id, settings.shutdown_grace_seconds)
-        await asyncio.gather(shared.shutdown(), own.shutdown(), return_exceptions=True)
-        results = await asyncio.gather(*runs, return_exceptions=True)
-        failures = [
-            (task.get_name(), outcome)
-            for task, outcome in zip(runs, results, strict=True)
-            if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError)
-        ]
-        for name, outcome in failures:
-            log.error("%s ended with %s", name, type(outcome).__name__)
+        log.info("worker %s: shared queue %s, own queue %s", worker_id, settings.task_queue, own_queue)
+        await _serve(shared, own, dispatcher, stop=stop, ready=ready)
         log.info("worker %s stopped", worker_id)
-        if failures and not stop.is_set():
-            raise RuntimeError(f"{failures[0][0]} ended unexpectedly") from failures[0][1]
-    finally:
-        await dispatcher_pool.close()
-        await worker_pool.close()
+
+
+async def _serve(
+    shared: Worker,
+    own: Worker,
+    dispatcher: OutboxDispatcher,
+    *,
+    stop: asyncio.Event,
+    ready: asyncio.Event | None,
+) -> None:
+    """Run the two workers and the dispatcher until ``stop`` (or one of them ends), then stop in order."""
+    dispatcher_stop = asyncio.Event()
+    runs = [
+        asyncio.create_task(shared.run(), name="shared-worker"),
+        asyncio.create_task(own.run(), name="own-worker"),
+        asyncio.create_task(dispatcher.run(dispatcher_stop), name="outbox-dispatcher"),
+    ]
+    stopping = asyncio.create_task(stop.wait())
+    listening = asyncio.create_task(dispatcher.ready.wait())
+    await asyncio.wait([listening, stopping, *runs], return_when=asyncio.FIRST_COMPLETED)
+    if ready is not None and listening.done():
+        ready.set()
+    await asyncio.wait([stopping, *runs], return_when=asyncio.FIRST_COMPLETED)
+    for waiter in (stopping, listening):
+        waiter.cancel()
+
+    # Stop taking work: no new wake-ups, no new tasks; running activities get the grace window.
+    dispatcher_stop.set()
+    log.info("shutting down: no new work, running activities get the grace window")
+    await asyncio.gather(shared.shutdown(), own.shutdown(), return_exceptions=True)
+    results = await asyncio.gather(*runs, return_exceptions=True)
+    failures = [
+        (task.get_name(), outcome)
+        for task, outcome in zip(runs, results, strict=True)
+        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError)
+    ]
+    for name, outcome in failures:
+        log.error("%s ended with %s", name, type(outcome).__name__)
+    if failures and not stop.is_set():
+        raise RuntimeError(f"{failures[0][0]} ended unexpectedly") from failures[0][1]
 
 
 async def _ensure_schedules_tolerant(client: Client, settings: Settings) -> None:

@@ -25,6 +25,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from db.models import OutboxMessage
 from db.store import JobStore
+from workflows.export import ExportInput, export_summary, export_workflow_id
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +33,6 @@ NOTIFY_CHANNEL = "outbox"
 EXPORT_WORKFLOW = "ExportWorkflow"
 
 MessageHook = Callable[[OutboxMessage], Awaitable[None]]
-
-
-def export_workflow_id(msg: OutboxMessage) -> str:
-    """The workflow ID a wake-up maps to: the same for a retried row, new for every new row."""
-    return f"export-{msg.job_id}-{msg.message_id}"
 
 
 class OutboxDispatcher:
@@ -78,10 +74,7 @@ class OutboxDispatcher:
         """Start the wake-up's ExportWorkflow; an already started or finished one counts as published."""
         if self.before_publish is not None:
             await self.before_publish(msg)
-        # Imported here so this module loads without the export workflow's dependencies.
-        from workflows.export import ExportInput
-
-        workflow_id = export_workflow_id(msg)
+        workflow_id = export_workflow_id(msg.job_id, msg.message_id)
         try:
             await self.client.start_workflow(
                 EXPORT_WORKFLOW,
@@ -90,7 +83,7 @@ class OutboxDispatcher:
                 task_queue=self.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                static_summary=f"Export {msg.job_id}",
+                static_summary=export_summary(msg.job_id),
                 static_details=f"wake-up {msg.message_id} ({msg.kind}), job {msg.job_id}",
             )
         except WorkflowAlreadyStartedError:
