@@ -1,0 +1,134 @@
+"""worker.py's ``run_worker`` in-process against a real PostgreSQL and the real time-skipping server:
+it serves the shared queue, stops within the grace window, lets an activity in flight finish its write,
+and cancels one that outlasts the window, leaving the job to recovery and the sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from uuid import UUID
+
+import pytest
+
+from activities.export import ExportActivities
+from activities.recovery import RecoveryBatchResult, RecoveryInput
+from db.models import JobStatus
+from settings import Settings
+from worker import run_worker
+from workflows.recovery import RecoveryWorkflow
+
+GRACE = 3.0
+WAIT = 30  # a bound on waiting for an outcome, never a delay that decides one
+
+
+@pytest.fixture
+def host_settings(settings: Settings) -> Settings:
+    """A host with its own shared queue, so it never shares a queue with the module's recovery worker."""
+    return settings.model_copy(
+        update={"task_queue": f"exports-{uuid.uuid4().hex[:8]}", "shutdown_grace_seconds": GRACE}
+    )
+
+
+class HeldClaim:
+    """The claim's ``after_load`` seam for one job: holds the claim until released."""
+
+    def __init__(self, job_id: UUID | None = None) -> None:
+        self.job_id = job_id
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = False
+
+    def install(self, activities: ExportActivities) -> None:
+        activities.after_load = self.after_load
+
+    async def after_load(self, job_id: UUID) -> None:
+        if job_id != self.job_id:
+            return
+        self.entered.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+async def start_host(client, host_settings, hold: HeldClaim | None = None):
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        run_worker(
+            host_settings,
+            stop=stop,
+            client=client,
+            ready=ready,
+            export_hooks=hold.install if hold else None,
+        )
+    )
+    done, _ = await asyncio.wait(
+        [task, asyncio.create_task(ready.wait())], timeout=WAIT, return_when="FIRST_COMPLETED"
+    )
+    if task in done:
+        task.result()  # raises what stopped it
+    assert ready.is_set()
+    return stop, task
+
+
+async def stop_host(stop: asyncio.Event, task: asyncio.Task) -> float:
+    began = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(task, WAIT)
+    return time.monotonic() - began
+
+
+async def test_run_worker_serves_the_shared_queue_and_stops_cleanly_within_the_grace_window(
+    client, host_settings
+):
+    stop, task = await start_host(client, host_settings)
+
+    result = await client.execute_workflow(
+        RecoveryWorkflow.run,
+        RecoveryInput(),
+        id=f"recovery-{uuid.uuid4()}",
+        task_queue=host_settings.task_queue,
+        result_type=RecoveryBatchResult,
+    )
+    assert result.scanned == 0
+
+    elapsed = await stop_host(stop, task)
+    assert elapsed < GRACE + 2  # nothing in flight: no reason to use the window at all
+    assert task.exception() is None
+
+
+async def test_an_activity_in_flight_at_shutdown_finishes_its_write_within_the_grace_window(
+    client, host_settings, factory
+):
+    job = await factory.queued()
+    hold = HeldClaim(job.id)
+    stop, task = await start_host(client, host_settings, hold)
+    await asyncio.wait_for(hold.entered.wait(), WAIT)  # the dispatcher woke it; the claim is running
+
+    stop.set()  # SIGTERM: stop taking work
+    hold.release.set()  # the claim's write goes on during the grace window
+    elapsed = await stop_host(stop, task)
+
+    claimed = await factory.job(job.id)
+    assert claimed.status == JobStatus.RUNNING and claimed.claimed_by is not None
+    assert not hold.cancelled
+    assert elapsed < GRACE + 5
+    # Nothing else runs it now: the lease expires and recovery takes the attempt over.
+
+
+async def test_an_activity_that_outlasts_the_grace_window_is_cancelled_and_left_to_recovery(
+    client, host_settings, factory
+):
+    job = await factory.queued()
+    hold = HeldClaim(job.id)
+    stop, task = await start_host(client, host_settings, hold)
+    await asyncio.wait_for(hold.entered.wait(), WAIT)
+
+    elapsed = await stop_host(stop, task)  # never released: the window runs out
+
+    assert hold.cancelled
+    assert GRACE - 0.5 <= elapsed < GRACE + 5
+    still = await factory.job(job.id)
+    assert still.status == JobStatus.QUEUED and still.attempt_count == 0  # the sweeper wakes it again
