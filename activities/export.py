@@ -504,7 +504,7 @@ class ExportActivities:
             heartbeat.cancel()
             if keeper is not None:
                 await keeper.finish()  # right after the terminal write, so no renewal reports a false loss
-            remove_export_file(inp.file.path)
+            remove_export_file(Path(inp.file.path))
 
     async def _upload_and_finish(
         self, job: ExportJob, inp: DeliverInput, control: _AttemptControl

@@ -1,0 +1,314 @@
+"""A harness for ExportWorkflow tests: simulated worker hosts on a real Temporal server, real PostgreSQL,
+a real SFTP server. Each host has its own client, its own pools and its own task queue, as a separate
+machine would; seams on ``host.activities`` are the named points tests hook into."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.export import ExportActivities
+from db.models import ExportJob, JobStatus
+from db.pool import open_pool
+from db.store import JobStore
+from settings import Settings
+from tests.conftest import require
+from tests.support.factories import Factory
+from tests.support.pg import TestDatabase
+from workflows.export import ExportWorkflow, export_summary, export_workflow_id
+from workflows.models import ExportInput, ExportResult
+
+CONTACT_DOMAIN = "contacts.example"  # every test contact's address; its presence in a history is a leak
+
+# Every workflow the harnesses started in this session, for the history check at the end.
+STARTED: list[WorkflowHandle[Any, Any]] = []
+# Every contact value the harnesses inserted in this session.
+CONTACT_VALUES: set[str] = set()
+
+
+@dataclass
+class SftpTarget:
+    """Where the destination rows of a test module point, and the local directory behind it."""
+
+    host: str
+    port: int
+    host_key: str
+    client_key_path: str
+    username: str
+    remote_dir: str
+    local_dir: Path
+    available: bool = True
+
+
+@dataclass
+class Host:
+    """One simulated worker host: a worker on the shared queue and one on its own queue."""
+
+    name: str
+    activities: ExportActivities
+    store: JobStore
+    pools: list[AsyncConnectionPool]
+    client: Client
+    shared_queue: str
+    own_queue: str
+    work_dir: Path
+    _workers: list[Worker] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._workers = [
+            Worker(
+                self.client,
+                task_queue=self.shared_queue,
+                workflows=[ExportWorkflow],
+                activities=self.activities.shared_activities(),
+            ),
+            Worker(self.client, task_queue=self.own_queue, activities=self.activities.own_activities()),
+        ]
+        self._tasks = [asyncio.create_task(w.run()) for w in self._workers]
+
+    async def stop(self) -> None:
+        """Stop both workers (a host going away); what it had not finished is left to the lease."""
+        await asyncio.gather(*(w.shutdown() for w in self._workers), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._workers, self._tasks = [], []
+
+    async def close(self) -> None:
+        await self.stop()
+        await self.activities.aclose()
+        for pool in self.pools:
+            await pool.close()
+
+    def reset_seams(self) -> None:
+        a = self.activities
+        a.after_load = a.after_build = a.before_authorize = a.before_upload = None
+        a.during_upload = None
+        a.before_renewal = None
+        a.watcher_disabled = False
+        a.lease_timer_disabled = False
+
+    def files_on_disk(self) -> list[Path]:
+        """Every file left under this host's work directory (the builder's private dirs included)."""
+        if not self.work_dir.exists():
+            return []
+        return [p for p in self.work_dir.rglob("*") if p.is_file()]
+
+
+async def connect_client(env_client: Client) -> Client:
+    """A separate client to the same server, as a separate host would have."""
+    return await Client.connect(
+        env_client.service_client.config.target_host,
+        namespace=env_client.namespace,
+        data_converter=pydantic_data_converter,
+    )
+
+
+async def make_host(
+    name: str,
+    *,
+    env_client: Client,
+    database: TestDatabase,
+    shared_queue: str,
+    work_root: Path,
+    lease_seconds: float = 60.0,
+    renew_every_seconds: float = 20.0,
+    own_client: bool = True,
+) -> Host:
+    """A started host whose pools act as ``exports_worker`` (and ``exports_api`` for a Temporal cancel)."""
+    worker_pool = await open_pool(database.app_url, "exports_worker", max_size=8, name=f"{name}-worker")
+    api_pool = await open_pool(database.app_url, "exports_api", max_size=2, name=f"{name}-api")
+    store = JobStore(worker_pool, lease_seconds=lease_seconds)
+    work_dir = work_root / name
+    settings = Settings(
+        database_url=database.app_url,
+        task_queue=shared_queue,
+        worker_id=name,
+        lease_seconds=lease_seconds,
+        renew_every_seconds=renew_every_seconds,
+        work_dir=work_dir,
+    )
+    own_queue = f"{shared_queue}-{name}"
+    activities = ExportActivities(
+        store,
+        worker_pool,
+        settings,
+        name,
+        own_queue,
+        cancellation_store=JobStore(api_pool, lease_seconds=lease_seconds),
+    )
+    client = await connect_client(env_client) if own_client else env_client
+    host = Host(
+        name=name,
+        activities=activities,
+        store=store,
+        pools=[worker_pool, api_pool],
+        client=client,
+        shared_queue=shared_queue,
+        own_queue=own_queue,
+        work_dir=work_dir,
+    )
+    host.start()
+    return host
+
+
+class Harness:
+    """Queues exports, wakes them up as the dispatcher would, and reads what happened."""
+
+    def __init__(
+        self,
+        *,
+        client: Client,
+        factory: Factory,
+        sftp: SftpTarget,
+        shared_queue: str,
+        hosts: list[Host],
+    ) -> None:
+        self.client = client
+        self.factory = factory
+        self.sftp = sftp
+        self.shared_queue = shared_queue
+        self.hosts = hosts
+
+    def require_sftp(self) -> None:
+        require(self.sftp.available, "an SFTP server (partner.local_server)")
+
+    @property
+    def host(self) -> Host:
+        return self.hosts[0]
+
+    # -- set-up -------------------------------------------------------------------------------------
+
+    async def destination(self, tenant_id: uuid.UUID, **fields: Any) -> uuid.UUID:
+        row = {
+            "host": self.sftp.host,
+            "port": self.sftp.port,
+            "username": self.sftp.username,
+            "host_key": self.sftp.host_key,
+            "credential_ref": self.sftp.client_key_path,
+            "remote_dir": self.sftp.remote_dir,
+        }
+        row.update(fields)
+        return await self.factory.destination(tenant_id, **row)
+
+    async def queue_export(self, contacts: int = 3, list_name: str = "main", **destination: Any) -> ExportJob:
+        """A tenant, a destination on the test SFTP server, ``contacts`` contacts, and a queued export."""
+        tenant_id = await self.factory.tenant()
+        destination_id = await self.destination(tenant_id, **destination)
+        if contacts:
+            await self.add_contacts(tenant_id, list_name, contacts)
+        return await self.factory.queued(tenant_id, destination_id, list_name=list_name)
+
+    async def add_contacts(self, tenant_id: uuid.UUID, list_name: str, n: int) -> None:
+        rows = []
+        for _ in range(n):
+            tag = uuid.uuid4().hex[:12]
+            row = (f"c{tag}@{CONTACT_DOMAIN}", f"First{tag}", f"Last{tag}")
+            CONTACT_VALUES.update(row)
+            rows.append(row)
+        await self.factory.contacts(tenant_id, list_name, rows)
+
+    # -- wake-ups -----------------------------------------------------------------------------------
+
+    async def start(
+        self,
+        job: ExportJob | uuid.UUID,
+        message_id: uuid.UUID | None = None,
+        client: Client | None = None,
+        **inp: Any,
+    ) -> WorkflowHandle[Any, ExportResult]:
+        """Start the wake-up's workflow as the dispatcher does: its ID, the shared queue, a summary."""
+        job_id = job if isinstance(job, uuid.UUID) else job.id
+        message_id = message_id or uuid.uuid4()
+        handle = await (client or self.client).start_workflow(
+            ExportWorkflow.run,
+            ExportInput(job_id=job_id, message_id=message_id, **inp),
+            id=export_workflow_id(job_id, message_id),
+            task_queue=self.shared_queue,
+            static_summary=export_summary(job_id),
+        )
+        STARTED.append(handle)
+        return handle
+
+    async def run(self, job: ExportJob | uuid.UUID, **kw: Any) -> ExportResult:
+        handle = await self.start(job, **kw)
+        return await handle.result()
+
+    # -- what happened ------------------------------------------------------------------------------
+
+    async def status(self, job: ExportJob) -> JobStatus:
+        return await self.factory.status(job.id)
+
+    def uploads(self, job: ExportJob) -> list[Path]:
+        """Files at the partner under this job's final name (temporary names are listed separately)."""
+        return [p for p in self.sftp.local_dir.glob(f"*{job.delivery_key}*") if p.name == job.final_name]
+
+    def partner_files(self, job: ExportJob) -> list[Path]:
+        """Every file at the partner naming this job's delivery key: final, temporary or acknowledgment."""
+        return list(self.sftp.local_dir.glob(f"*{job.delivery_key}*"))
+
+    def files_on_disk(self) -> list[Path]:
+        return [p for h in self.hosts for p in h.files_on_disk()]
+
+    async def wait_for_row(
+        self, job: ExportJob, condition: Callable[[dict[str, Any]], bool], within: float = 20.0
+    ) -> dict[str, Any]:
+        """Wait until the job's row satisfies ``condition``; a condition, not a race (bounded, fails loudly)."""
+        deadline = asyncio.get_running_loop().time() + within
+        while True:
+            rows = await self.factory.admin("SELECT * FROM export_jobs WHERE id = %(id)s", {"id": job.id})
+            if rows and condition(rows[0]):
+                return rows[0]
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"job {job.id} never reached the condition; row is {rows}")
+            await asyncio.sleep(0.02)
+
+    async def wait_until_db_clock_passes(self, instant: Any) -> None:
+        """Block on the database clock (not the test's) until ``instant`` has passed."""
+        await self.factory.admin(
+            "SELECT pg_sleep(greatest(0, extract(epoch FROM (%(t)s::timestamptz - clock_timestamp()))) + 0.05)",
+            {"t": instant},
+        )
+
+
+async def backends_blocked_by(factory: Factory, blocker_pid: int) -> list[int]:
+    """Backends of this database waiting on a lock that ``blocker_pid`` holds (pg_blocking_pids)."""
+    rows = await factory.admin(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND %(b)s = ANY(pg_blocking_pids(pid)) ORDER BY pid",
+        {"b": blocker_pid},
+    )
+    return [r["pid"] for r in rows]
+
+
+async def wait_until_blocked_by(
+    factory: Factory, blocker_pid: int, *, besides: tuple[int, ...] = (), within: float = 10.0
+) -> int:
+    """Wait until a backend (not in ``besides``) is blocked by ``blocker_pid``; fails after ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        waiting = [pid for pid in await backends_blocked_by(factory, blocker_pid) if pid not in besides]
+        if waiting:
+            return waiting[0]
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"nothing waited on backend {blocker_pid} within {within} s")
+        await asyncio.sleep(0.01)
+
+
+async def idle_in_transaction_pid(factory: Factory, role_suffix: str = "exports_api") -> int:
+    """The one backend of this database holding a transaction open as ``role_suffix``'s pool."""
+    rows = await factory.admin(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state = 'idle in transaction' AND application_name LIKE %(app)s",
+        {"app": f"%{role_suffix}"},
+    )
+    assert len(rows) == 1, rows
+    return rows[0]["pid"]
