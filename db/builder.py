@@ -1,0 +1,306 @@
+"""The reversible half of an export: the tenant's contacts in scope, streamed into a local CSV file.
+
+``COPY ... TO STDOUT`` runs on a connection borrowed from the worker's pool; its rows are read by
+libpq in a thread (psycopg's per-row async reads cost about four times what ``psql \\copy`` spends
+on the same query), hashed and written in 1 MiB blocks into a private directory. Cancellation
+stops the thread within one poll interval, asks the server to cancel the query, discards the
+connection and removes the partial file; every other failure is one :class:`BuildError` whose
+message carries codes only, never contact data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import select
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import LiteralString
+from uuid import UUID
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from db.models import final_name_for
+
+log = logging.getLogger("fenced.builder")
+
+# The scope travels as transaction-local settings bound with named parameters: COPY accepts no
+# server-side parameters, and no value is ever merged into SQL text.
+SET_SCOPE: LiteralString = (
+    "SELECT set_config('fenced_exports.tenant_id', %(tenant_id)s, true),"
+    " set_config('fenced_exports.list_name', %(list_name)s, true)"
+)
+COPY_CONTACTS: LiteralString = (
+    "COPY (SELECT email, first_name, last_name FROM contacts"
+    " WHERE tenant_id = current_setting('fenced_exports.tenant_id')::uuid"
+    " AND list_name = current_setting('fenced_exports.list_name')"
+    " ORDER BY id) TO STDOUT (FORMAT csv, HEADER true)"
+)
+
+PRIVATE_DIR_PREFIX = "build-"
+_FLUSH_BYTES = 1 << 20
+_POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class BuiltFile:
+    """A finished export file: where it is, the name it will have at the partner, and what it holds."""
+
+    path: Path
+    final_name: str
+    size: int
+    sha256: bytes
+    rows: int
+
+
+class BuildError(Exception):
+    """The build failed for a reason other than cancellation; ``code`` names it, the message has no data."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+
+
+class _Stopped(Exception):
+    """Raised in the copy thread when the caller was cancelled."""
+
+
+@dataclass
+class _Counters:
+    rows: int = 0
+    bytes: int = 0
+
+
+async def build_export(
+    pool: AsyncConnectionPool,
+    *,
+    tenant_id: UUID,
+    list_name: str,
+    delivery_key: str,
+    attempt_id: UUID,
+    work_dir: Path,
+    progress: Callable[[int, int], None] | None = None,
+    progress_interval: float = 0.5,
+) -> BuiltFile:
+    """Stream the tenant's contacts in ``list_name`` into ``contacts-{delivery_key}.csv`` and hash them.
+
+    The file is written under a fresh 0700 directory in ``work_dir``, with its SHA-256 and size computed
+    as it is written. ``progress(rows, bytes)`` is called on the event loop about every
+    ``progress_interval`` seconds and once at the end, so an activity can heartbeat from it. On
+    cancellation the copy stops within a poll interval, the partial file is removed and
+    ``asyncio.CancelledError`` propagates unwrapped; every other failure removes the partial file and
+    raises :class:`BuildError`.
+    """
+    final_name = final_name_for(delivery_key)
+    path = _private_dir(work_dir, attempt_id) / final_name
+    try:
+        rows, size, digest = await _copy_to_file(
+            pool, tenant_id, list_name, path, progress, progress_interval
+        )
+    except BaseException:
+        remove_export_file(path)
+        raise
+    return BuiltFile(path=path, final_name=final_name, size=size, sha256=digest, rows=rows)
+
+
+def _private_dir(work_dir: Path, attempt_id: UUID) -> Path:
+    """A fresh 0700 directory for one attempt's file, so no other local user can read it."""
+    try:
+        work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{PRIVATE_DIR_PREFIX}{attempt_id}-", dir=work_dir))
+    except OSError as exc:
+        raise BuildError("WorkDirUnusable", _os_code(exc)) from None
+
+
+async def _copy_to_file(
+    pool: AsyncConnectionPool,
+    tenant_id: UUID,
+    list_name: str,
+    path: Path,
+    progress: Callable[[int, int], None] | None,
+    progress_interval: float,
+) -> tuple[int, int, bytes]:
+    try:
+        async with pool.connection() as conn:
+            return await _copy_on(conn, tenant_id, list_name, path, progress, progress_interval)
+    except BuildError:
+        raise
+    except PoolTimeout:
+        raise BuildError("DatabaseUnavailable", "PoolTimeout") from None
+    except psycopg.Error as exc:
+        raise BuildError("DatabaseError", _pg_code(exc)) from None
+    except OSError as exc:
+        raise BuildError("WriteFailed", _os_code(exc)) from None
+    except Exception as exc:  # the seed: every failure but cancellation is one typed build error
+        raise BuildError("Unexpected", type(exc).__name__) from None
+
+
+async def _copy_on(
+    conn: psycopg.AsyncConnection,
+    tenant_id: UUID,
+    list_name: str,
+    path: Path,
+    progress: Callable[[int, int], None] | None,
+    progress_interval: float,
+) -> tuple[int, int, bytes]:
+    await conn.execute("BEGIN READ ONLY")
+    await conn.execute(SET_SCOPE, {"tenant_id": str(tenant_id), "list_name": list_name})
+    stop = threading.Event()
+    counters = _Counters()
+    loop = asyncio.get_running_loop()
+    copying = loop.run_in_executor(None, _stream_copy, conn.pgconn, path, stop, counters)
+    reported = (-1, -1)
+    try:
+        while True:
+            done, _ = await asyncio.wait({copying}, timeout=progress_interval)
+            if progress is not None and (counters.rows, counters.bytes) != reported:
+                reported = (counters.rows, counters.bytes)
+                progress(*reported)
+            if done:
+                break
+        rows, size, digest = copying.result()
+    except BaseException:
+        # Cancelled, or failed: stop the thread (it never blocks longer than a poll interval), have the
+        # server abandon the query (a backend waiting on a lock would not notice a closed socket), and
+        # discard the connection, whose protocol state psycopg did not follow.
+        stop.set()
+        await _wait_for_thread(copying)
+        with contextlib.suppress(Exception):
+            await conn.cancel_safe(timeout=2.0)
+        await conn.close()
+        raise
+    await conn.execute("COMMIT")
+    if progress is not None and (counters.rows, counters.bytes) != reported:
+        progress(counters.rows, counters.bytes)
+    return rows, size, digest
+
+
+async def _wait_for_thread(copying: asyncio.Future) -> None:
+    """Wait for the copy thread to leave, even through repeated cancellation; its error is not ours."""
+    while not copying.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({copying})
+    if not copying.cancelled():
+        copying.exception()  # retrieved, so asyncio does not log it as never retrieved
+
+
+def _stream_copy(pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, counters: _Counters):
+    """Run in a thread: send the COPY, write its rows to ``path`` in blocks, hash them; (rows, size, sha256)."""
+    pgconn.send_query(COPY_CONTACTS.encode())
+    _wait_until_ready(pgconn, stop)
+    result = pgconn.get_result()
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        raise BuildError("CopyRefused", _result_code(pgconn, result))
+    digest = hashlib.sha256()
+    buffer = bytearray()
+    size = 0
+    messages = 0
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise BuildError("WorkDirUnusable", _os_code(exc)) from None
+    with open(fd, "wb", buffering=0) as out:
+        get = pgconn.get_copy_data
+        while True:
+            nbytes, data = get(1)
+            if nbytes > 0:
+                buffer += data
+                messages += 1
+                if len(buffer) >= _FLUSH_BYTES:
+                    size += _flush(out, digest, buffer)
+                    counters.rows, counters.bytes = messages - 1, size
+                    if stop.is_set():
+                        raise _Stopped
+                continue
+            if nbytes == 0:
+                _wait_readable(pgconn, stop)
+                continue
+            break  # -1: the copy is complete; -2: an error, reported by the final result
+        size += _flush(out, digest, buffer)
+    final = pgconn.get_result()
+    if final is None or final.status != pq.ExecStatus.COMMAND_OK:
+        raise BuildError("CopyFailed", _result_code(pgconn, final))
+    while pgconn.get_result() is not None:
+        pass
+    rows = final.command_tuples if final.command_tuples is not None else max(messages - 1, 0)
+    counters.rows, counters.bytes = rows, size
+    return rows, size, digest.digest()
+
+
+def _flush(out, digest: hashlib._Hash, buffer: bytearray) -> int:
+    try:
+        out.write(buffer)
+    except OSError as exc:
+        raise BuildError("WriteFailed", _os_code(exc)) from None
+    digest.update(buffer)
+    written = len(buffer)
+    buffer.clear()
+    return written
+
+
+def _wait_readable(pgconn: pq.abc.PGconn, stop: threading.Event) -> None:
+    """Wait for the server to send more, checking for a stop every poll interval."""
+    if stop.is_set():
+        raise _Stopped
+    select.select([pgconn.socket], [], [], _POLL_SECONDS)
+    pgconn.consume_input()
+
+
+def _wait_until_ready(pgconn: pq.abc.PGconn, stop: threading.Event) -> None:
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            return
+        _wait_readable(pgconn, stop)
+
+
+def remove_export_file(path: Path) -> bool:
+    """Remove an export file and its private build directory; True when nothing is left.
+
+    Best effort, and never raises: a failed removal is logged (IDs and error codes only) for the
+    scavenger, and False is returned rather than claiming the file is gone. Calling it again is harmless.
+    """
+    try:
+        path.unlink(missing_ok=True)
+        parent = path.parent
+        if parent.name.startswith(PRIVATE_DIR_PREFIX):
+            shutil.rmtree(parent)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        log.warning(
+            "export file not removed; left for the scavenger",
+            extra={"export_file": str(path), "error": _os_code(exc)},
+        )
+        return False
+
+
+def _os_code(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{type(exc).__name__}{'(' + name + ')' if name else ''}"
+
+
+def _pg_code(exc: psycopg.Error) -> str:
+    return f"{type(exc).__name__}(sqlstate={exc.sqlstate})" if exc.sqlstate else type(exc).__name__
+
+
+def _result_code(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> str:
+    if result is not None:
+        sqlstate = result.error_field(pq.DiagnosticField.SQLSTATE)
+        if sqlstate:
+            return f"sqlstate={sqlstate.decode()}"
+        return f"status={pq.ExecStatus(result.status).name}"
+    if pgconn.status != pq.ConnStatus.OK:
+        return "ConnectionLost"
+    return "NoResult"

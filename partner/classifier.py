@@ -1,0 +1,138 @@
+"""The delivery rules of the seed (000 "The Worker"), as pure functions of what was observed.
+
+- Completed only on evidence tied to this attempt under the partner's contract: for a new file,
+  the final name present with the expected size where the baseline was absent (the no-overwrite
+  rename published it); a matching read-back hash or acknowledgment where the contract offers one;
+  an overwrite needs the hash or the acknowledgment, never name and size.
+- Failed NotDelivered only when the final name was provably never written by this attempt: no SFTP
+  session was ever opened, nothing was uploaded yet, or the server refused the upload or the rename
+  and a fresh listing still equals the baseline.
+- Failed FinalNameOccupied / OriginalDelivered for an occupied final name, decided before uploading.
+- Everything else (connection loss, timeouts, a rename whose answer never came, an unconfirmed
+  read-back) is OutcomeUnknown, resolved later from the recorded evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from db.models import DeliveryOutcome, FailureCode
+from partner.destination import Destination
+from partner.evidence import DeliveryReport, FileToDeliver, Observation, OriginalFile, temp_name_for
+
+
+def completed(summary: str) -> DeliveryReport:
+    return DeliveryReport(outcome=DeliveryOutcome.COMPLETED, summary=summary)
+
+
+def failed(code: FailureCode, summary: str) -> DeliveryReport:
+    return DeliveryReport(outcome=DeliveryOutcome.FAILED, failure_code=code, summary=summary)
+
+
+def unknown(summary: str) -> DeliveryReport:
+    return DeliveryReport(outcome=DeliveryOutcome.OUTCOME_UNKNOWN, summary=summary)
+
+
+def identify_original(
+    baseline: Observation, original: OriginalFile | None, destination: Destination
+) -> str | None:
+    """How the file found under the final name is identified as the original's delivery, or ``None``.
+
+    A matching checksum or an acknowledgment tied to the original identifies it; name and size do
+    only where the contract says so, and never against a hash or acknowledgment that disagrees.
+    """
+    if original is None or not baseline.present:
+        return None
+    if baseline.sha256 is not None and original.sha256 is not None:
+        return "sha256" if baseline.sha256 == original.sha256 else None
+    ack = baseline.parsed_ack()
+    if ack is not None and ack.name == original.name and ack.size == baseline.size:
+        original_upload = (
+            temp_name_for(original.attempt_id, original.name) if original.attempt_id is not None else None
+        )
+        if original.sha256 is not None:
+            if ack.sha256 == original.sha256.hex():
+                return "ack"
+            return None  # the partner acknowledged different bytes under this name
+        if original_upload is not None and ack.upload == original_upload:
+            return "ack"
+    if destination.name_and_size_identify and original.size is not None and baseline.size == original.size:
+        return "name_and_size"
+    return None
+
+
+@dataclass(frozen=True)
+class OccupiedDecision:
+    """What an occupied final name means: end here with ``report``, or upload and overwrite."""
+
+    report: DeliveryReport | None
+    identified_by: str | None
+    overwrite: bool
+
+
+def decide_occupied(
+    baseline: Observation, original: OriginalFile | None, destination: Destination, overwrite_agreed: bool
+) -> OccupiedDecision:
+    """The seed's rules for a final name that is already taken, decided before anything is uploaded."""
+    if original is None:
+        return OccupiedDecision(
+            failed(FailureCode.FINAL_NAME_OCCUPIED, "final name already present before an original's upload"),
+            None,
+            False,
+        )
+    identified_by = identify_original(baseline, original, destination)
+    if identified_by is not None:
+        return OccupiedDecision(
+            failed(
+                FailureCode.ORIGINAL_DELIVERED, f"the file present is the original's (by {identified_by})"
+            ),
+            identified_by,
+            False,
+        )
+    if overwrite_agreed:
+        return OccupiedDecision(None, None, True)
+    return OccupiedDecision(
+        failed(FailureCode.FINAL_NAME_OCCUPIED, "final name holds a file not identified as the original's"),
+        None,
+        False,
+    )
+
+
+def confirm_delivery(
+    after: Observation,
+    file: FileToDeliver,
+    destination: Destination,
+    *,
+    overwrite: bool,
+    ack_tied: bool,
+) -> DeliveryReport:
+    """Classify a rename the server confirmed, from the read-back (and acknowledgment) that followed."""
+    if not after.present:
+        return unknown("final name absent after a confirmed rename")
+    if after.size != file.size:
+        return unknown(f"final name holds {after.size} bytes, expected {file.size}")
+    if destination.hash_evidence == "read_back":
+        if after.sha256 != file.sha256:
+            return unknown("read-back hash differs from the expected file")
+        return completed(f"name, size ({file.size}) and read-back sha256 match")
+    if destination.hash_evidence == "ack_file":
+        if not ack_tied:
+            return unknown("no acknowledgment tied to this upload")
+        return completed(f"name and size ({file.size}) match; partner acknowledged this upload's sha256")
+    if overwrite:
+        return unknown("overwrote under agreement, but the contract offers no hash or acknowledgment")
+    return completed(
+        f"final name published by no-overwrite rename, size {file.size} matches, baseline absent"
+    )
+
+
+def classify_refusal(
+    step: str, status: int | None, baseline: Observation, fresh: Observation
+) -> DeliveryReport:
+    """The server refused ``step`` (before or at the rename): NotDelivered only if nothing changed."""
+    if fresh.same_as(baseline):
+        return failed(
+            FailureCode.NOT_DELIVERED,
+            f"{step} refused (status {status}); final name unchanged since baseline",
+        )
+    return unknown(f"{step} refused (status {status}) and the final name changed since the baseline")

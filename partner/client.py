@@ -1,0 +1,236 @@
+"""The SFTP connection to a partner, on paramiko: pinned host key, tuned transfer, typed SFTP statuses.
+
+Everything here blocks; callers run it in a thread (``asyncio.to_thread``). The host key is pinned:
+the key the server presents is compared with the destination's before authentication, so an
+unknown or changed key is refused before any credential is offered or any file is touched, and
+nothing is ever added to a known-hosts store. The transfer is tuned as ``shared/facts/sftp.md``
+measured: ``aes128-gcm@openssh.com`` first, TCP_NODELAY, pipelined writes whose request size is the
+destination's ``max_write_request``, set on the file object, never on paramiko's class.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+from paramiko.sftp import SFTP_NO_SUCH_FILE
+
+from partner.destination import Destination
+
+PREFERRED_CIPHER = "aes128-gcm@openssh.com"
+READ_CHUNK = 1 << 20
+
+# Host key algorithms that can present each pinned key type (RSA keys sign with SHA-2 variants).
+_ALGORITHMS_FOR_KEY = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256")}
+
+
+class ConnectRefused(Exception):
+    """No SFTP session was opened, so nothing was sent to the partner; ``code`` says why."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+
+
+class SftpStatusError(OSError):
+    """The server answered a request with an SFTP error status (the connection was alive to say so)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"SFTP status {status}")
+        self.status = status
+
+
+class _StatusSFTPClient(paramiko.SFTPClient):
+    """paramiko's client, raising :class:`SftpStatusError` with the status code for error statuses.
+
+    paramiko maps most statuses to a bare ``IOError(text)``, which cannot be told apart from a closed
+    socket without reading message texts; the status code can.
+    """
+
+    def _convert_status(self, msg: paramiko.Message) -> None:
+        position = msg.packet.tell()
+        status = msg.get_int()
+        msg.packet.seek(position)
+        try:
+            super()._convert_status(msg)
+        except EOFError:
+            raise  # end of file while reading: paramiko's own read loop expects it
+        except OSError:
+            raise SftpStatusError(status) from None
+
+
+def parse_pinned_key(line: str) -> paramiko.PKey:
+    """Parse ``"ssh-ed25519 AAAA..."`` (optionally after a known_hosts host field) into a public key."""
+    parts = line.split()
+    if len(parts) >= 3 and not _looks_like_key_type(parts[0]):
+        parts = parts[1:]
+    if len(parts) < 2:
+        raise ConnectRefused("HostKeyUnusable", "pinned host key is not '<type> <base64>'")
+    try:
+        return paramiko.PKey.from_type_string(parts[0], base64.b64decode(parts[1]))
+    except (binascii.Error, ValueError, paramiko.SSHException) as exc:
+        raise ConnectRefused("HostKeyUnusable", type(exc).__name__) from None
+
+
+def _looks_like_key_type(token: str) -> bool:
+    return token.startswith(("ssh-", "ecdsa-", "sk-", "rsa-"))
+
+
+def key_fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style ``SHA256:...`` fingerprint of a public key: safe for logs and evidence."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+@dataclass
+class PartnerSession:
+    """One authenticated SSH transport and its SFTP client; close it with :meth:`close`."""
+
+    transport: paramiko.Transport
+    sftp: paramiko.SFTPClient
+    host_key_fingerprint: str
+
+    @property
+    def cipher(self) -> str:
+        return self.transport.remote_cipher
+
+    def close(self) -> None:
+        """Close the SFTP channel and the transport; never raises."""
+        with contextlib.suppress(Exception):
+            self.sftp.close()
+        with contextlib.suppress(Exception):
+            self.transport.close()
+
+
+def connect(destination: Destination, *, timeout: float = 15.0, io_timeout: float = 60.0) -> PartnerSession:
+    """Open an SFTP session to ``destination``, refusing any host key but the pinned one.
+
+    The server's key is checked right after the key exchange, before authentication: a different or
+    unknown key raises :class:`ConnectRefused` with code ``HostKeyMismatch`` and nothing is sent.
+    Every failure before the SFTP session exists raises :class:`ConnectRefused`. ``io_timeout`` bounds
+    every later wait for the server.
+    """
+    pinned = parse_pinned_key(destination.host_key)
+    try:
+        sock = socket.create_connection((destination.host, destination.port), timeout=timeout)
+    except OSError as exc:
+        raise ConnectRefused("Unreachable", type(exc).__name__) from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport = paramiko.Transport(sock)
+    try:
+        _tune(transport, pinned)
+        try:
+            transport.start_client(timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectRefused("HandshakeFailed", type(exc).__name__) from None
+        presented = transport.get_remote_server_key()
+        fingerprint = key_fingerprint(presented)
+        if presented.get_name() != pinned.get_name() or presented.asbytes() != pinned.asbytes():
+            raise ConnectRefused("HostKeyMismatch", f"server presented {fingerprint}")
+        try:
+            client_key = paramiko.PKey.from_path(destination.credential_ref)
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise ConnectRefused("CredentialUnavailable", type(exc).__name__) from None
+        try:
+            transport.auth_publickey(destination.username, client_key)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectRefused("AuthRefused", type(exc).__name__) from None
+        try:
+            sftp = _StatusSFTPClient.from_transport(transport)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectRefused("SessionRefused", type(exc).__name__) from None
+        if sftp is None:
+            raise ConnectRefused("SessionRefused")
+        sftp.get_channel().settimeout(io_timeout)
+        return PartnerSession(transport=transport, sftp=sftp, host_key_fingerprint=fingerprint)
+    except BaseException:
+        transport.close()
+        raise
+
+
+@contextlib.contextmanager
+def session(destination: Destination, **kwargs: float) -> Iterator[PartnerSession]:
+    """:func:`connect` as a context manager that always closes the session."""
+    opened = connect(destination, **kwargs)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def _tune(transport: paramiko.Transport, pinned: paramiko.PKey) -> None:
+    options = transport.get_security_options()
+    ciphers = tuple(options.ciphers)
+    if PREFERRED_CIPHER in ciphers:
+        options.ciphers = (PREFERRED_CIPHER, *(c for c in ciphers if c != PREFERRED_CIPHER))
+    # Ask only for the pinned key's type, so a server that also has other keys presents that one.
+    wanted = _ALGORITHMS_FOR_KEY.get(pinned.get_name(), (pinned.get_name(),))
+    offered = tuple(k for k in options.key_types if k in wanted)
+    if offered:
+        options.key_types = offered
+
+
+def stat_or_none(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPAttributes | None:
+    """``stat`` the path; ``None`` when the server says there is no such file."""
+    try:
+        return sftp.stat(path)
+    except SftpStatusError as exc:
+        if exc.status == SFTP_NO_SUCH_FILE:
+            return None
+        raise
+
+
+def read_sha256(sftp: paramiko.SFTPClient, path: str) -> tuple[int, bytes]:
+    """Read a remote file back and return its size and SHA-256 (prefetched, default windows)."""
+    digest = hashlib.sha256()
+    size = 0
+    with sftp.open(path, "rb") as remote:
+        remote.prefetch()
+        while chunk := remote.read(READ_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.digest()
+
+
+def read_small(sftp: paramiko.SFTPClient, path: str, limit: int = 64 * 1024) -> bytes | None:
+    """A small remote file's bytes (at most ``limit``); ``None`` when it does not exist."""
+    try:
+        with sftp.open(path, "rb") as remote:
+            return remote.read(limit)
+    except SftpStatusError as exc:
+        if exc.status == SFTP_NO_SUCH_FILE:
+            return None
+        raise
+
+
+def upload_exclusive(
+    sftp: paramiko.SFTPClient,
+    local_path: Path,
+    remote_path: str,
+    *,
+    write_request: int,
+    after_write: Callable[[int], None] | None = None,
+) -> int:
+    """Copy ``local_path`` to a new remote file, opened exclusively ('wx'); returns the bytes sent.
+
+    An existing remote file is never reused: the open fails. Writes are pipelined, ``write_request``
+    bytes each (set on this file object only); ``after_write(bytes_sent)`` runs after each write.
+    Errors of pipelined writes surface by the time this returns.
+    """
+    sent = 0
+    with local_path.open("rb") as source, sftp.open(remote_path, "wx", bufsize=0) as remote:
+        remote.MAX_REQUEST_SIZE = write_request
+        remote.set_pipelined(True)
+        while chunk := source.read(write_request):
+            remote.write(chunk)
+            sent += len(chunk)
+            if after_write is not None:
+                after_write(sent)
+    return sent

@@ -1,0 +1,363 @@
+"""The irreversible half of an export: put the file on the partner's SFTP server, by evidence.
+
+One call of :func:`deliver` is one attempt's upload, never repeated: connect with the pinned host
+key; list the final name (the baseline, recorded before anything is uploaded); apply the
+occupied-name rules; upload under a temporary name that carries the attempt ID, opened exclusively;
+rename with the form that fails when the final name exists (``posix_rename`` only for a replacement
+with a recorded overwrite agreement); read back what the server and the contract can confirm; and
+classify (:mod:`partner.classifier`). Every observation goes to ``on_evidence`` as it is made
+(:mod:`partner.evidence`). Blocking: run it with ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import paramiko
+
+from db.models import FailureCode
+from partner import classifier
+from partner.classifier import failed, unknown
+from partner.client import (
+    ConnectRefused,
+    PartnerSession,
+    SftpStatusError,
+    read_sha256,
+    read_small,
+    session,
+    stat_or_none,
+    upload_exclusive,
+)
+from partner.destination import Destination
+from partner.evidence import (
+    Ack,
+    DeliveryReport,
+    EvidenceLog,
+    FileToDeliver,
+    Observation,
+    OriginalFile,
+    error_code,
+    temp_name_for,
+)
+
+__all__ = [
+    "DeliveryHooks",
+    "DeliveryReport",
+    "FileToDeliver",
+    "Observation",
+    "OriginalFile",
+    "deliver",
+    "observe_final_name",
+]
+
+log = logging.getLogger("fenced.partner")
+
+_ACK_POLL_SECONDS = 0.1
+
+
+@dataclass
+class DeliveryHooks:
+    """Named seams for tests; each runs in the delivering thread at its point, and may be ``None``."""
+
+    after_listing: Callable[[], None] | None = None
+    during_upload: Callable[[int], None] | None = None  # bytes sent so far, after each write
+    before_rename: Callable[[], None] | None = None
+    after_rename: Callable[[], None] | None = None
+
+
+def deliver(
+    destination: Destination,
+    file: FileToDeliver,
+    attempt_id: UUID,
+    *,
+    original: OriginalFile | None,
+    overwrite_agreed: bool,
+    on_evidence: Callable[[dict[str, Any]], None],
+    hooks: DeliveryHooks | None = None,
+    ack_wait: float = 30.0,
+    connect_timeout: float = 15.0,
+    io_timeout: float = 60.0,
+) -> DeliveryReport:
+    """Upload ``file`` for ``attempt_id`` and classify what happened; never raises for a delivery problem.
+
+    ``original`` is the original job's expected file when this job is a replacement (``None`` for an
+    original); ``overwrite_agreed`` is true only when the replacement's ``overwrite_agreement_ref`` is
+    set. ``ack_wait`` bounds the wait for the partner's acknowledgment under an ``ack_file`` contract.
+    The report's ``evidence`` repeats every dict given to ``on_evidence``, the final ``outcome`` last.
+    """
+    run = _Delivery(
+        destination=destination,
+        file=file,
+        attempt_id=attempt_id,
+        original=original,
+        overwrite_agreed=overwrite_agreed,
+        evidence=EvidenceLog(attempt_id, destination.id, on_evidence),
+        hooks=hooks or DeliveryHooks(),
+        ack_wait=ack_wait,
+    )
+    try:
+        with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+            run.connected(opened)
+            report = run.deliver_over(opened)
+    except ConnectRefused as exc:
+        run.evidence.record("connect", result="refused", **error_code(exc))
+        report = failed(FailureCode.NOT_DELIVERED, f"no SFTP session opened ({exc.code}); nothing was sent")
+    except Exception as exc:  # closing the session failed after the outcome was known, or a bug
+        report = run.report or unknown(f"delivery ended unexpectedly ({type(exc).__name__})")
+        run.evidence.record("interrupted", phase=run.phase, rename_sent=run.rename_sent, **error_code(exc))
+    run.evidence.record(
+        "outcome",
+        outcome=report.outcome.value,
+        failure_code=report.failure_code.value if report.failure_code else None,
+        summary=report.summary,
+    )
+    log.info(
+        "delivery classified",
+        extra={
+            "attempt_id": str(attempt_id),
+            "destination_id": str(destination.id),
+            "outcome": report.outcome.value,
+            "failure_code": report.failure_code.value if report.failure_code else None,
+        },
+    )
+    return report.model_copy(update={"evidence": list(run.evidence.records)})
+
+
+def observe_final_name(
+    destination: Destination, final_name: str, *, connect_timeout: float = 15.0, io_timeout: float = 60.0
+) -> Observation:
+    """What the partner's server shows under ``final_name`` now, as its contract allows (for recovery).
+
+    Lists the name; reads the file back for its SHA-256 under a ``read_back`` contract; reads the
+    acknowledgment under an ``ack_file`` contract. Raises :class:`partner.client.ConnectRefused` or the
+    SFTP error when the server cannot be asked.
+    """
+    with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+        return observe(opened.sftp, destination, final_name)
+
+
+def observe(sftp: paramiko.SFTPClient, destination: Destination, final_name: str) -> Observation:
+    """List ``final_name`` and read what the contract offers: a read-back hash, an acknowledgment."""
+    path = destination.remote_path(final_name)
+    attributes = stat_or_none(sftp, path)
+    ack = _read_ack(sftp, destination, final_name)
+    if attributes is None:
+        return Observation(present=False, ack=ack)
+    sha256 = None
+    if destination.hash_evidence == "read_back":
+        _, sha256 = read_sha256(sftp, path)
+    return Observation(
+        present=True,
+        size=attributes.st_size,
+        mtime=int(attributes.st_mtime) if attributes.st_mtime is not None else None,
+        sha256=sha256,
+        ack=ack,
+    )
+
+
+def _read_ack(sftp: paramiko.SFTPClient, destination: Destination, final_name: str) -> dict | None:
+    if destination.hash_evidence != "ack_file" or not destination.ack_suffix:
+        return None
+    raw = read_small(sftp, destination.remote_path(final_name + destination.ack_suffix))
+    if raw is None:
+        return None
+    ack = Ack.parse(raw)
+    return ack.as_evidence() if ack is not None else {"format": "unrecognized", "bytes": len(raw)}
+
+
+@dataclass
+class _Delivery:
+    """One attempt's delivery, step by step; ``phase`` and ``rename_sent`` say how far it got."""
+
+    destination: Destination
+    file: FileToDeliver
+    attempt_id: UUID
+    original: OriginalFile | None
+    overwrite_agreed: bool
+    evidence: EvidenceLog
+    hooks: DeliveryHooks
+    ack_wait: float
+    phase: str = "connect"
+    rename_sent: bool = False
+    report: DeliveryReport | None = None
+
+    @property
+    def final_path(self) -> str:
+        return self.destination.remote_path(self.file.final_name)
+
+    @property
+    def temp_name(self) -> str:
+        return temp_name_for(self.attempt_id, self.file.final_name)
+
+    def connected(self, opened: PartnerSession) -> None:
+        self.evidence.record(
+            "connect", result="ok", host_key=opened.host_key_fingerprint, cipher=opened.cipher
+        )
+
+    def deliver_over(self, opened: PartnerSession) -> DeliveryReport:
+        """The steps after connecting; each returns early with its classified report."""
+        sftp = opened.sftp
+        self.phase = "baseline"
+        try:
+            baseline = observe(sftp, self.destination, self.file.final_name)
+        except Exception as exc:
+            self.evidence.record("interrupted", phase=self.phase, rename_sent=False, **error_code(exc))
+            return self._end(
+                failed(FailureCode.NOT_DELIVERED, "baseline listing failed; nothing was uploaded")
+            )
+        self.evidence.record("baseline", final_name=self.file.final_name, **baseline.as_evidence())
+        _call(self.hooks.after_listing)
+
+        overwrite = False
+        if baseline.present:
+            decision = classifier.decide_occupied(
+                baseline, self.original, self.destination, self.overwrite_agreed
+            )
+            self.evidence.record(
+                "final_name_occupied",
+                replacement=self.original is not None,
+                identified_by=decision.identified_by,
+                overwrite=decision.overwrite,
+            )
+            if decision.report is not None:
+                return self._end(decision.report)
+            overwrite = True
+
+        uploaded = self._upload(sftp, baseline)
+        if uploaded is not None:
+            return self._end(uploaded)
+        renamed = self._rename(sftp, baseline, overwrite)
+        if renamed is not None:
+            return self._end(renamed)
+        return self._end(self._read_back(sftp, overwrite))
+
+    def _upload(self, sftp: paramiko.SFTPClient, baseline: Observation) -> DeliveryReport | None:
+        """Upload under the temporary name; a report when the attempt ends here, else ``None``."""
+        self.phase = "upload"
+        temp_path = self.destination.remote_path(self.temp_name)
+        progress = {"sent": 0}
+
+        def after_write(sent: int) -> None:
+            progress["sent"] = sent
+            _call(self.hooks.during_upload, sent)
+
+        try:
+            sent = upload_exclusive(
+                sftp,
+                self.file.path,
+                temp_path,
+                write_request=self.destination.max_write_request,
+                after_write=after_write,
+            )
+            remote = stat_or_none(sftp, temp_path)
+        except SftpStatusError as exc:
+            self.evidence.record(
+                "upload",
+                result="refused",
+                temp_name=self.temp_name,
+                bytes_sent=progress["sent"],
+                status=exc.status,
+            )
+            return self._after_refusal("upload", exc.status, sftp, baseline)
+        except Exception as exc:
+            self.evidence.record(
+                "interrupted",
+                phase=self.phase,
+                temp_name=self.temp_name,
+                bytes_sent=progress["sent"],
+                rename_sent=False,
+                **error_code(exc),
+            )
+            return unknown(f"upload interrupted after {progress['sent']} bytes; the rename was never sent")
+        remote_size = remote.st_size if remote is not None else None
+        self.evidence.record(
+            "upload", result="ok", temp_name=self.temp_name, bytes_sent=sent, remote_size=remote_size
+        )
+        if remote_size != self.file.size:
+            return self._after_refusal("upload", None, sftp, baseline)
+        return None
+
+    def _rename(
+        self, sftp: paramiko.SFTPClient, baseline: Observation, overwrite: bool
+    ) -> DeliveryReport | None:
+        """Publish the temporary file under the final name; a report when the attempt ends here."""
+        self.phase = "rename"
+        form = "posix_rename" if overwrite else "rename"
+        temp_path = self.destination.remote_path(self.temp_name)
+        try:
+            _call(self.hooks.before_rename)
+            self.rename_sent = True
+            if overwrite:
+                sftp.posix_rename(temp_path, self.final_path)
+            else:
+                # Fails when the final name exists, so a file that appeared since the listing is never replaced.
+                sftp.rename(temp_path, self.final_path)
+        except SftpStatusError as exc:
+            self.evidence.record("rename", form=form, result="refused", status=exc.status)
+            return self._after_refusal(form, exc.status, sftp, baseline)
+        except Exception as exc:
+            self.evidence.record("rename", form=form, result="no_answer", **error_code(exc))
+            return unknown(f"{form} sent but its answer never came; the final name may have been written")
+        self.evidence.record("rename", form=form, result="ok")
+        _call(self.hooks.after_rename)
+        return None
+
+    def _read_back(self, sftp: paramiko.SFTPClient, overwrite: bool) -> DeliveryReport:
+        """Read back what the server and the contract can confirm, then classify."""
+        self.phase = "read_back"
+        try:
+            after = observe(sftp, self.destination, self.file.final_name)
+            self.evidence.record("read_back", final_name=self.file.final_name, **after.as_evidence())
+            ack_tied = False
+            if self.destination.hash_evidence == "ack_file":
+                after, ack_tied = self._await_ack(sftp, after)
+        except Exception as exc:
+            self.evidence.record("interrupted", phase=self.phase, rename_sent=True, **error_code(exc))
+            return unknown("renamed, but the read-back was interrupted")
+        return classifier.confirm_delivery(
+            after, self.file, self.destination, overwrite=overwrite, ack_tied=ack_tied
+        )
+
+    def _await_ack(self, sftp: paramiko.SFTPClient, after: Observation) -> tuple[Observation, bool]:
+        """Wait up to ``ack_wait`` for the partner's acknowledgment of this upload; record what was seen."""
+        deadline = time.monotonic() + self.ack_wait
+        while True:
+            ack = after.parsed_ack()
+            tied = ack is not None and ack.acknowledges(
+                self.file.final_name, self.file.size, self.file.sha256, self.temp_name
+            )
+            if tied or time.monotonic() >= deadline:
+                self.evidence.record("ack", present=after.ack is not None, tied=tied, ack=after.ack)
+                return after, tied
+            time.sleep(
+                _ACK_POLL_SECONDS
+            )  # the partner writes its acknowledgment when it has processed the file
+            after = after.model_copy(update={"ack": _read_ack(sftp, self.destination, self.file.final_name)})
+
+    def _after_refusal(
+        self, step: str, status: int | None, sftp: paramiko.SFTPClient, baseline: Observation
+    ) -> DeliveryReport:
+        """The server refused a step with the connection alive: compare a fresh listing with the baseline."""
+        try:
+            fresh = observe(sftp, self.destination, self.file.final_name)
+        except Exception as exc:
+            self.evidence.record(
+                "interrupted", phase="fresh_listing", rename_sent=self.rename_sent, **error_code(exc)
+            )
+            return unknown(f"{step} refused and the fresh listing failed")
+        self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
+        return classifier.classify_refusal(step, status, baseline, fresh)
+
+    def _end(self, report: DeliveryReport) -> DeliveryReport:
+        self.report = report
+        return report
+
+
+def _call(hook: Callable[..., None] | None, *args: Any) -> None:
+    if hook is not None:
+        hook(*args)

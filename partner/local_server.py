@@ -1,0 +1,140 @@
+"""A stand-in partner: an in-process asyncssh SFTP server on loopback, rooted in a directory.
+
+For the demo and functional tests. It has its own host key (pin :attr:`LocalSftpServer.host_key_line`),
+accepts one generated client key (:attr:`LocalSftpServer.client_key_path`, the ``credential_ref``),
+and, when ``ack_suffix`` is given, acts like a partner that acknowledges each file published under a
+final name (see :mod:`partner.evidence` for the format). Its rename is check-then-act, not atomic:
+race and performance tests use a real OpenSSH sshd instead. It runs on the caller's event loop, so
+the paramiko client must run in a thread (``asyncio.to_thread``), as it does in production.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from partner.evidence import TEMP_PREFIX
+
+
+class _PartnerSftp(asyncssh.SFTPServer):
+    """asyncssh's file server chrooted at the root, acknowledging published files when asked to."""
+
+    def __init__(self, chan: asyncssh.SSHServerChannel, *, root: Path, ack_suffix: str | None) -> None:
+        super().__init__(chan, chroot=os.fsencode(root))
+        self._ack_suffix = ack_suffix
+
+    def rename(self, oldpath: bytes, newpath: bytes) -> None:
+        super().rename(oldpath, newpath)
+        self._acknowledge(oldpath, newpath)
+
+    def posix_rename(self, oldpath: bytes, newpath: bytes) -> None:
+        super().posix_rename(oldpath, newpath)
+        self._acknowledge(oldpath, newpath)
+
+    def _acknowledge(self, oldpath: bytes, newpath: bytes) -> None:
+        name = os.path.basename(os.fsdecode(newpath))
+        if not self._ack_suffix or name.startswith(".") or name.endswith(self._ack_suffix):
+            return
+        local = Path(os.fsdecode(self.map_path(newpath)))
+        digest = hashlib.sha256()
+        with local.open("rb") as published:
+            for block in iter(lambda: published.read(1 << 20), b""):
+                digest.update(block)
+        upload = os.path.basename(os.fsdecode(oldpath))
+        ack = {
+            "name": name,
+            "size": local.stat().st_size,
+            "sha256": digest.hexdigest(),
+            "upload": upload if upload.startswith(TEMP_PREFIX) else None,
+        }
+        ack_path = local.with_name(name + self._ack_suffix)
+        scratch = ack_path.with_name(f".{ack_path.name}.tmp")
+        scratch.write_text(json.dumps(ack), encoding="utf-8")
+        scratch.replace(ack_path)
+
+
+class LocalSftpServer:
+    """An SFTP server on ``127.0.0.1`` serving ``root``; ``start()`` it, point a destination at it.
+
+    Keys live outside ``root`` (so the SFTP client cannot read them) in a private directory that
+    :meth:`stop` removes. Any user name is accepted with the generated client key.
+    """
+
+    def __init__(
+        self, root: Path, *, host: str = "127.0.0.1", port: int = 0, ack_suffix: str | None = None
+    ) -> None:
+        self.root = Path(root)
+        self.host = host
+        self.port = port
+        self.ack_suffix = ack_suffix
+        self.host_key_line = ""
+        self.client_key_path = Path()
+        self._key_dir: Path | None = None
+        self._acceptor: asyncssh.SSHAcceptor | None = None
+
+    async def start(self) -> None:
+        """Generate the host and client keys and start listening (``port`` 0 picks a free one)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._key_dir = Path(tempfile.mkdtemp(prefix="fenced-sftp-keys-"))
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.host_key_line = host_key.export_public_key("openssh").decode().strip()
+        self.client_key_path = self.new_client_key()
+        authorized = asyncssh.import_authorized_keys(
+            (self.client_key_path.with_suffix(".pub")).read_text(encoding="ascii")
+        )
+        self._acceptor = await asyncssh.listen(
+            self.host,
+            self.port,
+            server_host_keys=[host_key],
+            authorized_client_keys=authorized,
+            sftp_factory=functools.partial(_PartnerSftp, root=self.root, ack_suffix=self.ack_suffix),
+            allow_scp=False,
+        )
+        self.port = self._acceptor.get_port()
+
+    def new_client_key(self) -> Path:
+        """Write a fresh ed25519 client key pair (private 0600, ``.pub`` beside it); return the private path."""
+        if self._key_dir is None:
+            raise RuntimeError("start() the server first")
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        path = Path(tempfile.mkstemp(prefix="client-", dir=self._key_dir)[1])
+        key.write_private_key(path, "openssh")
+        path.chmod(0o600)
+        path.with_suffix(".pub").write_bytes(key.export_public_key("openssh"))
+        return path
+
+    def destination_fields(self, remote_dir: str = "/", username: str = "partner") -> dict[str, Any]:
+        """The ``destinations`` columns that point at this server (contract columns left to the caller)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "username": username,
+            "host_key": self.host_key_line,
+            "credential_ref": str(self.client_key_path),
+            "remote_dir": remote_dir,
+        }
+
+    async def stop(self) -> None:
+        """Stop listening, close open sessions and remove the keys."""
+        if self._acceptor is not None:
+            self._acceptor.close()
+            await self._acceptor.wait_closed()
+            self._acceptor = None
+        if self._key_dir is not None:
+            shutil.rmtree(self._key_dir, ignore_errors=True)
+            self._key_dir = None
+
+    async def __aenter__(self) -> LocalSftpServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
