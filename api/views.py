@@ -175,6 +175,16 @@ def status_line(job: ExportJob, events: list[AttemptEvent]) -> str:
             )
         case JobStatus.DELIVERING:
             return f"Delivering: delivery authorized at {clock(job.delivery_authorized_at)}."
+        case JobStatus.CANCELED:
+            return "Canceled while queued."
+        case JobStatus.REJECTED:
+            return f"Rejected by the policy check: {job.rejection_reason or 'no reason recorded'}."
+        case JobStatus.STOPPED:
+            return "Stopped before delivery was authorized. Nothing was sent."
+        case JobStatus.COMPLETED:
+            return f"Completed: {job.expected_file_name} delivered."
+        case JobStatus.OUTCOME_UNKNOWN:
+            return "OutcomeUnknown: delivery was authorized; nobody can yet say whether it happened."
         case JobStatus.FAILED if job.failure_reason == FailureCode.ATTEMPTS_EXHAUSTED:
             return f"Failed: gave up after {job.attempt_count} attempts."
         case _:
@@ -224,7 +234,7 @@ _EVENT_LABELS = {
 
 def _event_entry(e: AttemptEvent, job: ExportJob) -> TimelineEntry:
     actor = f"by {e.worker_id or e.observed_by}" if (e.worker_id or e.observed_by) else ""
-    detail = e.detail or ""
+    detail = (e.detail or "").rstrip("; ")
     if e.kind == EventKind.CLAIMED:
         detail = f"checked v{e.version}"
     elif (
