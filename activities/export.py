@@ -549,14 +549,6 @@ class ExportActivities:
 
         # Evidence first, whoever owns the job now; then the conditional terminal write for this attempt.
         await recorder.flush()
-        await recorder.append(
-            {
-                "observation": "classified",
-                "outcome": report.outcome.value,
-                "failure_code": report.failure_code.value if report.failure_code else None,
-                "summary": report.summary,
-            }
-        )
         code = report.failure_code if report.outcome == DeliveryOutcome.FAILED else None
         finished = await self.store.finish_delivery(
             job.id, inp.attempt_id, report.outcome, code, summary=report.summary

@@ -14,6 +14,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.testing import WorkflowEnvironment
 
+from partner.local_server import LocalSftpServer
 from tests.conftest import require
 from tests.support import pg
 from tests.support.factories import Factory
@@ -50,13 +51,6 @@ def work_root() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 async def sftp_target(work_root: Path) -> AsyncIterator[SftpTarget]:
     """A real SFTP server (in-process asyncssh, loopback, its own host key) rooted in a fresh directory."""
-    try:
-        from partner.local_server import LocalSftpServer
-    except ImportError:  # TEMPORARY until partner.local_server lands: tests that deliver will skip
-        d = work_root / f"nosftp-{uuid.uuid4().hex[:8]}"
-        d.mkdir()
-        yield SftpTarget("127.0.0.1", 9, "ssh-ed25519 AAAA", "/nonexistent", "partner", "/upload", d, False)
-        return
     root = work_root / f"sftp-{uuid.uuid4().hex[:8]}"
     root.mkdir()
     server = LocalSftpServer(root)
@@ -69,7 +63,7 @@ async def sftp_target(work_root: Path) -> AsyncIterator[SftpTarget]:
             port=server.port,
             host_key=server.host_key_line,
             client_key_path=str(server.client_key_path),
-            username=getattr(server, "username", "partner"),
+            username="partner",
             remote_dir=remote_dir,
             local_dir=root / remote_dir.strip("/"),
         )

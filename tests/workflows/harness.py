@@ -61,6 +61,7 @@ class Host:
     shared_queue: str
     own_queue: str
     work_dir: Path
+    timings: tuple[float, float] = (60.0, 20.0)  # the host's lease and renewal interval, restored by reset
     _workers: list[Worker] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -88,7 +89,13 @@ class Host:
         for pool in self.pools:
             await pool.close()
 
+    def set_timings(self, lease_seconds: float, renew_every_seconds: float) -> None:
+        """Shorten the lease each claim and renewal sets, and the renewal interval (restored by reset)."""
+        self.store.lease_seconds = lease_seconds
+        self.activities.settings.renew_every_seconds = renew_every_seconds
+
     def reset_seams(self) -> None:
+        self.set_timings(*self.timings)
         a = self.activities
         a.after_load = a.after_build = a.before_authorize = a.before_upload = None
         a.during_upload = None
@@ -155,6 +162,7 @@ async def make_host(
         shared_queue=shared_queue,
         own_queue=own_queue,
         work_dir=work_dir,
+        timings=(lease_seconds, renew_every_seconds),
     )
     host.start()
     return host
