@@ -1,0 +1,223 @@
+"""The database enforces the state diagram itself (001 "A Second Cutoff"; DESIGN "The database itself enforces
+the state machine"): every status change that is not an edge is refused for every role, the superuser's
+direct UPDATE included; identity columns never change; Canceled, Rejected and Stopped rows are final; and
+only ``exports_reconciler`` changes a recorded Completed or Failed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from db.models import FailureCode, JobStatus
+from db.pool import Role
+
+# The seed's diagram (001), edge by edge: the two cutoffs, cancel and reject from Queued, the attempt's
+# endings and recovery's requeue from Running, the delivery outcomes, reconciliation of OutcomeUnknown,
+# and the one-time correction between Completed and Failed.
+SEED_EDGES = {
+    ("Queued", "Running"),
+    ("Queued", "Canceled"),
+    ("Queued", "Rejected"),
+    ("Running", "Delivering"),
+    ("Running", "Stopped"),
+    ("Running", "Failed"),
+    ("Running", "Queued"),
+    ("Delivering", "Completed"),
+    ("Delivering", "Failed"),
+    ("Delivering", "OutcomeUnknown"),
+    ("OutcomeUnknown", "Completed"),
+    ("OutcomeUnknown", "Failed"),
+    ("Completed", "Failed"),
+    ("Failed", "Completed"),
+}
+STATUSES = [s.value for s in JobStatus]
+ILLEGAL = [(a, b) for a, b in itertools.permutations(STATUSES, 2) if (a, b) not in SEED_EDGES]
+ROLES: list[Role | None] = ["exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler", None]
+TRIGGER_CONSTRAINTS = {"ck_export_jobs_state_machine", "ck_export_jobs_recorded_outcome"}
+
+
+def role_name(role: Role | None) -> str:
+    return role or "superuser"
+
+
+@pytest.fixture(scope="module")
+async def connections(database) -> AsyncIterator[dict[Role | None, psycopg.AsyncConnection]]:
+    """One autocommit connection per role (the login ``exports_app`` after SET ROLE), plus the superuser."""
+    conns: dict[Role | None, psycopg.AsyncConnection] = {}
+    for role in ROLES:
+        if role is None:
+            conns[role] = await psycopg.AsyncConnection.connect(database.admin_url, autocommit=True)
+        else:
+            conn = await psycopg.AsyncConnection.connect(database.app_url, autocommit=True)
+            await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            conns[role] = conn
+    yield conns
+    for conn in conns.values():
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+async def one_job_per_status(factory) -> dict[str, Any]:
+    """A job in every status, reached along the protocol's edges. Refused updates leave them as they are,
+    so every test of a refusal may share them."""
+    jobs = {}
+    for status in JobStatus:
+        job, _ = await factory.in_status(status, code=FailureCode.NOT_DELIVERED)
+        jobs[status.value] = job
+    return jobs
+
+
+async def refusal(conn: psycopg.AsyncConnection, statement: Any, params: dict[str, Any]) -> psycopg.Error:
+    with pytest.raises(psycopg.Error) as refused:
+        await conn.execute(statement, params)
+    return refused.value
+
+
+async def test_the_edges_in_the_database_are_the_seed_diagram(connections):
+    cur = await connections[None].execute("SELECT from_status, to_status FROM export_status_edges")
+    assert set(await cur.fetchall()) == SEED_EDGES
+
+
+@pytest.mark.parametrize(("from_status", "to_status"), ILLEGAL)
+async def test_status_change_off_the_diagram_is_refused_for_every_role(
+    factory, connections, one_job_per_status, from_status, to_status
+):
+    job = one_job_per_status[from_status]
+    for role in ROLES:
+        refused = await refusal(
+            connections[role],
+            "UPDATE export_jobs SET status = %(to)s WHERE id = %(id)s",
+            {"to": to_status, "id": job.id},
+        )
+        if role == "exports_dispatcher":
+            assert isinstance(refused, psycopg.errors.InsufficientPrivilege), role_name(role)
+        else:
+            # Refused by the trigger itself, not by a missing grant or an unrelated check.
+            assert refused.diag.constraint_name in TRIGGER_CONSTRAINTS, (role_name(role), refused)
+    assert await factory.job(job.id) == job
+
+
+@pytest.mark.parametrize(("from_status", "to_status"), sorted(SEED_EDGES))
+async def test_every_edge_of_the_diagram_is_open_to_a_direct_update(
+    factory, connections, from_status, to_status
+):
+    # The control for the refusals above: the same direct UPDATE along an edge is accepted (recorded
+    # outcomes by the reconciler only), so the trigger refuses exactly what is off the diagram.
+    job, _ = await factory.in_status(JobStatus(from_status), code=FailureCode.NOT_DELIVERED)
+    role: Role | None = "exports_reconciler" if from_status in ("Completed", "Failed") else None
+    reason = FailureCode.NOT_DELIVERED.value if to_status == "Failed" else None
+
+    await connections[role].execute(
+        "UPDATE export_jobs SET status = %(to)s, failure_reason = %(reason)s WHERE id = %(id)s",
+        {"to": to_status, "reason": reason, "id": job.id},
+    )
+
+    assert (await factory.job(job.id)).status == JobStatus(to_status)
+
+
+@pytest.mark.parametrize(
+    "assignment",
+    [
+        "id = gen_random_uuid()",
+        "tenant_id = gen_random_uuid()",
+        "delivery_key = 'another-key'",
+        "replaces_job_id = gen_random_uuid()",
+        "created_by = 'someone-else'",
+    ],
+)
+async def test_identity_columns_never_change_even_for_a_superuser(
+    factory, connections, one_job_per_status, assignment
+):
+    job = one_job_per_status["Queued"]
+    refused = await refusal(
+        connections[None],
+        sql.SQL("UPDATE export_jobs SET {a} WHERE id = %(id)s").format(a=sql.SQL(assignment)),
+        {"id": job.id},
+    )
+    assert refused.diag.constraint_name == "ck_export_jobs_identity"
+    assert await factory.job(job.id) == job
+
+
+@pytest.mark.parametrize("status", ["Canceled", "Rejected", "Stopped"])
+@pytest.mark.parametrize(
+    "assignment", ["sweep_count = sweep_count + 1", "woken_at = clock_timestamp()", "status = 'Queued'"]
+)
+async def test_canceled_rejected_and_stopped_rows_are_final_for_everyone(
+    factory, connections, one_job_per_status, status, assignment
+):
+    job = one_job_per_status[status]
+    statement = sql.SQL("UPDATE export_jobs SET {a} WHERE id = %(id)s").format(a=sql.SQL(assignment))
+    for role in (None, "exports_worker"):  # the worker holds UPDATE on all three columns
+        refused = await refusal(connections[role], statement, {"id": job.id})
+        assert refused.diag.constraint_name == "ck_export_jobs_state_machine", role_name(role)
+    assert await factory.job(job.id) == job
+
+
+@pytest.mark.parametrize("status", ["Completed", "Failed"])
+@pytest.mark.parametrize("role", [None, "exports_api", "exports_worker"])
+async def test_only_the_reconciler_changes_a_recorded_outcome(
+    factory, connections, one_job_per_status, status, role
+):
+    job = one_job_per_status[status]
+    corrected, reason = ("Failed", "NotDelivered") if status == "Completed" else ("Completed", None)
+    for statement, params in (
+        (
+            "UPDATE export_jobs SET status = %(s)s, failure_reason = %(r)s WHERE id = %(id)s",
+            {"s": corrected, "r": reason},
+        ),
+        ("UPDATE export_jobs SET failure_reason = failure_reason WHERE id = %(id)s", {}),
+    ):
+        refused = await refusal(connections[role], statement, {"id": job.id, **params})
+        assert isinstance(refused, psycopg.errors.InsufficientPrivilege)
+        assert refused.diag.constraint_name == "ck_export_jobs_recorded_outcome"
+    assert await factory.job(job.id) == job
+
+
+async def test_the_reconciler_changes_a_recorded_outcome_only_by_changing_its_status(factory, connections):
+    job, _ = await factory.in_status(JobStatus.COMPLETED)
+    reconciler = connections["exports_reconciler"]
+
+    refused = await refusal(
+        reconciler, "UPDATE export_jobs SET status = 'Completed' WHERE id = %(id)s", {"id": job.id}
+    )
+    assert refused.diag.constraint_name == "ck_export_jobs_state_machine"
+
+    await reconciler.execute(
+        "UPDATE export_jobs SET status = 'Failed', failure_reason = 'NotDelivered' WHERE id = %(id)s",
+        {"id": job.id},
+    )
+    assert (await factory.job(job.id)).status == JobStatus.FAILED
+
+
+async def test_a_new_export_starts_queued_without_an_attempt_even_when_inserted_directly(
+    factory, connections, one_job_per_status
+):
+    template = one_job_per_status["Queued"]
+    for status, attempt_count in (("Running", 1), ("Completed", 0), ("Queued", 2)):
+        refused = await refusal(
+            connections[None],
+            "INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, created_by,"
+            " woken_at, list_name, attempt_count)"
+            " VALUES (gen_random_uuid(), %(t)s, %(s)s, 1, %(d)s, %(k)s, 'repair', clock_timestamp(), 'main', %(n)s)",
+            {
+                "t": template.tenant_id,
+                "s": status,
+                "d": template.destination_id,
+                "k": template.delivery_key,
+                "n": attempt_count,
+            },
+        )
+        assert refused.diag.constraint_name == "ck_export_jobs_state_machine"
+
+
+async def test_nobody_deletes_an_export_not_even_a_superuser(factory, connections, one_job_per_status):
+    job = one_job_per_status["Canceled"]
+    refused = await refusal(connections[None], "DELETE FROM export_jobs WHERE id = %(id)s", {"id": job.id})
+    assert isinstance(refused, psycopg.errors.InsufficientPrivilege)
+    assert await factory.job(job.id) == job
