@@ -1,13 +1,28 @@
-"""The command line: migrate the database, create/edit/cancel/replace/reconcile/correct exports, ask, serve, demo.
+"""The command line: migrate the database, create/edit/cancel/replace/reconcile/correct exports, ask about
+them, serve the API and console, and run the demo.
 
-``python starter.py --help`` lists the commands. Exit codes: 0 success, 1 refusal, 75 retryable Busy, 2 usage.
+The export commands talk to PostgreSQL through the same operations as the HTTP API (``EXPORTS_DATABASE_URL``
+as a login that may ``SET ROLE`` to ``exports_api``, and ``exports_reconciler`` for ``correct``); they
+act for ``--tenant`` (or ``EXPORTS_TENANT``) as ``--as`` (or ``EXPORTS_PRINCIPAL``).
+
+Exit codes: 0 success, 1 refusal (the answer was no, or not found), 75 retryable Busy (retry with the
+same request ID), 2 usage. ``--json`` prints the answer's JSON body for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import logging
+import os
 import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
 
 from settings import Settings
 
@@ -17,11 +32,30 @@ EXIT_USAGE = 2
 EXIT_BUSY = 75
 
 
-def _print(args: argparse.Namespace, payload: dict, text: str) -> None:
+def exit_code_for(status: int) -> int:
+    """The process exit code for an operation's HTTP status: success, refusal, busy or usage."""
+    if 200 <= status < 300:
+        return EXIT_OK
+    if status == 503:
+        return EXIT_BUSY
+    if status == 422:
+        return EXIT_USAGE
+    return EXIT_REFUSED
+
+
+def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
     if args.json:
-        print(json.dumps(payload, default=str))
+        print(json.dumps(payload, default=str, indent=2))
     else:
         print(text)
+
+
+def _fail_usage(message: str) -> int:
+    print(f"starter.py: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# -- migrate, token, seed-demo (an administrator's connection) ------------------------------------------
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -29,10 +63,9 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from db.migrate import migrate
 
     if not settings.database_url:
-        print("EXPORTS_DATABASE_URL is not set", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail_usage("EXPORTS_DATABASE_URL is not set")
     applied = migrate(settings.database_url)
-    _print(
+    _emit(
         args,
         {"applied": applied},
         f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "already up to date",
@@ -40,20 +73,431 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    """Mint an API token bound to a tenant, a principal and a role; only its SHA-256 is stored."""
+    from api.auth import mint_token
+
+    url = args.database_url or settings.database_url
+    if not url:
+        return _fail_usage("give --database-url (an administrator's) or set EXPORTS_DATABASE_URL")
+    token = asyncio.run(mint_token(url, tenant_id=args.tenant, principal=args.principal, role=args.role))
+    _emit(
+        args,
+        {"token": token, "tenant_id": args.tenant, "principal": args.principal, "role": args.role},
+        f"{token}\n(shown once: only its SHA-256 is stored; use it as 'Authorization: Bearer <token>' "
+        "or paste it into the console's sign-in)",
+    )
+    return EXIT_OK
+
+
+def cmd_seed_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """Seed a tenant, a destination and synthetic contacts, and mint an operator and a reconciler token."""
+    from api.auth import mint_token
+    from api.seed import seed_tenant
+
+    url = args.database_url or settings.database_url
+    if not url:
+        return _fail_usage("give --database-url (an administrator's) or set EXPORTS_DATABASE_URL")
+
+    async def seed() -> dict[str, Any]:
+        seeded = await seed_tenant(
+            url,
+            tenant_name=args.tenant_name,
+            destination_name=args.destination_name,
+            destination={
+                "host": args.sftp_host,
+                "port": args.sftp_port,
+                "username": args.sftp_user,
+                "host_key": args.host_key,
+                "credential_ref": args.credential_ref,
+                "remote_dir": args.remote_dir,
+            },
+            contacts=args.contacts,
+        )
+        operator = await mint_token(url, tenant_id=seeded.tenant_id, principal="sam.ops", role="operator")
+        reconciler = await mint_token(
+            url, tenant_id=seeded.tenant_id, principal="rita.recon", role="reconciler"
+        )
+        return {
+            "tenant_id": seeded.tenant_id,
+            "destination_id": seeded.destination_id,
+            "list_name": seeded.list_name,
+            "contacts": seeded.contacts,
+            "operator_token": operator,
+            "reconciler_token": reconciler,
+        }
+
+    out = asyncio.run(seed())
+    _emit(args, out, "\n".join(f"{k}: {v}" for k, v in out.items()))
+    return EXIT_OK
+
+
+# -- the export operations ------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _exports(settings: Settings, *, reconciler: bool = False) -> AsyncIterator[Any]:
+    from api.operations import Exports
+    from api.signals import TemporalStopSignaller
+    from db.pool import open_pool
+    from db.store import JobStore
+
+    assert settings.database_url is not None
+    api_pool = await open_pool(settings.database_url, "exports_api", max_size=2)
+    reconciler_pool = (
+        await open_pool(settings.database_url, "exports_reconciler", max_size=1) if reconciler else None
+    )
+    try:
+        yield Exports(
+            JobStore(api_pool),
+            JobStore(reconciler_pool) if reconciler_pool else None,
+            TemporalStopSignaller(address=settings.temporal_address, namespace=settings.temporal_namespace),
+            temporal_ui_url=settings.temporal_ui_url,
+            namespace=settings.temporal_namespace,
+        )
+    finally:
+        await api_pool.close()
+        if reconciler_pool is not None:
+            await reconciler_pool.close()
+
+
+def _run_operation(
+    args: argparse.Namespace,
+    settings: Settings,
+    call: Callable[[Any, Any], Awaitable[Any]],
+    render: Callable[[Any], str] | None = None,
+    *,
+    role: str = "operator",
+) -> int:
+    """Run one operation for the caller named on the command line and print its answer."""
+    from api.auth import Caller
+
+    if not settings.database_url:
+        return _fail_usage("EXPORTS_DATABASE_URL is not set")
+    if args.tenant is None:
+        return _fail_usage("give --tenant or set EXPORTS_TENANT")
+    caller = Caller(tenant_id=args.tenant, principal=args.principal, role=role)  # type: ignore[arg-type]
+
+    async def go() -> Any:
+        async with _exports(settings, reconciler=role == "reconciler") as ops:
+            return await call(ops, caller)
+
+    try:
+        answer = asyncio.run(go())
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+        return _fail_usage(f"invalid input: {problems}")
+    payload = {"http_status": answer.status, **answer.body}
+    text = render(answer) if render and 200 <= answer.status < 300 else answer.text
+    _emit(args, payload, text)
+    return exit_code_for(answer.status)
+
+
+def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
+    """Create an export; ``--idempotency-key`` makes a retry return the first job."""
+    from api.schemas import CreateExport
+
+    key = args.idempotency_key or f"cli-{uuid.uuid4()}"
+
+    async def call(ops: Any, caller: Any) -> Any:
+        body = CreateExport(destination_id=args.destination, list_name=args.list_name)
+        return await ops.create(caller, body, key)
+
+    def render(answer: Any) -> str:
+        export = answer.body["export"]
+        verb = "already created" if answer.body["replayed"] else "created"
+        return (
+            f"{verb} export {export['id']} ({export['status']}, v{export['version']}); idempotency key {key}"
+        )
+
+    return _run_operation(args, settings, call, render)
+
+
+def cmd_edit(args: argparse.Namespace, settings: Settings) -> int:
+    """Change a queued export's terms for the version you read."""
+    from api.schemas import EditTerms
+
+    async def call(ops: Any, caller: Any) -> Any:
+        body = EditTerms(destination_id=args.destination, list_name=args.list_name)
+        return await ops.edit(caller, args.export, body, str(args.version))
+
+    def render(answer: Any) -> str:
+        export = answer.body["export"]
+        return f"export {export['id']} now at version {export['version']}: list {export['list_name']!r}"
+
+    return _run_operation(args, settings, call, render)
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    """Request cancellation; after Busy, retry with the same ``--request-id`` (printed)."""
+    from api.schemas import CancelExport
+
+    request_id = args.request_id or uuid.uuid4()
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.cancel(caller, args.export, CancelExport(request_id=request_id, reason=args.reason))
+
+    def render(answer: Any) -> str:
+        return f"{answer.body['message']}\n(outcome {answer.body['outcome']}, request {request_id})"
+
+    code = _run_operation(args, settings, call, render)
+    if code != EXIT_OK and not args.json:
+        hint = f"retry with: --request-id {request_id}" if code == EXIT_BUSY else f"(request {request_id})"
+        print(hint, file=sys.stderr)
+    return code
+
+
+def cmd_replace(args: argparse.Namespace, settings: Settings) -> int:
+    """Create a replacement delivery of an export's original, for you, with a reason."""
+    from api.schemas import ReplaceExport
+
+    async def call(ops: Any, caller: Any) -> Any:
+        body = ReplaceExport(reason=args.reason, overwrite_agreement_ref=args.overwrite_agreement_ref)
+        return await ops.replace(caller, args.export, body)
+
+    def render(answer: Any) -> str:
+        return f"created replacement {answer.body['export']['id']} of {answer.body['replaces_job_id']}"
+
+    return _run_operation(args, settings, call, render)
+
+
+def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
+    """Resolve an OutcomeUnknown export to Completed or Failed from evidence."""
+    from api.schemas import ReconcileExport
+
+    async def call(ops: Any, caller: Any) -> Any:
+        body = ReconcileExport(
+            resolution=args.resolution, evidence_summary=args.evidence, attempt_id=args.attempt
+        )
+        return await ops.reconcile(caller, args.export, body)
+
+    def render(answer: Any) -> str:
+        return f"export {answer.body['export']['id']} reconciled to {answer.body['export']['status']}"
+
+    return _run_operation(args, settings, call, render)
+
+
+def cmd_correct(args: argparse.Namespace, settings: Settings) -> int:
+    """Correct a recorded Completed/Failed once (needs the exports_reconciler role in the database)."""
+    from api.schemas import CorrectExport
+
+    async def call(ops: Any, caller: Any) -> Any:
+        body = CorrectExport(
+            recorded_status=args.recorded,
+            corrected_status=args.corrected,
+            failure_reason=args.failure_reason,
+            evidence_ref=args.evidence_ref,
+            why=args.why,
+            attempt_id=args.attempt,
+        )
+        return await ops.correct(caller, args.export, body)
+
+    def render(answer: Any) -> str:
+        export = answer.body["export"]
+        code = f" ({export['failure_reason']})" if export["failure_reason"] else ""
+        return f"export {export['id']} corrected to {export['status']}{code}"
+
+    return _run_operation(args, settings, call, render, role="reconciler")
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    """Where an export is now, and what its latest cancellation request came to."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.status(caller, args.export)
+
+    def render(answer: Any) -> str:
+        export = answer.body["export"]
+        lines = [
+            f"export {export['id']}: {export['status']}"
+            + (f" ({export['failure_reason']})" if export["failure_reason"] else ""),
+            f"  {answer.body['status_line']}",
+        ]
+        if answer.body["message"]:
+            lines.append(f"  console: {answer.body['message']}")
+        lines.append(f"  Temporal: {answer.body['links']['workflows']}")
+        return "\n".join(lines)
+
+    return _run_operation(args, settings, call, render)
+
+
+def cmd_timeline(args: argparse.Namespace, settings: Settings) -> int:
+    """An export's timeline, in the shape of the seed's evidence block."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.status(caller, args.export)
+
+    def render(answer: Any) -> str:
+        rows = []
+        for e in answer.body["timeline"]:
+            rows.append(
+                f"{e['label']:<11} {e['subject_short']:<18} {e['actor']:<28} {e['when']}  {e['detail']}"
+            )
+            rows += [f"{'':<60}{line}" for line in e["more"]]
+        return "\n".join(rows)
+
+    return _run_operation(args, settings, call, render)
+
+
+def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    """The tenant's exports, newest first."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.list(caller, args.limit)
+
+    def render(answer: Any) -> str:
+        return "\n".join(
+            f"{e['id']}  {e['status']:<15} {e['list_name']:<20} {e['created_at']}"
+            for e in answer.body["exports"]
+        )
+
+    return _run_operation(args, settings, call, render)
+
+
+# -- serve and demo -------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the HTTP API and console until Ctrl-C."""
+    from api.server import serve
+
+    if not settings.database_url:
+        return _fail_usage("EXPORTS_DATABASE_URL is not set")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(settings, args.host, args.port))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """Start everything on embedded defaults, run the incident's three timings and a plain delivery."""
+    from api.demo import run_demo_cli
+
+    return run_demo_cli(settings, keep=args.keep, contacts=args.contacts)
+
+
+# -- the parser -----------------------------------------------------------------------------------------
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {value!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with one subcommand per operation."""
-    parser = argparse.ArgumentParser(prog="starter.py", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    commands = parser.add_subparsers(dest="command", required=True)
-    migrate = commands.add_parser("migrate", help="apply migrations to EXPORTS_DATABASE_URL")
-    migrate.set_defaults(handler=cmd_migrate)
+    parser = argparse.ArgumentParser(
+        prog="starter.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[..., int], help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    def acting(sub: argparse.ArgumentParser, export: bool = True) -> None:
+        env_tenant = os.environ.get("EXPORTS_TENANT")
+        sub.add_argument(
+            "--tenant", type=_uuid, default=_uuid(env_tenant) if env_tenant else None, help="tenant ID"
+        )
+        sub.add_argument(
+            "--as",
+            dest="principal",
+            default=os.environ.get("EXPORTS_PRINCIPAL", os.environ.get("USER", "cli")),
+            help="who is acting (recorded)",
+        )
+        if export:
+            sub.add_argument("export", type=_uuid, help="export ID")
+
+    command("migrate", cmd_migrate, "apply migrations to EXPORTS_DATABASE_URL (idempotent)")
+
+    sub = command("create", cmd_create, "create an export")
+    acting(sub, export=False)
+    sub.add_argument("--destination", type=_uuid, required=True)
+    sub.add_argument("--list", dest="list_name", required=True)
+    sub.add_argument("--idempotency-key", help="reuse on retry to get the first job back")
+
+    sub = command("edit", cmd_edit, "change a queued export's terms")
+    acting(sub)
+    sub.add_argument("--version", type=int, required=True, help="the version you read")
+    sub.add_argument("--destination", type=_uuid)
+    sub.add_argument("--list", dest="list_name")
+
+    sub = command("cancel", cmd_cancel, "request cancellation (exit 75 = Busy: retry with --request-id)")
+    acting(sub)
+    sub.add_argument("--request-id", type=_uuid, help="reuse after Busy; a new one per decision")
+    sub.add_argument("--reason")
+
+    sub = command("replace", cmd_replace, "create a replacement delivery of the original")
+    acting(sub)
+    sub.add_argument("--reason", required=True)
+    sub.add_argument("--overwrite-agreement-ref")
+
+    sub = command("reconcile", cmd_reconcile, "resolve an OutcomeUnknown from evidence")
+    acting(sub)
+    sub.add_argument("--resolution", choices=["Completed", "Failed"], required=True)
+    sub.add_argument("--evidence", required=True, help="what the evidence shows")
+    sub.add_argument("--attempt", type=_uuid, help="the attempt the evidence is about (default: current)")
+
+    sub = command("correct", cmd_correct, "correct a recorded outcome once (reconcilers)")
+    acting(sub)
+    sub.add_argument("--from", dest="recorded", choices=["Completed", "Failed"], required=True)
+    sub.add_argument("--to", dest="corrected", choices=["Completed", "Failed"], required=True)
+    sub.add_argument("--failure-reason")
+    sub.add_argument("--evidence-ref", required=True)
+    sub.add_argument("--why", required=True)
+    sub.add_argument("--attempt", type=_uuid)
+
+    sub = command("status", cmd_status, "where an export is now")
+    acting(sub)
+    sub = command("timeline", cmd_timeline, "an export's timeline")
+    acting(sub)
+    sub = command("list", cmd_list, "the tenant's exports")
+    acting(sub, export=False)
+    sub.add_argument("--limit", type=int, default=50)
+
+    sub = command("serve", cmd_serve, "serve the HTTP API and console")
+    sub.add_argument("--host")
+    sub.add_argument("--port", type=int)
+
+    sub = command("demo", cmd_demo, "run the demo on embedded PostgreSQL, Temporal and SFTP")
+    sub.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
+    sub.add_argument("--contacts", type=int, default=50_000)
+
+    sub = command("token", cmd_token, "mint an API token (administrator's database URL)")
+    sub.add_argument("--database-url")
+    sub.add_argument("--tenant", type=_uuid, required=True)
+    sub.add_argument("--principal", required=True)
+    sub.add_argument("--role", choices=["operator", "reconciler"], default="operator")
+
+    sub = command("seed-demo", cmd_seed_demo, "seed a tenant, destination and contacts; mint tokens")
+    sub.add_argument("--database-url")
+    sub.add_argument("--tenant-name", default="acme")
+    sub.add_argument("--destination-name", default="partner-old")
+    sub.add_argument("--contacts", type=int, default=50_000)
+    sub.add_argument("--sftp-host", default="127.0.0.1")
+    sub.add_argument("--sftp-port", type=int, default=2222)
+    sub.add_argument("--sftp-user", default="partner")
+    sub.add_argument("--host-key", required=True, help="the partner's pinned host key line")
+    sub.add_argument("--credential-ref", required=True, help="path of the private key on the worker host")
+    sub.add_argument("--remote-dir", default="/")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, build the settings and run one command; returns the process exit code."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in {"correct"} and args.failure_reason is not None:
+        from db.models import FailureCode
+
+        if args.failure_reason not in {c.value for c in FailureCode}:
+            parser.error(f"--failure-reason must be one of {', '.join(c.value for c in FailureCode)}")
     settings = Settings()
     return args.handler(args, settings)
 
