@@ -1,0 +1,515 @@
+"""The seed's test matrix rows "Interrupted uploads, by where they stop" and "Replacement delivery",
+against both real servers (in-process asyncssh and OpenSSH sshd). Interruptions are real: a TCP
+proxy between client and server is cut from a delivery hook at a named point."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncssh
+
+from db.models import DeliveryOutcome, FailureCode
+from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, deliver
+from partner.destination import Destination
+from partner.evidence import temp_name_for
+from tests.support.sftp import SftpTarget
+
+SIZE = 600_000  # a few write requests at either request size
+
+
+def contact_bytes(size: int = SIZE, seed: bytes | None = None) -> bytes:
+    """Bytes standing in for an export (random, so two builds never collide)."""
+    return os.urandom(size) if seed is None else (seed * (size // len(seed) + 1))[:size]
+
+
+def local_file(tmp_path: Path, data: bytes, final_name: str | None = None) -> FileToDeliver:
+    final_name = final_name or f"contacts-{uuid.uuid4()}.csv"
+    path = tmp_path / final_name
+    path.write_bytes(data)
+    return FileToDeliver(
+        path=path, final_name=final_name, size=len(data), sha256=hashlib.sha256(data).digest()
+    )
+
+
+def original_of(data: bytes, final_name: str, attempt_id: UUID | None = None) -> OriginalFile:
+    return OriginalFile(
+        name=final_name,
+        size=len(data),
+        sha256=hashlib.sha256(data).digest(),
+        attempt_id=attempt_id or uuid.uuid4(),
+    )
+
+
+def partner_ack(
+    target: SftpTarget, final_name: str, data: bytes, upload: str | None, suffix: str = ".ack"
+) -> None:
+    """Write an acknowledgment as the partner does after publishing ``final_name`` (partner.evidence)."""
+    ack = {
+        "name": final_name,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "upload": upload,
+    }
+    target.put(final_name + suffix, json.dumps(ack).encode())
+
+
+class Run:
+    """One delivery attempt, with everything it handed to ``on_evidence``."""
+
+    def __init__(self, report: DeliveryReport, evidence: list[dict[str, Any]], attempt_id: UUID) -> None:
+        self.report = report
+        self.evidence = evidence
+        self.attempt_id = attempt_id
+
+    def kinds(self) -> list[str]:
+        return [e["observation"] for e in self.evidence]
+
+    def one(self, kind: str) -> dict[str, Any]:
+        found = [e for e in self.evidence if e["observation"] == kind]
+        assert len(found) == 1, (kind, self.kinds())
+        return found[0]
+
+
+async def run_delivery(
+    destination: Destination,
+    file: FileToDeliver,
+    *,
+    original: OriginalFile | None = None,
+    overwrite_agreed: bool = False,
+    hooks: DeliveryHooks | None = None,
+    attempt_id: UUID | None = None,
+    ack_wait: float = 5.0,
+) -> Run:
+    attempt_id = attempt_id or uuid.uuid4()
+    evidence: list[dict[str, Any]] = []
+    report = await asyncio.to_thread(
+        deliver,
+        destination,
+        file,
+        attempt_id,
+        original=original,
+        overwrite_agreed=overwrite_agreed,
+        on_evidence=evidence.append,
+        hooks=hooks,
+        ack_wait=ack_wait,
+        io_timeout=20.0,
+    )
+    assert report.evidence == evidence  # the report repeats what was handed over, in order
+    assert evidence[-1]["observation"] == "outcome"
+    return Run(report, evidence, attempt_id)
+
+
+def assert_no_data_in(evidence: list[dict[str, Any]], data: bytes) -> None:
+    text = json.dumps(evidence)
+    assert data[:32].hex() not in text
+    for e in evidence:
+        assert set(e) >= {"observation", "at", "attempt_id", "destination_id"}
+
+
+# -- an original, nothing in the way --------------------------------------------------------------------
+
+
+async def test_original_completes_when_the_new_name_appears_with_its_size(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    run = await run_delivery(sftp_target.destination(), file)
+
+    assert (run.report.outcome, run.report.failure_code) == (DeliveryOutcome.COMPLETED, None)
+    assert run.kinds() == ["connect", "baseline", "upload", "rename", "read_back", "outcome"]
+    assert run.one("baseline")["present"] is False  # recorded before anything was uploaded
+    assert run.one("rename") | {"at": None} == run.one("rename") | {
+        "at": None,
+        "form": "rename",
+        "result": "ok",
+    }
+    assert run.one("connect")["cipher"] == "aes128-gcm@openssh.com"
+    assert sftp_target.files() == {file.final_name: data}  # published, and no temporary file left behind
+    assert_no_data_in(run.evidence, data)
+
+
+async def test_original_completes_on_a_matching_read_back_hash(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    run = await run_delivery(sftp_target.destination(hash_evidence="read_back"), file)
+
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    assert run.one("read_back")["sha256"] == file.sha256.hex()
+
+
+async def test_read_back_of_other_bytes_leaves_the_outcome_unknown(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    tampered = contact_bytes()  # same size, other bytes: only the hash can tell
+
+    def partner_rewrites() -> None:
+        (sftp_target.local_dir / file.final_name).write_bytes(tampered)
+
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="read_back"),
+        file,
+        hooks=DeliveryHooks(after_rename=partner_rewrites),
+    )
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.one("read_back")["sha256"] == hashlib.sha256(tampered).hexdigest()
+
+
+async def test_original_completes_on_the_partners_ack_of_this_upload(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    attempt_id = uuid.uuid4()
+    temp = temp_name_for(attempt_id, file.final_name)
+    hooks = DeliveryHooks(after_rename=lambda: partner_ack(sftp_target, file.final_name, data, temp))
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="ack_file", ack_suffix=".ack"),
+        file,
+        hooks=hooks,
+        attempt_id=attempt_id,
+    )
+
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    assert run.one("ack")["tied"] is True
+    assert run.one("ack")["ack"]["upload"] == temp
+
+
+async def test_an_ack_of_other_bytes_leaves_the_outcome_unknown(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    hooks = DeliveryHooks(
+        after_rename=lambda: partner_ack(sftp_target, file.final_name, contact_bytes(), None)
+    )
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="ack_file", ack_suffix=".ack"), file, hooks=hooks, ack_wait=0.3
+    )
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.one("ack")["tied"] is False
+
+
+# -- interrupted uploads, by where they stop ------------------------------------------------------------
+
+
+async def test_cut_during_upload_never_renames_and_leaves_an_attributable_prefix(
+    sftp_target: SftpTarget, tmp_path
+):
+    data = contact_bytes(2_000_000)
+    file = local_file(tmp_path, data)
+    destination = sftp_target.destination()
+
+    def cut_after_first_write(sent: int) -> None:
+        if not sftp_target.proxy.cut_done.is_set():
+            sftp_target.proxy.cut()
+
+    run = await run_delivery(destination, file, hooks=DeliveryHooks(during_upload=cut_after_first_write))
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    interrupted = run.one("interrupted")
+    assert (interrupted["phase"], interrupted["rename_sent"]) == ("upload", False)
+    assert "rename" not in run.kinds()  # the rename was never sent
+    files = sftp_target.files()
+    assert file.final_name not in files  # and the final name was never written
+    temp = temp_name_for(run.attempt_id, file.final_name)
+    assert set(files) == {temp}  # the partial file names its attempt
+    assert data.startswith(files[temp]) and len(files[temp]) < len(data)
+
+
+async def test_final_name_present_beforehand_fails_occupied_and_uploads_nothing(
+    sftp_target: SftpTarget, tmp_path
+):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    already = contact_bytes(1000)
+    sftp_target.put(file.final_name, already)
+
+    run = await run_delivery(sftp_target.destination(), file)
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.FINAL_NAME_OCCUPIED,
+    )
+    assert run.kinds() == ["connect", "baseline", "final_name_occupied", "outcome"]
+    assert run.one("baseline")["size"] == 1000
+    assert sftp_target.files() == {file.final_name: already}  # untouched, no temporary file
+
+
+async def test_cut_just_after_the_rename_is_unknown_with_the_file_published(
+    sftp_target: SftpTarget, tmp_path
+):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    run = await run_delivery(
+        sftp_target.destination(), file, hooks=DeliveryHooks(after_rename=sftp_target.proxy.cut)
+    )
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.one("rename")["result"] == "ok"
+    assert run.one("interrupted")["phase"] == "read_back"
+    assert sftp_target.files() == {file.final_name: data}
+
+
+async def test_rename_whose_answer_is_lost_is_unknown(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    # The rename request reaches the server and takes effect; its answer is swallowed and the link cut.
+    run = await run_delivery(
+        sftp_target.destination(),
+        file,
+        hooks=DeliveryHooks(before_rename=sftp_target.proxy.cut_at_next_answer),
+    )
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.one("rename")["result"] == "no_answer"
+    assert sftp_target.proxy.answer_swallowed.is_set()
+    assert sftp_target.files() == {file.final_name: data}  # it did publish: only evidence can tell
+
+
+async def test_file_appearing_before_the_rename_is_never_overwritten(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    late = contact_bytes()  # a paused earlier upload landing late, same size
+
+    run = await run_delivery(
+        sftp_target.destination(),
+        file,
+        hooks=DeliveryHooks(before_rename=lambda: sftp_target.put(file.final_name, late)),
+    )
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.one("rename") | {"at": None} == {**run.one("rename"), "at": None, "result": "refused"}
+    assert run.one("fresh_listing")["present"] is True
+    temp = temp_name_for(run.attempt_id, file.final_name)
+    assert sftp_target.files() == {file.final_name: late, temp: data}  # the late file's bytes are untouched
+
+
+async def test_refused_rename_with_the_final_name_unchanged_is_not_delivered(
+    sftp_target: SftpTarget, tmp_path
+):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+
+    def scavenger_removes_temp() -> None:
+        (sftp_target.local_dir / temp_name_for(attempt_id, file.final_name)).unlink()
+
+    attempt_id = uuid.uuid4()
+    run = await run_delivery(
+        sftp_target.destination(),
+        file,
+        attempt_id=attempt_id,
+        hooks=DeliveryHooks(before_rename=scavenger_removes_temp),
+    )
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
+    assert run.one("rename")["result"] == "refused"
+    assert run.one("fresh_listing")["present"] is False
+    assert sftp_target.files() == {}
+
+
+async def test_a_server_with_another_host_key_is_refused_before_any_file_operation(
+    sftp_target: SftpTarget, tmp_path
+):
+    file = local_file(tmp_path, contact_bytes())
+    other_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
+    assert other_key != sftp_target.host_key_line
+
+    run = await run_delivery(sftp_target.destination(host_key=other_key), file)
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
+    assert run.kinds() == ["connect", "outcome"]
+    assert run.one("connect")["code"] == "HostKeyMismatch"
+    assert sftp_target.files() == {}  # no temporary file, nothing listed or written
+
+
+# -- replacement delivery --------------------------------------------------------------------------------
+
+
+async def test_replacement_finding_the_originals_checksum_uploads_nothing(sftp_target: SftpTarget, tmp_path):
+    original_data = contact_bytes()
+    file = local_file(tmp_path, contact_bytes())
+    sftp_target.put(file.final_name, original_data)
+
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="read_back"),
+        file,
+        original=original_of(original_data, file.final_name),
+    )
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.ORIGINAL_DELIVERED,
+    )
+    assert run.one("final_name_occupied")["identified_by"] == "sha256"
+    assert sftp_target.files() == {file.final_name: original_data}
+
+
+async def test_replacement_finding_an_ack_tied_to_the_original_uploads_nothing(
+    sftp_target: SftpTarget, tmp_path
+):
+    original_data = contact_bytes()
+    file = local_file(tmp_path, contact_bytes())
+    original = original_of(original_data, file.final_name)
+    sftp_target.put(file.final_name, original_data)
+    partner_ack(
+        sftp_target, file.final_name, original_data, temp_name_for(original.attempt_id, file.final_name)
+    )
+
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="ack_file", ack_suffix=".ack"), file, original=original
+    )
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.ORIGINAL_DELIVERED,
+    )
+    assert run.one("final_name_occupied")["identified_by"] == "ack"
+    assert "upload" not in run.kinds()
+
+
+async def test_same_size_file_not_tied_to_the_original_is_occupied(sftp_target: SftpTarget, tmp_path):
+    original_data = contact_bytes()
+    stranger = contact_bytes()  # same size as the original, neither checksum nor ack
+    file = local_file(tmp_path, contact_bytes())
+    sftp_target.put(file.final_name, stranger)
+
+    run = await run_delivery(
+        sftp_target.destination(), file, original=original_of(original_data, file.final_name)
+    )
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.FINAL_NAME_OCCUPIED,
+    )
+    assert run.one("final_name_occupied")["identified_by"] is None
+    assert sftp_target.files() == {file.final_name: stranger}
+
+
+async def test_same_size_file_is_the_original_where_the_contract_accepts_name_and_size(
+    sftp_target: SftpTarget, tmp_path
+):
+    original_data = contact_bytes()
+    file = local_file(tmp_path, contact_bytes())
+    sftp_target.put(file.final_name, contact_bytes())  # bytes unknowable without a hash: size decides
+
+    run = await run_delivery(
+        sftp_target.destination(name_and_size_identify=True),
+        file,
+        original=original_of(original_data, file.final_name),
+    )
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.ORIGINAL_DELIVERED,
+    )
+    assert run.one("final_name_occupied")["identified_by"] == "name_and_size"
+
+
+async def test_a_different_file_without_an_agreement_is_occupied(sftp_target: SftpTarget, tmp_path):
+    original_data = contact_bytes()
+    other = contact_bytes(SIZE - 17)
+    file = local_file(tmp_path, contact_bytes())
+    sftp_target.put(file.final_name, other)
+
+    run = await run_delivery(
+        sftp_target.destination(name_and_size_identify=True, hash_evidence="read_back"),
+        file,
+        original=original_of(original_data, file.final_name),
+    )
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.FINAL_NAME_OCCUPIED,
+    )
+    assert sftp_target.files() == {file.final_name: other}
+
+
+async def test_agreed_overwrite_of_same_size_other_bytes_completes_on_a_matching_hash(
+    sftp_target: SftpTarget, tmp_path
+):
+    original_data = contact_bytes()
+    rebuilt = contact_bytes()  # same size, different bytes
+    file = local_file(tmp_path, rebuilt)
+    sftp_target.put(file.final_name, contact_bytes())  # unidentifiable
+
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="read_back"),
+        file,
+        original=original_of(original_data, file.final_name),
+        overwrite_agreed=True,
+    )
+
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    assert run.one("rename")["form"] == "posix_rename"
+    assert sftp_target.files() == {file.final_name: rebuilt}
+
+
+async def test_agreed_overwrite_without_hash_or_ack_is_unknown(sftp_target: SftpTarget, tmp_path):
+    original_data = contact_bytes()
+    rebuilt = contact_bytes()
+    file = local_file(tmp_path, rebuilt)
+    sftp_target.put(file.final_name, contact_bytes())
+
+    run = await run_delivery(
+        sftp_target.destination(),
+        file,
+        original=original_of(original_data, file.final_name),
+        overwrite_agreed=True,
+    )
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN  # name and size cannot show the change
+    assert run.one("rename")["form"] == "posix_rename"
+    assert sftp_target.files() == {file.final_name: rebuilt}
+
+
+async def test_agreed_overwrite_completes_on_the_partners_ack_of_this_upload(
+    sftp_target: SftpTarget, tmp_path
+):
+    original_data = contact_bytes()
+    occupant = contact_bytes()
+    rebuilt = contact_bytes()
+    file = local_file(tmp_path, rebuilt)
+    sftp_target.put(file.final_name, occupant)
+    partner_ack(sftp_target, file.final_name, occupant, None)  # acknowledges neither the original nor us
+    attempt_id = uuid.uuid4()
+    temp = temp_name_for(attempt_id, file.final_name)
+
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="ack_file", ack_suffix=".ack"),
+        file,
+        original=original_of(original_data, file.final_name),
+        overwrite_agreed=True,
+        attempt_id=attempt_id,
+        hooks=DeliveryHooks(after_rename=lambda: partner_ack(sftp_target, file.final_name, rebuilt, temp)),
+    )
+
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    assert run.one("ack")["tied"] is True
+
+
+async def test_agreed_overwrite_with_only_the_old_ack_is_unknown(sftp_target: SftpTarget, tmp_path):
+    original_data = contact_bytes()
+    occupant = contact_bytes()
+    file = local_file(tmp_path, contact_bytes())
+    sftp_target.put(file.final_name, occupant)
+    partner_ack(sftp_target, file.final_name, occupant, None)
+
+    run = await run_delivery(
+        sftp_target.destination(hash_evidence="ack_file", ack_suffix=".ack"),
+        file,
+        original=original_of(original_data, file.final_name),
+        overwrite_agreed=True,
+        ack_wait=0.3,
+    )
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.one("ack")["tied"] is False
