@@ -1,0 +1,146 @@
+"""The recovery and sweeper Schedules, and finding an export in Temporal's visibility store: both exist
+only on the Temporal CLI dev server (the time-skipping server has no Schedules and no list queries), so
+these tests run there, with a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import pytest
+from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverlapPolicy
+
+from activities.export import ExportActivities
+from activities.recovery import RecoveryActivities
+from activities.sweeper import SweeperActivities
+from db.models import JobStatus
+from worker import RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules, run_worker
+from workflows.recovery import RecoveryWorkflow
+from workflows.sweeper import SweeperWorkflow
+
+WAIT = 30  # a bound on waiting for an outcome, never a delay that decides one
+
+
+@pytest.fixture(scope="module")
+def dev_client(dev_env) -> Client:
+    return dev_env.client
+
+
+async def _eventually(check, what: str):
+    """Visibility and schedule actions are eventually consistent: re-ask until ``check`` answers."""
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while True:
+        answer = await check()
+        if answer:
+            return answer
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} not seen within {WAIT} s")
+        await asyncio.sleep(0.2)
+
+
+async def test_ensure_schedules_creates_both_idempotently_with_overlap_skip(dev_client, settings):
+    await ensure_schedules(dev_client, settings)
+    await ensure_schedules(dev_client, settings)  # a second worker starting: no error, no duplicate
+
+    ids = [s.id async for s in await dev_client.list_schedules()]
+    for schedule_id, workflow_type, every in (
+        (RECOVERY_SCHEDULE_ID, "RecoveryWorkflow", settings.recovery_every_seconds),
+        (SWEEPER_SCHEDULE_ID, "SweeperWorkflow", settings.sweep_every_seconds),
+    ):
+        assert ids.count(schedule_id) <= 1
+        schedule = (await dev_client.get_schedule_handle(schedule_id).describe()).schedule
+        action = schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        assert (action.workflow, action.task_queue) == (workflow_type, settings.task_queue)
+        assert schedule.spec.intervals[0].every == timedelta(seconds=every)
+        assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+
+
+async def test_an_existing_schedule_is_updated_and_keeps_its_paused_state(dev_client, settings):
+    await ensure_schedules(dev_client, settings)
+    handle = dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID)
+    await handle.pause(note="operator: investigating")
+    try:
+        changed = settings.model_copy(update={"recovery_every_seconds": 45.0})
+        await ensure_schedules(dev_client, changed)
+
+        described = await handle.describe()
+        assert described.schedule.spec.intervals[0].every == timedelta(seconds=45)
+        assert described.schedule.state.paused
+    finally:
+        await handle.unpause()
+        await ensure_schedules(dev_client, settings)
+
+
+async def test_the_recovery_schedule_runs_recovery_on_a_worker(dev_client, settings, worker_store, factory):
+    from temporalio.worker import Worker
+
+    await ensure_schedules(dev_client, settings)
+    job, _ = await factory.running()
+    await factory.expire_lease(job.id)
+    recovery = RecoveryActivities(worker_store, worker_store.pool, settings)
+    sweeper = SweeperActivities(worker_store, settings)
+    async with Worker(
+        dev_client,
+        task_queue=settings.task_queue,
+        workflows=[RecoveryWorkflow, SweeperWorkflow],
+        activities=[*recovery.activities(), *sweeper.activities()],
+    ):
+        handle = dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID)
+        before = (await handle.describe()).info.num_actions
+        await handle.trigger()
+
+        async def a_new_action():
+            info = (await handle.describe()).info
+            return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
+
+        action = await _eventually(a_new_action, "the triggered recovery run")
+        run = dev_client.get_workflow_handle(action.action.workflow_id)
+        await asyncio.wait_for(run.result(), WAIT)
+
+    requeued = await factory.job(job.id)
+    assert requeued.status == JobStatus.QUEUED
+    event = (await factory.worker.job_events(job.id))[-1]
+    assert event.kind == "RequeuedByRecovery"
+    assert event.observed_by.startswith(f"recovery:{action.action.workflow_id}")
+
+
+async def test_an_exports_workflow_is_found_by_its_export_job_id(dev_client, settings, factory):
+    host = settings.model_copy(
+        update={"task_queue": f"exports-{uuid.uuid4().hex[:8]}", "shutdown_grace_seconds": 1}
+    )
+    tenant = await factory.tenant()
+    job = await factory.queued(tenant_id=tenant)
+    held, release = asyncio.Event(), asyncio.Event()
+
+    def hold_before_cutoff_2(activities: ExportActivities) -> None:
+        async def before_authorize(job_id: uuid.UUID) -> None:
+            if job_id == job.id:
+                held.set()
+                await release.wait()  # never delivered: the host stops and the lease decides
+
+        activities.before_authorize = before_authorize
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    host_task = asyncio.create_task(
+        run_worker(host, stop=stop, client=dev_client, ready=ready, export_hooks=hold_before_cutoff_2)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), WAIT)
+        await asyncio.wait_for(held.wait(), WAIT)  # claimed, built, search attributes set
+
+        async def by_job_id():
+            found = [wf async for wf in dev_client.list_workflows(f'ExportJobId = "{job.id}"')]
+            return found or None
+
+        [found] = await _eventually(by_job_id, "the export's workflow by ExportJobId")
+        assert found.id.startswith(f"export-{job.id}-")
+        by_tenant = [wf.id async for wf in dev_client.list_workflows(f'ExportTenantId = "{tenant}"')]
+        assert found.id in by_tenant
+        row = await factory.job(job.id)
+        assert row.workflow_id == found.id  # the API finds the same workflow from the row
+    finally:
+        stop.set()
+        release.set()  # cutoff 2 is never skipped: it runs, and the host stops
+        await asyncio.wait_for(host_task, WAIT)
