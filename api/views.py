@@ -232,8 +232,9 @@ _EVENT_LABELS = {
 }
 
 
-def _event_entry(e: AttemptEvent, job: ExportJob) -> TimelineEntry:
-    actor = f"by {e.worker_id or e.observed_by}" if (e.worker_id or e.observed_by) else ""
+def _event_entry(e: AttemptEvent, job: ExportJob, claimers: dict[UUID, str]) -> TimelineEntry:
+    who = e.worker_id or e.observed_by or claimers.get(e.attempt_id)
+    actor = f"by {who}" if who else ""
     detail = (e.detail or "").rstrip("; ")
     if e.kind == EventKind.CLAIMED:
         detail = f"checked v{e.version}"
@@ -290,7 +291,8 @@ def timeline(
             detail=what,
         )
     ]
-    entries += [_event_entry(e, job) for e in events]
+    claimers = {e.attempt_id: e.worker_id for e in events if e.kind == EventKind.CLAIMED and e.worker_id}
+    entries += [_event_entry(e, job, claimers) for e in events]
     for r in requests:
         found = (
             f"found attempt {short(r.found_attempt_id)} {r.found_status.value}"

