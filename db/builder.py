@@ -200,7 +200,7 @@ def _stream_copy(pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, count
     _wait_until_ready(pgconn, stop)
     result = pgconn.get_result()
     if result is None or result.status != pq.ExecStatus.COPY_OUT:
-        raise BuildError("CopyRefused", _result_code(pgconn, result))
+        raise BuildError("CopyFailed", _result_code(pgconn, result))
     digest = hashlib.sha256()
     buffer = bytearray()
     size = 0
