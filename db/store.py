@@ -90,9 +90,16 @@ def classify_cancellation(job: ExportJob) -> CancellationOutcome:
 class JobStore:
     """The statements of the protocol over one pool; the pool's role decides what the database allows."""
 
-    def __init__(self, pool: AsyncConnectionPool, *, lease_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        *,
+        lease_seconds: float = 60.0,
+        reread_timeout: float = REREAD_TIMEOUT_SECONDS,
+    ) -> None:
         self.pool = pool
         self.lease_seconds = lease_seconds
+        self.reread_timeout = reread_timeout
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -123,9 +130,7 @@ class JobStore:
     async def _reread(self, job_id: UUID) -> OwnershipState | None | type[TransientStoreError]:
         """State and ownership together; ``TransientStoreError`` (the class) when the re-read failed too."""
         try:
-            row = await asyncio.wait_for(
-                self._one("read_ownership", {"job_id": job_id}), REREAD_TIMEOUT_SECONDS
-            )
+            row = await asyncio.wait_for(self._one("read_ownership", {"job_id": job_id}), self.reread_timeout)
         except (StoreError, TimeoutError, OSError) as exc:
             if isinstance(exc, StoreError) and not isinstance(exc, TransientStoreError):
                 raise
