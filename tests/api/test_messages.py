@@ -1,0 +1,57 @@
+"""The console's sentences for the less common endings, from rows reached through the protocol."""
+
+from __future__ import annotations
+
+import uuid
+
+from db.models import FailureCode, FinishResult, JobStatus, StopPoint
+from tests.api.conftest import cancel_body
+
+
+async def test_a_job_that_gave_up_says_so_not_build_failed(client, factory, worker_store, acme):
+    job, attempt = await factory.running(await factory.queued(acme.id, acme.destination_id))
+    await factory.expire_lease(job.id)
+    assert await worker_store.exhaust_expired_attempt(job.id, attempt, 1, "recovery-test")
+
+    r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
+
+    assert r.status_code == 409
+    assert r.json()["failure_reason"] == FailureCode.ATTEMPTS_EXHAUSTED.value
+    assert r.json()["message"] == "Already ended: gave up after 1 attempts. This export delivered nothing."
+
+
+async def test_a_second_stop_reads_stopped_once_the_attempt_recorded_it(client, factory, worker_store, acme):
+    job, attempt = await factory.running(await factory.queued(acme.id, acme.destination_id))
+    first = uuid.uuid4()
+    await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(first), headers=acme.operator)
+    second = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
+    assert f"Stop already requested by {first}" in second.json()["message"]
+
+    assert (
+        await worker_store.finish_stopped(job.id, attempt, StopPoint.BEFORE_DELIVERY) == FinishResult.WRITTEN
+    )
+
+    view = (await client.get(f"/exports/{job.id}", headers=acme.operator)).json()
+    assert "Stopped at " in view["message"] and view["message"].endswith("Nothing was sent.")
+
+
+async def test_an_unknown_outcome_is_reported_as_unknown_never_as_completed(client, factory, acme):
+    job, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)
+    )
+
+    r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
+
+    message = r.json()["message"]
+    assert "The delivery outcome is unknown" in message
+    assert "completed" not in message.lower().replace("outcomeunknown", "")
+
+
+async def test_a_rejected_export_says_the_policy_rejected_it(client, factory, acme):
+    job, _ = await factory.in_status(
+        JobStatus.REJECTED, job=await factory.queued(acme.id, acme.destination_id)
+    )
+
+    r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
+
+    assert r.json()["message"].startswith("Already ended: the policy check rejected this export")
