@@ -21,6 +21,7 @@ import json
 import logging
 from collections.abc import Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -29,11 +30,17 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from db.errors import StoreError
-from db.models import EventKind, ExpiredLease, ExportJob, JobStatus
+from db.models import AttemptEvent, DeliveryOutcome, EventKind, ExpiredLease, ExportJob, JobStatus
 from db.store import JobStore
+from partner.classifier import confirm_delivery
+from partner.delivery import observe_final_name
+from partner.destination import Destination, DestinationNotFound, load_destination
+from partner.evidence import FileToDeliver, Observation, temp_name_for
 from settings import Settings
 
 log = logging.getLogger(__name__)
+
+OBSERVE_TIMEOUT_SECONDS = 60.0  # a listing (and read-back) that takes longer is "not observed"
 
 
 class RecoveryInput(BaseModel):
@@ -102,18 +109,16 @@ class Verdict(BaseModel):
 
 # -- evidence rules --------------------------------------------------------------------------------
 
-
-def _hex(value: bytes | None) -> str | None:
-    return value.hex() if value is not None else None
+RECOVERY_OBSERVER_PREFIX = "recovery"
 
 
-def _attempt_evidence(events: list[Any], attempt_id: UUID) -> list[dict[str, Any]]:
+def attempt_evidence(events: list[AttemptEvent], attempt_id: UUID) -> list[dict[str, Any]]:
     """The attempt's own DeliveryEvidence observations (not recovery's), oldest first."""
     found: list[dict[str, Any]] = []
     for event in events:
         if event.kind != EventKind.DELIVERY_EVIDENCE or event.attempt_id != attempt_id:
             continue
-        if event.observed_by is not None and event.observed_by.startswith(RECOVERY_OBSERVER_PREFIX):
+        if (event.observed_by or "").startswith(RECOVERY_OBSERVER_PREFIX):
             continue
         try:
             detail = json.loads(event.detail or "{}")
@@ -124,130 +129,149 @@ def _attempt_evidence(events: list[Any], attempt_id: UUID) -> list[dict[str, Any
     return found
 
 
-def _baseline(evidence: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The attempt's recorded baseline listing of the final name, taken before any upload."""
-    for item in evidence:
-        if item.get("observation") == "baseline":
-            return item
-    return None
+def _last(evidence: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    matching = [e for e in evidence if e.get("observation") == kind]
+    return matching[-1] if matching else None
 
 
-def _receipt_matches(item: dict[str, Any], job: ExportJob, hash_required: bool) -> bool:
-    """Whether one of the attempt's own observations shows the expected file under the final name."""
-    if item.get("observation") not in ("read_back", "ack", "final_listing", "rename"):
-        return False
-    if item.get("name", job.expected_file_name) != job.expected_file_name:
-        return False
-    if item.get("present") is False or item.get("ok") is False:
-        return False
-    size_ok = item.get("size") == job.expected_file_bytes
-    sha_ok = item.get("sha256") is not None and item.get("sha256") == _hex(job.expected_file_sha256)
-    if hash_required:
-        return sha_ok and (size_ok or item.get("size") is None)
-    return size_ok or sha_ok
+def _observation_from(item: dict[str, Any]) -> Observation:
+    """An Observation back from its evidence dict (``Observation.as_evidence``)."""
+    sha = item.get("sha256")
+    return Observation(
+        present=bool(item.get("present")),
+        size=item.get("size"),
+        mtime=item.get("mtime"),
+        sha256=bytes.fromhex(sha) if isinstance(sha, str) else None,
+        ack=item.get("ack") if isinstance(item.get("ack"), dict) else None,
+    )
+
+
+def _expected(job: ExportJob) -> FileToDeliver | None:
+    if job.expected_file_name is None or job.expected_file_bytes is None or job.expected_file_sha256 is None:
+        return None
+    return FileToDeliver(
+        path=Path(job.expected_file_name),  # never read: only name, size and hash are compared
+        final_name=job.expected_file_name,
+        size=job.expected_file_bytes,
+        sha256=job.expected_file_sha256,
+    )
+
+
+def _ack_tied(observation: Observation, expected: FileToDeliver, attempt_id: UUID) -> bool:
+    ack = observation.parsed_ack()
+    return ack is not None and ack.acknowledges(
+        expected.final_name, expected.size, expected.sha256, temp_name_for(attempt_id, expected.final_name)
+    )
 
 
 def decide_delivery(
     job: ExportJob,
-    attempt_evidence: list[dict[str, Any]],
-    observation: Any | None,
+    evidence: list[dict[str, Any]],
+    now: Observation | None,
+    destination: Destination,
     *,
-    hash_evidence: str,
     observe_error: str | None = None,
 ) -> Verdict:
     """Decide Completed or OutcomeUnknown for an expired Delivering attempt, from evidence only.
 
-    ``observation`` is what the destination shows now under the final name (``partner.delivery.Observation``,
-    or ``None`` when it could not be observed). A hash is required wherever the partner's contract gives one
-    (``hash_evidence`` other than ``none``). An original is Completed on the expected name and size (and
-    hash) changed from the attempt's baseline, or with no baseline recorded since its name is unique to its
-    delivery key. A replacement's final name may hold the original's file, so it is Completed only from a
-    receipt this attempt appended or a listing changed from this attempt's own recorded baseline, and, where
-    that baseline already showed a file, only on a matching hash. Nothing here ever concludes Failed.
+    ``evidence`` is what the attempt itself appended; ``now`` is what the destination shows under the final
+    name (``None`` when it could not be asked). The worker's own rules decide what counts
+    (``partner.classifier.confirm_delivery``): name and size from an absent baseline, a read-back hash or an
+    acknowledgment of this upload where the contract offers one, and never name and size for an overwrite.
+
+    1. A receipt this attempt appended: a read-back after its confirmed rename that those rules accept.
+    2. Otherwise the listing now. An original's final name is unique to its delivery key, so it counts
+       unless this attempt's baseline already showed a file there. A replacement's name may hold the
+       original's file: without this attempt's baseline it proves nothing, and over a baseline that showed
+       a file only a hash or acknowledgment tied to this attempt's expected file counts.
+
+    An absent file, or one that does not match, leaves OutcomeUnknown: nothing here concludes Failed.
     """
-    hash_required = hash_evidence != "none"
-    size = job.expected_file_bytes
-    receipts = [e for e in attempt_evidence if _receipt_matches(e, job, hash_required)]
-    if receipts:
-        kind = receipts[-1].get("observation")
-        return Verdict(
-            resolution=JobStatus.COMPLETED, summary=f"receipt {kind} of this attempt matches {size} bytes"
-        )
-    if observation is None:
+    expected = _expected(job)
+    if expected is None:
+        return Verdict(resolution=JobStatus.OUTCOME_UNKNOWN, summary="no expected file recorded at cutoff 2")
+    attempt_id = job.attempt_id
+    assert attempt_id is not None
+    baseline_item = _last(evidence, "baseline")
+    baseline = _observation_from(baseline_item) if baseline_item is not None else None
+    overwrite = baseline is not None and baseline.present
+
+    receipt = _receipt_verdict(evidence, expected, destination, overwrite=overwrite)
+    if receipt is not None:
+        return receipt
+    if now is None:
         return Verdict(
             resolution=JobStatus.OUTCOME_UNKNOWN,
-            summary=f"destination not observed ({observe_error or 'no observation'}); no matching receipt",
+            summary=f"destination not observed ({observe_error or 'no answer'}); no receipt of this attempt",
         )
-    if not observation.present:
+    if not now.present:
         # A temporary file, or none at all, is evidence of nothing while the worker might still upload.
-        return Verdict(resolution=JobStatus.OUTCOME_UNKNOWN, summary="final name absent; no matching receipt")
-    if observation.size != size:
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN, summary="final name absent; no receipt of this attempt"
+        )
+    if job.replaces_job_id is not None and baseline is None:
         return Verdict(
             resolution=JobStatus.OUTCOME_UNKNOWN,
-            summary=f"final name present with {observation.size} bytes, expected {size}",
+            summary="replacement without a recorded baseline: a file there may be the original's",
         )
-    expected_sha = job.expected_file_sha256
-    sha_seen = observation.sha256
-    ack_sha = (observation.ack or {}).get("sha256") if isinstance(observation.ack, dict) else None
-    hash_matches = (sha_seen is not None and sha_seen == expected_sha) or (
-        ack_sha is not None and ack_sha == _hex(expected_sha)
-    )
-    if hash_required and not hash_matches:
+    if job.replaces_job_id is None and overwrite:
         return Verdict(
             resolution=JobStatus.OUTCOME_UNKNOWN,
-            summary=f"final name present with {size} bytes, but no matching hash under the contract ({hash_evidence})",
+            summary="final name occupied before this attempt's upload; the listing does not show its file",
         )
-    baseline = _baseline(attempt_evidence)
-    if job.replaces_job_id is not None:
-        if baseline is None:
-            # A file there may be the original's: without this attempt's baseline, it proves nothing.
-            return Verdict(
-                resolution=JobStatus.OUTCOME_UNKNOWN,
-                summary="replacement without a recorded baseline; a file there may be the original's",
-            )
-        if baseline.get("present") and not hash_matches:
-            return Verdict(
-                resolution=JobStatus.OUTCOME_UNKNOWN,
-                summary="replacement's baseline already showed a file; name and size cannot show the change",
-            )
-    if baseline is not None and baseline.get("present"):
-        unchanged = baseline.get("size") == observation.size and baseline.get("mtime") == observation.mtime
-        if unchanged or not hash_matches:
-            return Verdict(
-                resolution=JobStatus.OUTCOME_UNKNOWN,
-                summary="final name occupied before the upload; the listing does not show this attempt's file",
-            )
-    how = "name, size and hash" if hash_matches else "name and size"
-    return Verdict(
-        resolution=JobStatus.COMPLETED,
-        summary=f"final name present, {how} match the expected file ({size} bytes)",
+    if overwrite and baseline is not None and now.same_as(baseline):
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN, summary="listing unchanged since this attempt's baseline"
+        )
+    report = confirm_delivery(
+        now, expected, destination, overwrite=overwrite, ack_tied=_ack_tied(now, expected, attempt_id)
     )
+    resolution = (
+        JobStatus.COMPLETED if report.outcome == DeliveryOutcome.COMPLETED else JobStatus.OUTCOME_UNKNOWN
+    )
+    return Verdict(resolution=resolution, summary=f"listing by recovery: {report.summary}")
 
 
-RECOVERY_OBSERVER_PREFIX = "recovery"
+def _receipt_verdict(
+    evidence: list[dict[str, Any]], expected: FileToDeliver, destination: Destination, *, overwrite: bool
+) -> Verdict | None:
+    """Completed from the attempt's own read-back after a confirmed rename, when the worker's rules accept it."""
+    renamed = _last(evidence, "rename")
+    read_back = _last(evidence, "read_back")
+    if renamed is None or renamed.get("result") != "ok" or read_back is None:
+        return None
+    if read_back.get("final_name") not in (None, expected.final_name):
+        return None
+    ack = _last(evidence, "ack")
+    report = confirm_delivery(
+        _observation_from(read_back),
+        expected,
+        destination,
+        overwrite=overwrite,
+        ack_tied=bool(ack and ack.get("tied")),
+    )
+    if report.outcome != DeliveryOutcome.COMPLETED:
+        return None
+    return Verdict(resolution=JobStatus.COMPLETED, summary=f"receipt of this attempt: {report.summary}")
 
 
-def observation_evidence(observation: Any | None, job: ExportJob, error: str | None) -> dict[str, Any]:
+def observation_evidence(
+    observation: Observation | None, job: ExportJob, destination_id: UUID, error: str | None
+) -> dict[str, Any]:
     """What recovery saw under the final name, as a JSON-able dict of sizes, times and hashes only."""
-    if observation is None:
-        return {"observation": "recovery_listing", "name": job.expected_file_name, "error": error}
-    ack = observation.ack if isinstance(observation.ack, dict) else None
+    seen: dict[str, Any] = observation.as_evidence() if observation is not None else {"error": error}
     return {
         "observation": "recovery_listing",
-        "name": job.expected_file_name,
-        "present": observation.present,
-        "size": observation.size,
-        "mtime": observation.mtime,
-        "sha256": _hex(observation.sha256),
-        "ack_sha256": ack.get("sha256") if ack else None,
-        "expected_size": job.expected_file_bytes,
-        "expected_sha256": _hex(job.expected_file_sha256),
+        "final_name": job.expected_file_name,
+        "attempt_id": str(job.attempt_id),
+        "destination_id": str(destination_id),
+        **seen,
     }
 
 
 # -- the activities --------------------------------------------------------------------------------
 
-Observe = Callable[[Any, str], Any]
+Observe = Callable[[Destination, str], Observation]
 
 
 class RecoveryActivities:
@@ -265,7 +289,7 @@ class RecoveryActivities:
         self.store = store
         self.pool = worker_pool
         self.settings = settings
-        self._observe = observe
+        self._observe = observe or observe_final_name
 
     def activities(self) -> list[Callable[..., Any]]:
         """The activities to register on the shared task queue."""
@@ -288,7 +312,7 @@ class RecoveryActivities:
         """Apply the one takeover statement this candidate's case calls for; errors leave it for next run."""
         try:
             return await self._take_over(candidate, recovery_run_id)
-        except (StoreError, OSError, TimeoutError) as exc:
+        except (StoreError, DestinationNotFound, OSError, TimeoutError) as exc:
             log.warning("recovery of job %s not decided (%s)", candidate.id, type(exc).__name__)
             return Takeover.ERROR
 
@@ -313,15 +337,17 @@ class RecoveryActivities:
         job = await self.store.get_job(candidate.id)
         if job is None or job.status != JobStatus.DELIVERING or job.attempt_id != candidate.attempt_id:
             return Takeover.MATCHED_NOTHING
-        events = await self.store.job_events(job.id)
-        evidence = _attempt_evidence(events, candidate.attempt_id)
-        observation, error, hash_evidence = await self._observe_final_name(job)
+        destination = await load_destination(self.pool, job.tenant_id, job.destination_id)
+        evidence = attempt_evidence(await self.store.job_events(job.id), candidate.attempt_id)
+        observation, error = await self._observe_final_name(destination, job)
+        # What recovery saw is kept whatever it decides, under the recovery run's ID.
         await self.store.append_delivery_evidence(
-            job.id, candidate.attempt_id, run_id, observation_evidence(observation, job, error)
+            job.id,
+            candidate.attempt_id,
+            run_id,
+            observation_evidence(observation, job, destination.id, error),
         )
-        verdict = decide_delivery(
-            job, evidence, observation, hash_evidence=hash_evidence, observe_error=error
-        )
+        verdict = decide_delivery(job, evidence, observation, destination, observe_error=error)
         done = await self.store.resolve_expired_delivery(
             job.id, candidate.attempt_id, verdict.resolution, run_id, verdict.summary
         )
@@ -329,24 +355,15 @@ class RecoveryActivities:
             return Takeover.MATCHED_NOTHING
         return Takeover.COMPLETED if verdict.resolution == JobStatus.COMPLETED else Takeover.OUTCOME_UNKNOWN
 
-    async def _observe_final_name(self, job: ExportJob) -> tuple[Any | None, str | None, str]:
-        """(observation or None, error type or None, the contract's hash_evidence)."""
-        from partner.delivery import observe_final_name
-        from partner.destination import load_destination
-
-        try:
-            destination = await load_destination(self.pool, job.tenant_id, job.destination_id)
-        except (StoreError, LookupError, ValueError) as exc:
-            return None, type(exc).__name__, "none"
-        observe = self._observe or observe_final_name
+    async def _observe_final_name(
+        self, destination: Destination, job: ExportJob
+    ) -> tuple[Observation | None, str | None]:
+        """(what the destination shows under the final name, or None with the error's type name)."""
         name = job.expected_file_name or job.final_name
         try:
             observation = await asyncio.wait_for(
-                asyncio.to_thread(observe, destination, name), timeout=OBSERVE_TIMEOUT_SECONDS
+                asyncio.to_thread(self._observe, destination, name), timeout=OBSERVE_TIMEOUT_SECONDS
             )
-        except Exception as exc:  # noqa: BLE001 - any failure to observe is "not observed", never evidence
-            return None, type(exc).__name__, destination.hash_evidence
-        return observation, None, destination.hash_evidence
-
-
-OBSERVE_TIMEOUT_SECONDS = 60.0
+        except Exception as exc:  # noqa: BLE001 - failing to observe is "not observed", never evidence
+            return None, type(exc).__name__
+        return observation, None

@@ -18,6 +18,13 @@ from db.store import JobStore
 from settings import Settings
 from tests.conftest import require
 from tests.support.pg import TestDatabase
+from tests.support.sftp import (  # noqa: F401 - fixtures, found by pytest by name
+    local_sftp_server,
+    sftp_server,
+    sftp_target,
+    sshd_server,
+    sshd_target,
+)
 from tests.support.temporal import start_dev_server, start_time_skipping, venv_binary
 from worker import register_search_attributes
 from workflows.recovery import RecoveryWorkflow
