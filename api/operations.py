@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ from db.models import (
     JobStatus,
 )
 from db.store import JobStore
+
+log = logging.getLogger(__name__)
 
 CREATE_OPERATION = "create_export"
 FINGERPRINT_VERSION = 1
@@ -290,6 +293,14 @@ class Exports:
         base: dict[str, Any] = {"outcome": result.outcome.value, "request_id": str(body.request_id)}
         match result.outcome:
             case CancellationOutcome.NOT_FOUND:
+                # Not recorded against any job (there is none this tenant can see): an access event only.
+                log.info(
+                    "cancellation %s by %s of tenant %s: export %s not found",
+                    body.request_id,
+                    caller.principal,
+                    caller.tenant_id,
+                    job_id,
+                )
                 return Answer(404, {**base, "detail": "no such export"})
             case CancellationOutcome.BUSY:
                 return Answer(

@@ -278,7 +278,7 @@ def timeline(
 ) -> list[TimelineEntry]:
     """The export's story in recorded order: requested, claimed, cancel (with what it found), stopped or
     delivered. Each time is the reading of the host that recorded it, for people; the row settled the order."""
-    what = f"{destination_name}, list {job.list_name!r}"
+    what = f"{destination_name}, list {job.list_name!r}, v1"
     if job.replaces_job_id:
         what += f", replaces {short(job.replaces_job_id)}: {job.replacement_reason!r}"
     entries = [
