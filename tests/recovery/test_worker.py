@@ -13,8 +13,9 @@ import pytest
 
 from activities.export import ExportActivities
 from activities.recovery import RecoveryBatchResult, RecoveryInput
-from db.models import JobStatus
+from db.models import FailureCode, JobStatus
 from settings import Settings
+from tests.recovery.conftest import MAX_ATTEMPTS
 from worker import run_worker
 from workflows.recovery import RecoveryWorkflow
 
@@ -132,3 +133,54 @@ async def test_an_activity_that_outlasts_the_grace_window_is_cancelled_and_left_
     assert GRACE - 0.5 <= elapsed < GRACE + 5
     still = await factory.job(job.id)
     assert still.status == JobStatus.QUEUED and still.attempt_count == 0  # the sweeper wakes it again
+
+
+async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_cap_through_the_outbox(
+    client, host_settings, factory
+):
+    """Claim, crash, recovery requeues with a new outbox row, the dispatcher wakes a new workflow, which
+    claims again ... until recovery finds the attempt cap and ends it Failed with AttemptsExhausted."""
+    job = await factory.queued()
+    crashed: asyncio.Queue[UUID] = asyncio.Queue()
+
+    def crash_after_every_build(activities: ExportActivities) -> None:
+        activities.lease_timer_disabled = True  # a dead worker renews nothing
+
+        async def after_build(job_id: UUID) -> None:
+            if job_id == job.id:
+                await crashed.put(job_id)
+                await asyncio.Event().wait()  # the worker is gone; only the host's shutdown ends this
+
+        activities.after_build = after_build
+
+    stop, ready = asyncio.Event(), asyncio.Event()
+    host = asyncio.create_task(
+        run_worker(host_settings, stop=stop, client=client, ready=ready, export_hooks=crash_after_every_build)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), WAIT)
+        workflows = []
+        for attempt_number in range(1, MAX_ATTEMPTS + 1):
+            await asyncio.wait_for(crashed.get(), WAIT)  # claimed and built by a new workflow, then dead
+            running = await factory.job(job.id)
+            assert (running.status, running.attempt_count) == (JobStatus.RUNNING, attempt_number)
+            workflows.append(running.workflow_id)
+            await factory.expire_lease(job.id)
+            await client.execute_workflow(
+                RecoveryWorkflow.run,
+                RecoveryInput(),
+                id=f"recovery-{uuid.uuid4()}",
+                task_queue=host_settings.task_queue,
+                result_type=RecoveryBatchResult,
+            )
+    finally:
+        stop.set()
+        await asyncio.wait_for(host, WAIT)
+
+    failed = await factory.job(job.id)
+    assert (failed.status, failed.failure_reason) == (JobStatus.FAILED, FailureCode.ATTEMPTS_EXHAUSTED)
+    assert failed.attempt_count == MAX_ATTEMPTS
+    assert len(set(workflows)) == MAX_ATTEMPTS  # each requeue's new outbox row woke a new workflow
+    kinds = await factory.event_kinds(job.id)
+    assert kinds == ["Claimed", "RequeuedByRecovery"] * (MAX_ATTEMPTS - 1) + ["Claimed", "AttemptsExhausted"]
+    assert await factory.outbox_count(job.id) == MAX_ATTEMPTS
