@@ -5,8 +5,12 @@ and cancels one that outlasts the window, leaving the job to recovery and the sw
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
 import uuid
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -20,6 +24,7 @@ from worker import run_worker
 from workflows.recovery import RecoveryWorkflow
 
 GRACE = 3.0
+WORKER_PY = str(Path(__file__).resolve().parents[2] / "worker.py")
 WAIT = 30  # a bound on waiting for an outcome, never a delay that decides one
 
 
@@ -184,3 +189,43 @@ async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_cap_t
     kinds = await factory.event_kinds(job.id)
     assert kinds == ["Claimed", "RequeuedByRecovery"] * (MAX_ATTEMPTS - 1) + ["Claimed", "AttemptsExhausted"]
     assert await factory.outbox_count(job.id) == MAX_ATTEMPTS
+
+
+async def test_python_worker_py_stops_on_sigterm_within_the_grace_window(client, host_settings):
+    """The real process: ``python worker.py`` configured by EXPORTS_ variables, stopped by SIGTERM."""
+    env = {
+        **os.environ,
+        "EXPORTS_DATABASE_URL": host_settings.database_url,
+        "EXPORTS_TEMPORAL_ADDRESS": client.service_client.config.target_host,
+        "EXPORTS_TASK_QUEUE": host_settings.task_queue,
+        "EXPORTS_SHUTDOWN_GRACE_SECONDS": str(GRACE),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        WORKER_PY,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await asyncio.wait_for(_line_containing(process, "own queue"), WAIT)  # both workers are wired
+
+        began = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(_line_containing(process, "stopped"), WAIT)
+        code = await asyncio.wait_for(process.wait(), WAIT)
+        elapsed = time.monotonic() - began
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    assert code == 0
+    assert elapsed < GRACE + 5
+
+
+async def _line_containing(process: asyncio.subprocess.Process, text: str) -> str:
+    assert process.stderr is not None
+    while line := (await process.stderr.readline()).decode():
+        if text in line:
+            return line
+    raise AssertionError(f"worker.py ended without logging {text!r} (exit {await process.wait()})")
