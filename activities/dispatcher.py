@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 import psycopg
 from psycopg import sql
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "outbox"
 EXPORT_WORKFLOW = "ExportWorkflow"
+
+START_TIMEOUT = timedelta(seconds=10)
 
 MessageHook = Callable[[OutboxMessage], Awaitable[None]]
 
@@ -85,6 +88,8 @@ class OutboxDispatcher:
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 static_summary=export_summary(msg.job_id),
                 static_details=f"wake-up {msg.message_id} ({msg.kind}), job {msg.job_id}",
+                # Bounded: the batch's rows stay locked while this waits, and an unanswered start is retried.
+                rpc_timeout=START_TIMEOUT,
             )
         except WorkflowAlreadyStartedError:
             # A retried row whose workflow already ran to its end: it was published before.
