@@ -238,6 +238,8 @@ class TcpProxy:
     def close(self) -> None:
         """Stop accepting and cut what is open."""
         with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        with contextlib.suppress(OSError):
             self._listener.close()
         self.cut()
 

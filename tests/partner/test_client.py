@@ -1,0 +1,240 @@
+"""The partner client's connection rules and its seams with the rest: pinned keys, refusals before any
+file operation, the per-file request size, recovery's observation, the destination row, and evidence
+stored through the job store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import uuid
+
+import asyncssh
+import paramiko
+import pytest
+
+from db.embedded import free_port
+from db.models import DeliveryOutcome, EventKind, FailureCode, JobStatus
+from db.store import JobStore
+from partner.client import ConnectRefused, connect, parse_pinned_key, upload_exclusive
+from partner.delivery import DeliveryHooks, OriginalFile, deliver, observe_final_name
+from partner.destination import DestinationNotFound, load_destination
+from tests.partner.helpers import contact_bytes, local_file, run_delivery
+from tests.support.factories import Factory
+from tests.support.sftp import SftpTarget
+
+
+def test_a_pinned_key_may_be_given_as_a_known_hosts_line():
+    key = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
+    assert parse_pinned_key(f"[127.0.0.1]:2222 {key}").asbytes() == parse_pinned_key(key).asbytes()
+
+
+def test_an_unusable_pinned_key_refuses_to_connect():
+    with pytest.raises(ConnectRefused) as caught:
+        parse_pinned_key("ssh-ed25519 not-base64!")
+    assert caught.value.code == "HostKeyUnusable"
+
+
+async def test_an_unreachable_partner_is_not_delivered(sftp_target: SftpTarget, tmp_path):
+    run = await run_delivery(
+        sftp_target.destination(port=free_port()), local_file(tmp_path, contact_bytes(1000))
+    )
+
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
+    assert run.one("connect")["code"] in {"Unreachable", "HandshakeFailed"}
+
+
+async def test_a_client_key_the_partner_does_not_know_is_refused_before_any_file_operation(
+    sftp_target: SftpTarget, tmp_path
+):
+    stranger = tmp_path / "stranger_key"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(stranger, "openssh")
+    run = await run_delivery(
+        sftp_target.destination(credential_ref=str(stranger)), local_file(tmp_path, b"x")
+    )
+
+    assert run.report.failure_code == FailureCode.NOT_DELIVERED
+    assert run.one("connect")["code"] == "AuthRefused"
+    assert sftp_target.files() == {}
+
+
+async def test_the_write_request_size_is_set_on_the_file_object_only(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes(700_000)
+    file = local_file(tmp_path, data)
+    destination = sftp_target.destination(max_write_request=65536)
+    sizes: list[int] = []
+
+    def upload() -> None:
+        opened = connect(destination)
+        try:
+            upload_exclusive(
+                opened.sftp,
+                file.path,
+                destination.remote_path(file.final_name),
+                write_request=destination.max_write_request,
+                after_write=sizes.append,
+            )
+        finally:
+            opened.close()
+
+    await asyncio.to_thread(upload)
+
+    assert sizes[0] == 65536 and sizes[-1] == len(data)
+    assert paramiko.SFTPFile.MAX_REQUEST_SIZE == 32768  # paramiko's class is untouched
+    assert sftp_target.files() == {file.final_name: data}
+
+
+async def test_an_existing_temporary_file_is_never_reused(sftp_target: SftpTarget, tmp_path):
+    data = contact_bytes(1000)
+    file = local_file(tmp_path, data)
+    attempt_id = uuid.uuid4()
+    stale = f".partial-{attempt_id}-{file.final_name}"
+    sftp_target.put(stale, b"left by an interrupted attempt")
+
+    run = await run_delivery(sftp_target.destination(), file, attempt_id=attempt_id)
+
+    # The exclusive open is refused and the final name is unchanged: provably not delivered.
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
+    assert run.one("upload")["result"] == "refused"
+    assert sftp_target.files() == {stale: b"left by an interrupted attempt"}
+
+
+@pytest.mark.parametrize("contract", ["none", "read_back", "ack_file"])
+async def test_recovery_observes_what_the_contract_offers(sftp_target: SftpTarget, contract: str):
+    data = contact_bytes(5000)
+    sftp_target.put("contacts-k.csv", data)
+    ack = {
+        "name": "contacts-k.csv",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "upload": None,
+    }
+    sftp_target.put("contacts-k.csv.ack", json.dumps(ack).encode())
+    destination = sftp_target.destination(
+        hash_evidence=contract, ack_suffix=".ack" if contract == "ack_file" else None
+    )
+
+    seen = await asyncio.to_thread(observe_final_name, destination, "contacts-k.csv")
+    missing = await asyncio.to_thread(observe_final_name, destination, "contacts-absent.csv")
+
+    assert (seen.present, seen.size) == (True, len(data))
+    assert seen.sha256 == (hashlib.sha256(data).digest() if contract == "read_back" else None)
+    assert seen.ack == (ack if contract == "ack_file" else None)
+    assert missing.present is False
+
+
+async def test_load_destination_reads_the_tenants_row(factory: Factory, worker_store: JobStore):
+    tenant_id = await factory.tenant()
+    destination_id = await factory.destination(
+        tenant_id, hash_evidence="ack_file", ack_suffix=".done", max_write_request=261120
+    )
+
+    loaded = await load_destination(worker_store.pool, tenant_id, destination_id)
+
+    assert (loaded.id, loaded.tenant_id, loaded.hash_evidence, loaded.ack_suffix) == (
+        destination_id,
+        tenant_id,
+        "ack_file",
+        ".done",
+    )
+    assert loaded.max_write_request == 261120
+    with pytest.raises(DestinationNotFound):
+        await load_destination(worker_store.pool, await factory.tenant(), destination_id)
+
+
+async def test_a_replacements_evidence_is_stored_and_the_originals_outcome_is_untouched(
+    sftp_target: SftpTarget, factory: Factory, api_store: JobStore, worker_store: JobStore, tmp_path
+):
+    original_job, original_attempt = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
+    created = await api_store.create_replacement(
+        tenant_id=original_job.tenant_id,
+        original_job_id=original_job.id,
+        created_by="sam.ops",
+        replacement_reason="partner lost the file",
+    )
+    assert created is not None
+    events_before = await factory.event_kinds(original_job.id)
+    file = local_file(tmp_path, contact_bytes(1234), final_name=original_job.final_name)
+    stranger = contact_bytes(1234)  # the original's expected size, but not tied to it
+    sftp_target.put(file.final_name, stranger)
+    original = OriginalFile(
+        name=original_job.final_name,
+        size=original_job.expected_file_bytes,
+        sha256=original_job.expected_file_sha256,
+        attempt_id=original_attempt,
+    )
+    attempt_id = uuid.uuid4()
+    loop = asyncio.get_running_loop()
+
+    def store_evidence(evidence: dict) -> None:
+        # The delivering thread hands each observation to the event loop's store as it is made.
+        asyncio.run_coroutine_threadsafe(
+            worker_store.append_delivery_evidence(created.job_id, attempt_id, "worker-7/attempt", evidence),
+            loop,
+        ).result()
+
+    report = await asyncio.to_thread(
+        deliver,
+        sftp_target.destination(),
+        file,
+        attempt_id,
+        original=original,
+        overwrite_agreed=False,
+        on_evidence=store_evidence,
+    )
+
+    assert report.failure_code == FailureCode.FINAL_NAME_OCCUPIED
+    stored = [
+        e for e in await worker_store.job_events(created.job_id) if e.kind == EventKind.DELIVERY_EVIDENCE
+    ]
+    assert [json.loads(e.detail)["observation"] for e in stored] == [
+        "connect",
+        "baseline",
+        "final_name_occupied",
+        "outcome",
+    ]
+    assert {(e.attempt_id, e.observed_by) for e in stored} == {(attempt_id, "worker-7/attempt")}
+    assert await factory.status(original_job.id) == JobStatus.OUTCOME_UNKNOWN  # nobody corrects it on that
+    assert await factory.event_kinds(original_job.id) == events_before
+    assert sftp_target.files() == {file.final_name: stranger}
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("round_", range(5))
+async def test_two_uploads_racing_for_one_final_name_never_overwrite(
+    sshd_target: SftpTarget, tmp_path, round_
+):
+    """Race test on the real sshd only (its rename is link+unlink; asyncssh's is check-then-act)."""
+    first, second = contact_bytes(300_000), contact_bytes(300_000)
+    name = f"contacts-{uuid.uuid4()}.csv"
+    files = []
+    for i, data in enumerate((first, second)):
+        (tmp_path / str(i)).mkdir()
+        files.append(local_file(tmp_path / str(i), data, final_name=name))
+    both_ready = threading.Barrier(2, timeout=20)
+    destination = sshd_target.destination(direct=True, hash_evidence="read_back")
+
+    def attempt(file) -> object:
+        return deliver(
+            destination,
+            file,
+            uuid.uuid4(),
+            original=None,
+            overwrite_agreed=False,
+            on_evidence=lambda e: None,
+            hooks=DeliveryHooks(before_rename=both_ready.wait),  # both renames leave together
+        )
+
+    reports = await asyncio.gather(*(asyncio.to_thread(attempt, f) for f in files))
+
+    outcomes = sorted(r.outcome.value for r in reports)
+    assert outcomes == ["Completed", "OutcomeUnknown"]  # one published, the other was refused
+    winner = (first, second)[[r.outcome for r in reports].index(DeliveryOutcome.COMPLETED)]
+    assert (sshd_target.local_dir / name).read_bytes() == winner  # whole, never replaced
