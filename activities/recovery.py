@@ -229,7 +229,8 @@ def decide_delivery(
     resolution = (
         JobStatus.COMPLETED if report.outcome == DeliveryOutcome.COMPLETED else JobStatus.OUTCOME_UNKNOWN
     )
-    return Verdict(resolution=resolution, summary=f"listing by recovery: {report.summary}")
+    basis = "listing by recovery" if baseline is not None else "listing by recovery, no baseline recorded"
+    return Verdict(resolution=resolution, summary=f"{basis}: {report.summary}")
 
 
 def _receipt_verdict(

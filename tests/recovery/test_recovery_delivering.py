@@ -310,3 +310,40 @@ async def test_a_late_receipt_from_a_superseded_attempt_is_kept_and_changes_noth
     assert await factory.status(job.id) == JobStatus.OUTCOME_UNKNOWN
     kept = [e for e in await worker_store.job_events(job.id) if e.observed_by == f"attempt:{attempt}"]
     assert json.loads(kept[-1].detail)["observation"] == "read_back"
+
+
+@asyncssh_only
+async def test_over_a_replacements_occupied_baseline_only_a_matching_hash_completes(factory, sftp_target):
+    """The overwrite case of decide_delivery on real rows: name and size cannot show the change."""
+    from activities.recovery import decide_delivery
+    from partner.evidence import Observation
+
+    data = os.urandom(SIZE)
+    _, replacement, attempt = await replacement_delivering(
+        factory, sftp_target, data, hash_evidence="read_back"
+    )
+    destination = sftp_target.destination(hash_evidence="read_back")
+    original_file = Observation(
+        present=True, size=SIZE, mtime=1_000, sha256=hashlib.sha256(b"other").digest()
+    )
+    baseline = {
+        "observation": "baseline",
+        "final_name": replacement.final_name,
+        **original_file.as_evidence(),
+    }
+
+    unchanged = decide_delivery(replacement, [baseline], original_file, destination)
+    same_size_other_bytes = decide_delivery(
+        replacement, [baseline], original_file.model_copy(update={"mtime": 2_000}), destination
+    )
+    ours = decide_delivery(
+        replacement,
+        [baseline],
+        original_file.model_copy(update={"mtime": 2_000, "sha256": hashlib.sha256(data).digest()}),
+        destination,
+    )
+
+    assert unchanged.resolution == JobStatus.OUTCOME_UNKNOWN
+    assert same_size_other_bytes.resolution == JobStatus.OUTCOME_UNKNOWN
+    assert ours.resolution == JobStatus.COMPLETED
+    assert attempt == replacement.attempt_id
