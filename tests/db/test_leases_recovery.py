@@ -306,12 +306,11 @@ async def wait_for_database_clock_to_pass_lease(factory, job_id: UUID, within: f
 
 async def test_requeue_waits_for_an_authorization_committed_first_then_matches_nothing(factory, kit):
     job, attempt = await factory.running()
-    # Current for the authorization, expired by the time recovery's takeover runs.
-    await factory.admin(
-        "UPDATE export_jobs SET lease_expires_at = clock_timestamp() + interval '1 second' WHERE id = %(id)s",
-        {"id": job.id},
-    )
+    # Current for the authorization, expired by the time recovery's takeover runs: the worker's last renewal
+    # set a short lease (committed), and its authorization follows at once on the same connection.
     cutoff = await kit.hold("exports_worker")
+    assert await cutoff.run("renew_lease", {"job_id": job.id, "attempt_id": attempt, "lease_seconds": 0.5})
+    await cutoff.commit()
     assert len(await cutoff.run("authorize_delivery_if_running", authorize_params(job, attempt))) == 1
     await wait_for_database_clock_to_pass_lease(factory, job.id)
 
