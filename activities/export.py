@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio import activity
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.lease import LeaseKeeper
 from db.errors import StoreError
@@ -148,7 +148,9 @@ class ExportActivities:
     claim and renewal sets; ``worker_pool`` (same role) feeds the builder and the destination read.
     ``own_task_queue`` is this host's queue, returned by the claim. ``cancellation_store`` is a ``JobStore``
     over an ``exports_api`` pool for recording a cancellation from Temporal; without one, it is opened from
-    ``settings.database_url`` on first use (``aclose`` closes it).
+    ``settings.database_url`` on first use (``aclose`` closes it). ``search_attributes`` says whether the
+    server has the export search attributes registered; ``None`` asks the server (ListSearchAttributes,
+    which the time-skipping test server does not implement, so it then counts as not registered).
 
     The plain attributes below are test seams at named points; all default to off.
     """
@@ -162,6 +164,7 @@ class ExportActivities:
         own_task_queue: str,
         *,
         cancellation_store: JobStore | None = None,
+        search_attributes: bool | None = None,
     ) -> None:
         self.store = store
         self.worker_pool = worker_pool
@@ -171,7 +174,7 @@ class ExportActivities:
         self._cancellation_store = cancellation_store
         self._owned_cancellation_pool: AsyncConnectionPool | None = None
         self._cancellation_lock = asyncio.Lock()
-        self._search_attributes: bool | None = None
+        self._search_attributes = search_attributes
         self._attempts: dict[UUID, _AttemptControl] = {}
         # Test seams.
         self.after_load: Hook | None = None  # in the claim, after the row is read, before policy and claim
@@ -248,8 +251,8 @@ class ExportActivities:
         )
 
     async def _search_attributes_registered(self) -> bool:
-        if self._search_attributes:
-            return True
+        if self._search_attributes is not None:
+            return self._search_attributes
         try:
             client = activity.client()
             answer = await client.operator_service.list_search_attributes(
@@ -259,9 +262,13 @@ class ExportActivities:
             log.info(
                 "search attributes not readable (%s); the workflow will not set them", type(exc).__name__
             )
+            if isinstance(exc, RPCError) and exc.status == RPCStatusCode.UNIMPLEMENTED:
+                self._search_attributes = False  # the time-skipping test server: that will not change
             return False
-        self._search_attributes = all(name in answer.custom_attributes for name in SEARCH_ATTRIBUTE_NAMES)
-        return self._search_attributes
+        registered = all(name in answer.custom_attributes for name in SEARCH_ATTRIBUTE_NAMES)
+        if registered:  # once registered, they stay; a missing one is asked about again next time
+            self._search_attributes = True
+        return registered
 
     # -- build and cutoff 2 (own queue) -------------------------------------------------------------
 

@@ -199,8 +199,6 @@ class ExportWorkflow:
             schedule_to_start_timeout=timedelta(seconds=inp.schedule_to_start_seconds),
             heartbeat_timeout=timedelta(seconds=inp.build_heartbeat_seconds),
             retry_policy=NEVER_RETRY,
-            # The activity records why it stopped before it returns; wait for that, not just the request.
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         )
         while not prepare.done():
             try:
@@ -222,8 +220,12 @@ class ExportWorkflow:
                     answer = await self._shielded(inp, confirm)
                 except ActivityError:
                     continue  # the watcher is for speed; cutoff 2 still refuses a recorded stop
-                if answer.confirmed and not prepare.done():
-                    prepare.cancel()
+                # A confirmed stop has already stopped the build: confirm_stop runs on the building host
+                # and stops it there at once. No activity cancel is sent as well: it would arrive only
+                # with a heartbeat response, and it races the activity's own completion.
+                self._progress.stop_checks += 1
+                if answer.confirmed:
+                    self._progress.stops_confirmed += 1
         try:
             return await self._shielded(inp, prepare)
         except ActivityError:

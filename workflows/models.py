@@ -87,6 +87,8 @@ class ExportProgress(BaseModel):
     file_bytes: int | None = None
     file_rows: int | None = None
     stop_request_ids: list[str] = []
+    stop_checks: int = 0  # stop signals checked against the row so far
+    stops_confirmed: int = 0  # of those, the ones the row confirmed (the build was stopped)
     temporal_cancel: CancellationOutcome | None = None
     outcome: AttemptOutcome | None = None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,7 @@ async def make_host(
         name,
         own_queue,
         cancellation_store=JobStore(api_pool, lease_seconds=lease_seconds),
+        search_attributes=True,  # registered by the session's conftest
     )
     client = await connect_client(env_client) if own_client else env_client
     host = Host(
@@ -320,3 +321,12 @@ async def idle_in_transaction_pid(factory: Factory, role_suffix: str = "exports_
     )
     assert len(rows) == 1, rows
     return rows[0]["pid"]
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], what: str, within: float = 20.0) -> None:
+    """Wait for a condition another party makes true (a row, a query answer); fails after ``within`` s."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"never happened within {within} s: {what}")
+        await asyncio.sleep(0.01)
