@@ -137,7 +137,9 @@ def main(megabytes: int, runs: int) -> dict[str, float]:
         shutil.rmtree(scratch, ignore_errors=True)
     rates = {k: size / 1e6 / statistics.median(v) for k, v in times.items()}
     result = {**{f"{k}_mb_per_s": r for k, r in rates.items()}, "ratio": rates["deliver"] / rates["sftp"]}
-    print(f"file: {megabytes} MB random, runs: {runs} (medians), cipher {CIPHER}, cpus: {os.cpu_count()}")
+    print(
+        f"file: {megabytes} MB random, runs: {runs} (medians), cipher {CIPHER}, cpus: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}"
+    )
     for key, label in (
         ("deliver", "deliver()"),
         ("upload_only", "  its upload alone"),
