@@ -389,7 +389,7 @@ class ExportActivities:
         if self.after_build is not None:
             try:
                 await self.after_build(job.id)
-            except asyncio.CancelledError:
+            except BaseException:  # a stop, or a simulated crash: the built file goes either way
                 remove_export_file(built.path)
                 raise
         return built

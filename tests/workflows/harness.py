@@ -330,3 +330,14 @@ async def wait_until(check: Callable[[], Awaitable[bool]], what: str, within: fl
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"never happened within {within} s: {what}")
         await asyncio.sleep(0.01)
+
+
+async def recover(harness: Harness, job: ExportJob, *, max_attempts: int = 3) -> str:
+    """Run recovery's takeover for this job's expired lease, as its scheduled batch would; returns it."""
+    from activities.recovery import RecoveryActivities
+
+    store = harness.factory.worker
+    candidates = [c for c in await store.find_expired_leases(limit=1000) if c.id == job.id]
+    assert len(candidates) == 1, f"job {job.id} has no expired lease to take over"
+    recovery = RecoveryActivities(store, harness.host.store.pool, Settings(max_attempts=max_attempts))
+    return (await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")).value

@@ -1,0 +1,203 @@
+"""The worker-level rows of 000's test matrix through ExportWorkflow: leases kept through long builds and
+uploads, a paused worker at cutoff 2, takeovers during an upload, crashes after the claim and after cutoff 2.
+Short leases (2 s, renewed every 0.3 s) and waits on the database clock, never on the test's."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from db.errors import TransientStoreError
+from db.models import AuthorizationResult, EventKind, ExportJob, FailureCode, JobStatus
+from tests.workflows.harness import Harness, recover
+from workflows.models import AttemptOutcome
+
+LEASE, RENEW = 2.0, 0.3
+
+
+async def claimed_at(harness: Harness, job_id: uuid.UUID):
+    events = await harness.factory.worker.job_events(job_id)
+    return next(e.recorded_at for e in events if e.kind == EventKind.CLAIMED)
+
+
+async def outlast_the_initial_lease(harness: Harness, job_id: uuid.UUID) -> None:
+    """Hold the attempt until the database clock is past the lease its claim set."""
+    await harness.wait_until_db_clock_passes(await claimed_at(harness, job_id) + timedelta(seconds=LEASE + 1))
+
+
+async def assert_delivered_once(harness: Harness, job: ExportJob) -> None:
+    row = await harness.factory.job(job.id)
+    assert row.status == JobStatus.COMPLETED and row.attempt_count == 1
+    kinds = await harness.factory.event_kinds(job.id)
+    assert kinds.count("Claimed") == 1 and kinds.count("DeliveryAuthorized") == 1 and kinds[-1] == "Finished"
+    assert len(harness.uploads(job)) == 1 and harness.files_on_disk() == []
+
+
+async def test_a_long_build_that_outlasts_the_initial_lease_keeps_it_and_delivers_once(
+    harness: Harness,
+) -> None:
+    harness.host.set_timings(LEASE, RENEW)
+    job = await harness.queue_export(contacts=10)
+
+    async def long_build(job_id: uuid.UUID) -> None:
+        await outlast_the_initial_lease(harness, job_id)
+
+    harness.host.activities.after_build = long_build
+    result = await harness.run(job)
+
+    assert result.outcome == AttemptOutcome.COMPLETED
+    assert result.cutoff_answers == [AuthorizationResult.AUTHORIZED]  # never lapsed: the keeper renewed
+    await assert_delivered_once(harness, job)
+
+
+async def test_a_renewal_that_throws_does_not_stop_a_healthy_build(harness: Harness) -> None:
+    harness.host.set_timings(LEASE, RENEW)
+    job = await harness.queue_export(contacts=10)
+    calls = 0
+
+    async def flaky_renewal() -> None:
+        nonlocal calls
+        calls += 1
+        if calls in (2, 3):
+            raise TransientStoreError("injected at the before_renewal seam")
+
+    async def long_build(job_id: uuid.UUID) -> None:
+        await outlast_the_initial_lease(harness, job_id)
+
+    harness.host.activities.before_renewal = flaky_renewal
+    harness.host.activities.after_build = long_build
+    result = await harness.run(job)
+
+    assert calls > 3
+    assert result.outcome == AttemptOutcome.COMPLETED
+    assert result.cutoff_answers == [AuthorizationResult.AUTHORIZED]
+    await assert_delivered_once(harness, job)
+
+
+async def test_a_long_upload_that_outlasts_the_initial_lease_finishes_completed(harness: Harness) -> None:
+    harness.host.set_timings(LEASE, RENEW)
+    job = await harness.queue_export(contacts=3000)
+    waited: list[bool] = []
+
+    async def long_upload(job_id: uuid.UUID, sent: int) -> None:
+        if not waited:
+            waited.append(True)
+            await outlast_the_initial_lease(harness, job_id)
+
+    harness.host.activities.during_upload = long_upload
+    result = await harness.run(job)
+
+    assert waited and result.outcome == AttemptOutcome.COMPLETED
+    await assert_delivered_once(harness, job)
+
+
+async def test_a_takeover_during_the_upload_keeps_the_late_receipt_as_evidence(harness: Harness) -> None:
+    harness.host.set_timings(LEASE, RENEW)
+    harness.host.activities.lease_timer_disabled = True  # the worker is paused: its lease can expire
+    job = await harness.queue_export(contacts=3000)
+    takeovers: list[str] = []
+
+    async def taken_over_mid_upload(job_id: uuid.UUID, sent: int) -> None:
+        if not takeovers:
+            await harness.factory.expire_lease(job.id)
+            takeovers.append(await recover(harness, job))
+
+    harness.host.activities.during_upload = taken_over_mid_upload
+    result = await harness.run(job)
+
+    assert takeovers == ["OutcomeUnknown"]  # nothing under the final name yet: no evidence of delivery
+    assert result.outcome == AttemptOutcome.NOT_OWNER  # its terminal write matched nothing
+    assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN  # the late receipt changed nothing
+    assert len(harness.uploads(job)) == 1  # the upload was not interrupted
+    events = await harness.factory.worker.job_events(job.id)
+    resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
+    late = [e for e in events[resolved + 1 :] if e.kind == EventKind.DELIVERY_EVIDENCE]
+    assert late and all(e.observed_by == harness.host.name for e in late)
+    assert any(
+        '"observation": "outcome"' in (e.detail or "") and "Completed" in (e.detail or "") for e in late
+    )
+    assert "Finished" not in [e.kind for e in events]
+    assert harness.files_on_disk() == []
+
+
+async def test_a_paused_worker_is_refused_at_cutoff_2_then_renews_and_delivers(harness: Harness) -> None:
+    harness.host.set_timings(LEASE, RENEW)
+    harness.host.activities.lease_timer_disabled = True
+
+    job = await harness.queue_export(contacts=5)
+
+    async def pause_past_the_lease(job_id: uuid.UUID) -> None:
+        await harness.factory.expire_lease(job.id)  # presumed dead; no takeover has committed
+
+    harness.host.activities.before_authorize = pause_past_the_lease
+    result = await harness.run(job)
+
+    assert result.cutoff_answers == [AuthorizationResult.LEASE_LAPSED, AuthorizationResult.AUTHORIZED]
+    assert result.outcome == AttemptOutcome.COMPLETED
+    await assert_delivered_once(harness, job)
+
+
+async def test_a_paused_worker_stops_when_a_takeover_committed(harness: Harness) -> None:
+    harness.host.set_timings(LEASE, RENEW)
+    harness.host.activities.lease_timer_disabled = True
+    job = await harness.queue_export(contacts=5)
+    takeovers: list[str] = []
+
+    async def pause_until_taken_over(job_id: uuid.UUID) -> None:
+        await harness.factory.expire_lease(job.id)
+        takeovers.append(await recover(harness, job))
+
+    harness.host.activities.before_authorize = pause_until_taken_over
+    result = await harness.run(job)
+
+    assert takeovers == ["Requeued"]
+    assert result.cutoff_answers == [AuthorizationResult.NOT_OWNER]
+    assert result.outcome == AttemptOutcome.NOT_OWNER
+    assert (
+        await harness.status(job) == JobStatus.QUEUED
+    )  # recovery's requeue stands; the attempt wrote nothing
+    assert await harness.factory.event_kinds(job.id) == ["Claimed", "RequeuedByRecovery"]
+    assert harness.partner_files(job) == [] and harness.files_on_disk() == []
+
+
+async def test_a_crash_after_cutoff_2_before_the_upload_is_never_uploaded_twice(harness: Harness) -> None:
+    job = await harness.queue_export(contacts=5)
+
+    async def crash(job_id: uuid.UUID) -> None:
+        raise RuntimeError("simulated crash")
+
+    harness.host.activities.before_upload = crash
+    result = await harness.run(job)
+    harness.host.activities.before_upload = None
+
+    assert result.outcome == AttemptOutcome.LEFT_TO_RECOVERY
+    assert await harness.status(job) == JobStatus.DELIVERING
+    assert harness.partner_files(job) == [] and harness.files_on_disk() == []
+
+    await harness.factory.expire_lease(job.id)
+    assert await recover(harness, job) == "OutcomeUnknown"  # no evidence: never Completed, never Failed
+    again = await harness.run(job)  # a redelivered wake-up
+    assert again.outcome == AttemptOutcome.SETTLED
+    assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN
+    assert harness.partner_files(job) == []
+
+
+async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_cap(harness: Harness) -> None:
+    job = await harness.queue_export(contacts=5)
+
+    async def crash(job_id: uuid.UUID) -> None:
+        raise RuntimeError("simulated crash")
+
+    harness.host.activities.after_build = crash
+    outcomes, takeovers = [], []
+    for _ in range(3):
+        outcomes.append((await harness.run(job)).outcome)
+        await harness.factory.expire_lease(job.id)
+        takeovers.append(await recover(harness, job, max_attempts=3))
+
+    assert outcomes == [AttemptOutcome.LEFT_TO_RECOVERY] * 3
+    assert takeovers == ["Requeued", "Requeued", "Exhausted"]
+    row = await harness.factory.job(job.id)
+    assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.ATTEMPTS_EXHAUSTED
+    assert row.attempt_count == 3
+    assert harness.partner_files(job) == [] and harness.files_on_disk() == []
