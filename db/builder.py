@@ -197,6 +197,7 @@ async def _wait_for_thread(copying: asyncio.Future) -> None:
 def _stream_copy(pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, counters: _Counters):
     """Run in a thread: send the COPY, write its rows to ``path`` in blocks, hash them; (rows, size, sha256)."""
     pgconn.send_query(COPY_CONTACTS.encode())
+    _flush_query(pgconn, stop)
     _wait_until_ready(pgconn, stop)
     result = pgconn.get_result()
     if result is None or result.status != pq.ExecStatus.COPY_OUT:
@@ -227,6 +228,7 @@ def _stream_copy(pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, count
                 continue
             break  # -1: the copy is complete; -2: an error, reported by the final result
         size += _flush(out, digest, buffer)
+    _wait_until_ready(pgconn, stop)
     final = pgconn.get_result()
     if final is None or final.status != pq.ExecStatus.COMMAND_OK:
         raise BuildError("CopyFailed", _result_code(pgconn, final))
@@ -256,7 +258,16 @@ def _wait_readable(pgconn: pq.abc.PGconn, stop: threading.Event) -> None:
     pgconn.consume_input()
 
 
+def _flush_query(pgconn: pq.abc.PGconn, stop: threading.Event) -> None:
+    """The pool's connections are non-blocking: push the whole query out before waiting for answers."""
+    while pgconn.flush() != 0:
+        if stop.is_set():
+            raise _Stopped
+        select.select([], [pgconn.socket], [], _POLL_SECONDS)
+
+
 def _wait_until_ready(pgconn: pq.abc.PGconn, stop: threading.Event) -> None:
+    """Wait, a poll interval at a time, until a whole result can be read without blocking."""
     while True:
         pgconn.consume_input()
         if not pgconn.is_busy():
