@@ -129,11 +129,23 @@ async def make_host(
     lease_seconds: float = 60.0,
     renew_every_seconds: float = 20.0,
     own_client: bool = True,
+    worker_url: str | None = None,
+    reread_timeout: float = 5.0,
 ) -> Host:
-    """A started host whose pools act as ``exports_worker`` (and ``exports_api`` for a Temporal cancel)."""
-    worker_pool = await open_pool(database.app_url, "exports_worker", max_size=8, name=f"{name}-worker")
+    """A started host whose pools act as ``exports_worker`` (and ``exports_api`` for a Temporal cancel).
+
+    ``worker_url`` points the worker pool elsewhere (through a TCP proxy); that pool then opens one
+    connection at start, so a fault on it leaves no spare connection for the re-read.
+    """
+    worker_pool = await open_pool(
+        worker_url or database.app_url,
+        "exports_worker",
+        min_size=1,
+        max_size=4 if worker_url else 8,
+        name=f"{name}-worker",
+    )
     api_pool = await open_pool(database.app_url, "exports_api", max_size=2, name=f"{name}-api")
-    store = JobStore(worker_pool, lease_seconds=lease_seconds)
+    store = JobStore(worker_pool, lease_seconds=lease_seconds, reread_timeout=reread_timeout)
     work_dir = work_root / name
     settings = Settings(
         database_url=database.app_url,
@@ -232,6 +244,7 @@ class Harness:
         job: ExportJob | uuid.UUID,
         message_id: uuid.UUID | None = None,
         client: Client | None = None,
+        task_queue: str | None = None,
         **inp: Any,
     ) -> WorkflowHandle[Any, ExportResult]:
         """Start the wake-up's workflow as the dispatcher does: its ID, the shared queue, a summary."""
@@ -241,7 +254,7 @@ class Harness:
             ExportWorkflow.run,
             ExportInput(job_id=job_id, message_id=message_id, **inp),
             id=export_workflow_id(job_id, message_id),
-            task_queue=self.shared_queue,
+            task_queue=task_queue or self.shared_queue,
             static_summary=export_summary(job_id),
         )
         STARTED.append(handle)
