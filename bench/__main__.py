@@ -1,7 +1,8 @@
 """``make bench`` / ``python -m bench [NAME ...]``: side-by-side comparisons, each printing its ratio.
 
 Names: ``builder`` (the builder against ``psql \\copy``), ``upload`` (``deliver()`` against OpenSSH
-``sftp``). Without a name, all of them run, one after the other.
+``sftp``), ``claims`` (claims against cancellations on one set of jobs; its options:
+``python -m bench.claims -h``). Without a name, all of them run, one after the other.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, upload
+from bench import builder, claims, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
     "upload": lambda: upload.main(megabytes=200, runs=3),
+    "claims": claims.run_with_defaults,
 }
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ decided exactly once per job: every job ends Running or Canceled, never both; cl
 jobs; every recorded cancellation request's outcome matches what it found and what its caller was told;
 and every request that found Running was recorded after that job's claim. One row per configuration.
 
-    python -m bench claims [--jobs 1000] [--connections 1,2,4]
+    python -m bench claims                      (the defaults)
+    python -m bench.claims [--jobs 1000] [--connections 1,2,4]
 """
 
 from __future__ import annotations
@@ -313,6 +314,12 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--connections", default="1,2,4", help="claim (and cancel) connections per run")
     options = parser.parse_args(argv)
     return asyncio.run(main(options.jobs, [int(n) for n in options.connections.split(",")]))
+
+
+def run_with_defaults() -> None:
+    """``python -m bench claims``: the default configurations; exits non-zero if a race did not verify."""
+    if cli([]) != 0:
+        raise SystemExit("bench claims: a race was not decided exactly once per job")
 
 
 if __name__ == "__main__":
