@@ -52,12 +52,13 @@ from db.pool import open_pool
 from db.store import JobStore
 from settings import Settings
 from workflows.export import ExportWorkflow
+from workflows.models import SEARCH_ATTRIBUTE_NAMES
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
 log = logging.getLogger("worker")
 
-SEARCH_ATTRIBUTES = ("ExportJobId", "ExportTenantId", "ExportOutcome")
+SEARCH_ATTRIBUTES = SEARCH_ATTRIBUTE_NAMES  # keywords: ExportJobId, ExportTenantId, ExportOutcome
 RECOVERY_SCHEDULE_ID = "fenced-exports-recovery"
 SWEEPER_SCHEDULE_ID = "fenced-exports-sweeper"
 
