@@ -97,6 +97,7 @@ class Host:
     def reset_seams(self) -> None:
         self.set_timings(*self.timings)
         a = self.activities
+        a.settings.work_dir = self.work_dir
         a.after_load = a.after_build = a.before_authorize = a.before_upload = None
         a.during_upload = None
         a.before_renewal = None

@@ -20,7 +20,7 @@ from db.models import AuthorizationResult, JobStatus
 from db.queries import q
 from tests.support import pg
 from tests.support.tcp_proxy import TcpProxy
-from tests.workflows.harness import Harness, Host, make_host, recover
+from tests.workflows.harness import Harness, Host, make_host, recover, wait_until
 from workflows.models import AttemptOutcome
 
 CLAIM = b"'Claimed'"  # only claim_if_queued's text carries this fragment
@@ -94,6 +94,11 @@ def takeover_before_the_re_read(
     return run
 
 
+async def claim_retrying(handle) -> bool:
+    described = await handle.describe()
+    return any(p.attempt >= 2 for p in described.raw_description.pending_activities)
+
+
 async def claim_attempts(handle) -> list[int]:
     """The attempt numbers of the claim activity's starts in the workflow's history."""
     attempts = []
@@ -129,6 +134,8 @@ async def test_a_claim_whose_reply_and_re_read_are_lost_is_retried_and_a_redeliv
     handle = await harness.start(job, task_queue=proxied_host.shared_queue)
     await harness.wait_for_row(job, lambda r: r["status"] == "Running")  # the claim committed
     assert proxy.fired.wait(10)
+    # The first attempt could not tell (ClaimUnknown); Temporal is retrying it.
+    await wait_until(lambda: claim_retrying(handle), "the claim activity is on its second attempt")
     # The attempt cannot tell; a redelivered wake-up (another workflow) finds the job Running and settles.
     redelivered = await harness.run(job)
     assert redelivered.outcome == AttemptOutcome.SETTLED

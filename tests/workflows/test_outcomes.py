@@ -1,0 +1,119 @@
+"""Every way an attempt ends through ExportWorkflow, each recorded by one conditional write with its code:
+a build that fails, a replacement whose original was corrected to Completed before cutoff 2, an occupied
+final name, an unreachable partner, and a replacement that delivers."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+from db.models import AuthorizationResult, FailureCode, JobStatus
+from tests.workflows.harness import Harness
+from workflows.models import AttemptOutcome
+
+
+async def test_a_build_that_fails_ends_failed_with_build_failed_and_sends_nothing(harness: Harness) -> None:
+    job = await harness.queue_export(contacts=5)
+    not_a_directory = harness.host.work_dir.parent / f"blocker-{uuid.uuid4().hex[:6]}"
+    not_a_directory.write_text("a file where the work directory should be")
+    harness.host.activities.settings.work_dir = not_a_directory / "work"
+
+    result = await harness.run(job)
+
+    assert result.outcome == AttemptOutcome.FAILED and result.failure_code == FailureCode.BUILD_FAILED
+    row = await harness.factory.job(job.id)
+    assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.BUILD_FAILED
+    events = await harness.factory.worker.job_events(job.id)
+    assert [e.kind for e in events] == ["Claimed", "Failed"]
+    assert events[-1].detail is not None and events[-1].detail.startswith("BuildFailed: WorkDirUnusable")
+    assert harness.partner_files(job) == []
+
+
+async def test_a_replacement_whose_original_was_corrected_to_completed_is_refused_at_cutoff_2(
+    harness: Harness,
+) -> None:
+    original = await harness.queue_export(contacts=5)
+    original, original_attempt = await harness.factory.in_status(JobStatus.OUTCOME_UNKNOWN, job=original)
+    assert original_attempt is not None
+    created = await harness.factory.api.create_replacement(
+        tenant_id=original.tenant_id,
+        original_job_id=original.id,
+        created_by="rita.ops",
+        replacement_reason="partner lost the file",
+    )
+    assert created is not None
+    replacement = await harness.factory.job(created.job_id)
+
+    async def original_confirmed_delivered(job_id: uuid.UUID) -> None:
+        assert await harness.factory.api.reconcile_unknown(
+            tenant_id=original.tenant_id,
+            job_id=original.id,
+            attempt_id=original_attempt,
+            resolution=JobStatus.COMPLETED,
+            reconciled_by="rita.ops",
+            evidence_summary="partner confirmed receipt",
+        )
+
+    harness.host.activities.before_authorize = original_confirmed_delivered
+    result = await harness.run(replacement)
+
+    assert result.cutoff_answers == [AuthorizationResult.ORIGINAL_COMPLETED]
+    assert result.outcome == AttemptOutcome.FAILED
+    assert result.failure_code == FailureCode.ORIGINAL_DELIVERED
+    row = await harness.factory.job(replacement.id)
+    assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.ORIGINAL_DELIVERED
+    assert harness.partner_files(replacement) == [] and harness.files_on_disk() == []
+
+
+async def test_a_replacement_with_nothing_at_the_partner_delivers_under_the_original_name(
+    harness: Harness,
+) -> None:
+    original = await harness.queue_export(contacts=5)
+    original, _ = await harness.factory.in_status(JobStatus.OUTCOME_UNKNOWN, job=original)
+    created = await harness.factory.api.create_replacement(
+        tenant_id=original.tenant_id,
+        original_job_id=original.id,
+        created_by="rita.ops",
+        replacement_reason="the original never arrived",
+    )
+    assert created is not None
+    replacement = await harness.factory.job(created.job_id)
+
+    result = await harness.run(replacement)
+
+    assert result.outcome == AttemptOutcome.COMPLETED
+    assert await harness.status(replacement) == JobStatus.COMPLETED
+    assert await harness.status(original) == JobStatus.OUTCOME_UNKNOWN  # a replacement never rewrites it
+    assert [p.name for p in harness.uploads(replacement)] == [original.final_name]
+
+
+async def test_an_occupied_final_name_ends_failed_and_is_never_overwritten(harness: Harness) -> None:
+    job = await harness.queue_export(contacts=5)
+    occupied = harness.sftp.local_dir / job.final_name
+    occupied.write_bytes(b"someone else's file\n")
+
+    result = await harness.run(job)
+
+    assert result.outcome == AttemptOutcome.FAILED
+    assert result.failure_code == FailureCode.FINAL_NAME_OCCUPIED
+    row = await harness.factory.job(job.id)
+    assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.FINAL_NAME_OCCUPIED
+    assert occupied.read_bytes() == b"someone else's file\n"
+    kinds = await harness.factory.event_kinds(job.id)
+    assert kinds[:2] == ["Claimed", "DeliveryAuthorized"] and kinds[-1] == "Finished"
+    assert "DeliveryEvidence" in kinds  # the baseline listing that found it
+    assert harness.files_on_disk() == []
+
+
+async def test_an_unreachable_partner_ends_failed_not_delivered(harness: Harness) -> None:
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    job = await harness.queue_export(contacts=5, port=closed_port)
+
+    result = await harness.run(job)
+
+    assert result.outcome == AttemptOutcome.FAILED and result.failure_code == FailureCode.NOT_DELIVERED
+    row = await harness.factory.job(job.id)
+    assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.NOT_DELIVERED
+    assert harness.files_on_disk() == []
