@@ -22,14 +22,17 @@ from partner.evidence import DeliveryReport, FileToDeliver, Observation, Origina
 
 
 def completed(summary: str) -> DeliveryReport:
+    """A Completed report: the contract's evidence ties the final file to this attempt."""
     return DeliveryReport(outcome=DeliveryOutcome.COMPLETED, summary=summary)
 
 
 def failed(code: FailureCode, summary: str) -> DeliveryReport:
+    """A Failed report with its code: this attempt provably never wrote the final name."""
     return DeliveryReport(outcome=DeliveryOutcome.FAILED, failure_code=code, summary=summary)
 
 
 def unknown(summary: str) -> DeliveryReport:
+    """An OutcomeUnknown report: the evidence decides later, by recovery or reconciliation."""
     return DeliveryReport(outcome=DeliveryOutcome.OUTCOME_UNKNOWN, summary=summary)
 
 

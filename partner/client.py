@@ -99,6 +99,7 @@ class PartnerSession:
 
     @property
     def cipher(self) -> str:
+        """The negotiated cipher (for evidence: it shows the tuning took)."""
         return self.transport.remote_cipher
 
     def close(self) -> None:
