@@ -18,12 +18,13 @@ from tests.support.sftp import SftpTarget
 SIZE = 600_000  # a few write requests at either request size
 
 
-def contact_bytes(size: int = SIZE, seed: bytes | None = None) -> bytes:
+def contact_bytes(size: int = SIZE) -> bytes:
     """Bytes standing in for an export (random, so two builds never collide)."""
-    return os.urandom(size) if seed is None else (seed * (size // len(seed) + 1))[:size]
+    return os.urandom(size)
 
 
 def local_file(tmp_path: Path, data: bytes, final_name: str | None = None) -> FileToDeliver:
+    """Write ``data`` as a built export file and describe it as the delivery expects it."""
     final_name = final_name or f"contacts-{uuid.uuid4()}.csv"
     path = tmp_path / final_name
     path.write_bytes(data)
@@ -33,6 +34,7 @@ def local_file(tmp_path: Path, data: bytes, final_name: str | None = None) -> Fi
 
 
 def original_of(data: bytes, final_name: str, attempt_id: UUID | None = None) -> OriginalFile:
+    """What a replacement knows of its original's file, from the original's row."""
     return OriginalFile(
         name=final_name,
         size=len(data),
