@@ -205,3 +205,15 @@ async def test_an_unusable_work_dir_is_a_build_error(factory: Factory, worker_po
     with pytest.raises(BuildError) as caught:
         await build(worker_pool, await factory.tenant(), "l", not_a_dir)
     assert caught.value.code == "WorkDirUnusable"
+
+
+def test_a_failed_removal_is_reported_for_the_scavenger_not_claimed(tmp_path, caplog):
+    stuck = tmp_path / "build-x" / "contacts-k.csv"
+    stuck.mkdir(parents=True)  # unlink() cannot remove it, even as root
+
+    with caplog.at_level("WARNING", logger="fenced.builder"):
+        assert remove_export_file(stuck) is False
+
+    assert stuck.exists()
+    (record,) = caplog.records
+    assert record.export_file == str(stuck) and record.error.startswith("IsADirectoryError")
