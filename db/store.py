@@ -114,6 +114,10 @@ class JobStore:
         rows = await self._all(name, params)
         return rows[0] if rows else None
 
+    async def _matched(self, name: str, **params: Any) -> bool:
+        """Run a conditional write; True when it matched a row (and so wrote its event)."""
+        return bool(await self._all(name, params))
+
     async def _write_or_none(self, name: str, params: dict[str, Any]) -> bool | None:
         """Run a conditional write: True if it matched, False if it matched nothing, None if unanswered."""
         try:
@@ -240,10 +244,8 @@ class JobStore:
 
     async def reject_if_queued(self, job_id: UUID, checked_version: int, reason: str) -> bool:
         """Queued -> Rejected for the evaluated version only."""
-        return bool(
-            await self._all(
-                "reject_if_queued", {"job_id": job_id, "checked_version": checked_version, "reason": reason}
-            )
+        return await self._matched(
+            "reject_if_queued", job_id=job_id, checked_version=checked_version, reason=reason
         )
 
     # -- cutoff 1 -------------------------------------------------------------------------------------
@@ -402,11 +404,12 @@ class JobStore:
     ) -> bool:
         """Append one observation with its provenance; never touches the job's status."""
         detail = json.dumps(evidence, sort_keys=True, default=str)
-        return bool(
-            await self._all(
-                "append_delivery_evidence",
-                {"job_id": job_id, "attempt_id": attempt_id, "observed_by": observed_by, "detail": detail},
-            )
+        return await self._matched(
+            "append_delivery_evidence",
+            job_id=job_id,
+            attempt_id=attempt_id,
+            observed_by=observed_by,
+            detail=detail,
         )
 
     # -- recovery -----------------------------------------------------------------------------------
@@ -419,47 +422,35 @@ class JobStore:
         self, job_id: UUID, expired_attempt_id: UUID, max_attempts: int, recovery_run_id: str
     ) -> bool:
         """Running, expired, no stop request, under the cap -> Queued with a new outbox row."""
-        return bool(
-            await self._all(
-                "requeue_expired_attempt",
-                {
-                    "job_id": job_id,
-                    "expired_attempt_id": expired_attempt_id,
-                    "max_attempts": max_attempts,
-                    "recovery_run_id": recovery_run_id,
-                },
-            )
+        return await self._matched(
+            "requeue_expired_attempt",
+            job_id=job_id,
+            expired_attempt_id=expired_attempt_id,
+            max_attempts=max_attempts,
+            recovery_run_id=recovery_run_id,
         )
 
     async def stop_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str
     ) -> bool:
         """Running, expired, with a stop request -> Stopped."""
-        return bool(
-            await self._all(
-                "stop_expired_attempt",
-                {
-                    "job_id": job_id,
-                    "expired_attempt_id": expired_attempt_id,
-                    "recovery_run_id": recovery_run_id,
-                },
-            )
+        return await self._matched(
+            "stop_expired_attempt",
+            job_id=job_id,
+            expired_attempt_id=expired_attempt_id,
+            recovery_run_id=recovery_run_id,
         )
 
     async def exhaust_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, max_attempts: int, recovery_run_id: str
     ) -> bool:
         """Running, expired, at the cap -> Failed(AttemptsExhausted)."""
-        return bool(
-            await self._all(
-                "exhaust_expired_attempt",
-                {
-                    "job_id": job_id,
-                    "expired_attempt_id": expired_attempt_id,
-                    "max_attempts": max_attempts,
-                    "recovery_run_id": recovery_run_id,
-                },
-            )
+        return await self._matched(
+            "exhaust_expired_attempt",
+            job_id=job_id,
+            expired_attempt_id=expired_attempt_id,
+            max_attempts=max_attempts,
+            recovery_run_id=recovery_run_id,
         )
 
     async def resolve_expired_delivery(
@@ -473,17 +464,13 @@ class JobStore:
         """Delivering, expired -> Completed (on evidence only) or OutcomeUnknown."""
         if resolution not in (JobStatus.COMPLETED, JobStatus.OUTCOME_UNKNOWN):
             raise ValueError("recovery resolves a delivery to Completed or OutcomeUnknown only")
-        return bool(
-            await self._all(
-                "resolve_expired_delivery",
-                {
-                    "job_id": job_id,
-                    "expired_attempt_id": expired_attempt_id,
-                    "resolution": resolution.value,
-                    "recovery_run_id": recovery_run_id,
-                    "evidence_summary": evidence_summary,
-                },
-            )
+        return await self._matched(
+            "resolve_expired_delivery",
+            job_id=job_id,
+            expired_attempt_id=expired_attempt_id,
+            resolution=resolution.value,
+            recovery_run_id=recovery_run_id,
+            evidence_summary=evidence_summary,
         )
 
     # -- reconciliation and correction --------------------------------------------------------------
@@ -501,18 +488,14 @@ class JobStore:
         """OutcomeUnknown -> Completed or Failed(NotDelivered), once per attempt."""
         if resolution not in (JobStatus.COMPLETED, JobStatus.FAILED):
             raise ValueError("reconciliation resolves to Completed or Failed")
-        return bool(
-            await self._all(
-                "reconcile_unknown",
-                {
-                    "tenant_id": tenant_id,
-                    "job_id": job_id,
-                    "attempt_id": attempt_id,
-                    "resolution": resolution.value,
-                    "reconciled_by": reconciled_by,
-                    "evidence_summary": evidence_summary,
-                },
-            )
+        return await self._matched(
+            "reconcile_unknown",
+            tenant_id=tenant_id,
+            job_id=job_id,
+            attempt_id=attempt_id,
+            resolution=resolution.value,
+            reconciled_by=reconciled_by,
+            evidence_summary=evidence_summary,
         )
 
     async def correct_outcome(
@@ -529,21 +512,17 @@ class JobStore:
         why: str,
     ) -> bool:
         """A recorded Completed/Failed corrected once, with who and why (reconciler role only)."""
-        return bool(
-            await self._all(
-                "correct_outcome",
-                {
-                    "tenant_id": tenant_id,
-                    "job_id": job_id,
-                    "attempt_id": attempt_id,
-                    "recorded_status": recorded_status.value,
-                    "corrected_status": corrected_status.value,
-                    "failure_reason": failure_reason.value if failure_reason else None,
-                    "corrected_by": corrected_by,
-                    "evidence_ref": evidence_ref,
-                    "why": why,
-                },
-            )
+        return await self._matched(
+            "correct_outcome",
+            tenant_id=tenant_id,
+            job_id=job_id,
+            attempt_id=attempt_id,
+            recorded_status=recorded_status.value,
+            corrected_status=corrected_status.value,
+            failure_reason=failure_reason.value if failure_reason else None,
+            corrected_by=corrected_by,
+            evidence_ref=evidence_ref,
+            why=why,
         )
 
     # -- sweeper and outbox -------------------------------------------------------------------------
