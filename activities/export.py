@@ -16,8 +16,10 @@ hashes and codes only.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -148,7 +150,8 @@ class ExportActivities:
     claim and renewal sets; ``worker_pool`` (same role) feeds the builder and the destination read.
     ``own_task_queue`` is this host's queue, returned by the claim. ``cancellation_store`` is a ``JobStore``
     over an ``exports_api`` pool for recording a cancellation from Temporal; without one, it is opened from
-    ``settings.database_url`` on first use (``aclose`` closes it). ``search_attributes`` says whether the
+    ``settings.database_url`` on first use (``aclose`` closes it). Uploads run on this object's own
+    ``max_concurrent_deliveries`` threads; more wait their turn. ``search_attributes`` says whether the
     server has the export search attributes registered; ``None`` asks the server (ListSearchAttributes,
     which the time-skipping test server does not implement, so it then counts as not registered).
 
@@ -165,6 +168,7 @@ class ExportActivities:
         *,
         cancellation_store: JobStore | None = None,
         search_attributes: bool | None = None,
+        max_concurrent_deliveries: int = 8,
     ) -> None:
         self.store = store
         self.worker_pool = worker_pool
@@ -176,6 +180,9 @@ class ExportActivities:
         self._cancellation_lock = asyncio.Lock()
         self._search_attributes = search_attributes
         self._attempts: dict[UUID, _AttemptControl] = {}
+        self._delivery_threads = ThreadPoolExecutor(
+            max_workers=max_concurrent_deliveries, thread_name_prefix="export-deliver"
+        )
         # Test seams.
         self.after_load: Hook | None = None  # in the claim, after the row is read, before policy and claim
         self.after_build: Hook | None = (
@@ -197,7 +204,8 @@ class ExportActivities:
         return [self.prepare_delivery, self.confirm_stop, self.deliver]
 
     async def aclose(self) -> None:
-        """Close the cancellation pool this object opened itself, if any."""
+        """Close the cancellation pool this object opened itself, if any, and the delivery threads."""
+        self._delivery_threads.shutdown(wait=False)
         if self._owned_cancellation_pool is not None:
             await self._owned_cancellation_pool.close()
             self._owned_cancellation_pool = None
@@ -536,15 +544,20 @@ class ExportActivities:
             sha256=bytes.fromhex(inp.file.sha256),
         )
         try:
-            report = await asyncio.to_thread(
-                deliver,
-                destination,
-                file,
-                inp.attempt_id,
-                original=original,
-                overwrite_agreed=job.overwrite_agreement_ref is not None,
-                on_evidence=recorder.observe_from_thread,
-                hooks=DeliveryHooks(during_upload=during_upload),
+            # On this object's own threads: a delivery blocks its thread on evidence appends, which need
+            # pool connections that builders hold while they wait for default-executor threads.
+            report = await loop.run_in_executor(
+                self._delivery_threads,
+                functools.partial(
+                    deliver,
+                    destination,
+                    file,
+                    inp.attempt_id,
+                    original=original,
+                    overwrite_agreed=job.overwrite_agreement_ref is not None,
+                    on_evidence=recorder.observe_from_thread,
+                    hooks=DeliveryHooks(during_upload=during_upload),
+                ),
             )
         except Exception as exc:  # noqa: BLE001 - the seed's classifier: unknown unless proven otherwise
             log.warning("job %s: delivery raised %s; outcome unknown", job.id, type(exc).__name__)
