@@ -4,6 +4,7 @@ Short leases (2 s, renewed every 0.3 s) and waits on the database clock, never o
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 
@@ -200,4 +201,68 @@ async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_cap(h
     row = await harness.factory.job(job.id)
     assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.ATTEMPTS_EXHAUSTED
     assert row.attempt_count == 3
+    assert harness.partner_files(job) == [] and harness.files_on_disk() == []
+
+
+async def test_a_takeover_during_the_build_stops_it_at_once_and_writes_nothing(harness: Harness) -> None:
+    harness.host.set_timings(LEASE, RENEW)
+    job = await harness.queue_export(contacts=10)
+    building, taken_over = asyncio.Event(), asyncio.Event()
+    build_cancelled: list[bool] = []
+    holding_renewals = False
+
+    async def renewals_wait_for_the_takeover() -> None:
+        if holding_renewals:
+            await taken_over.wait()
+
+    async def hold_build(job_id: uuid.UUID) -> None:
+        building.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            build_cancelled.append(True)
+            raise
+
+    harness.host.activities.before_renewal = renewals_wait_for_the_takeover
+    harness.host.activities.after_build = hold_build
+    handle = await harness.start(job)
+    await asyncio.wait_for(building.wait(), 20)
+    holding_renewals = True  # the keeper's next renewal waits until recovery has committed its takeover
+    await harness.factory.expire_lease(job.id)
+    assert await recover(harness, job) == "Requeued"
+    taken_over.set()
+    result = await handle.result()
+
+    assert build_cancelled == [True]
+    assert result.outcome == AttemptOutcome.NOT_OWNER
+    assert await harness.status(job) == JobStatus.QUEUED
+    assert await harness.factory.event_kinds(job.id) == ["Claimed", "RequeuedByRecovery"]
+    assert harness.files_on_disk() == [] and harness.partner_files(job) == []
+
+
+async def test_an_attempt_taken_over_between_cutoff_2_and_the_upload_never_starts_it(
+    harness: Harness,
+) -> None:
+    job = await harness.queue_export(contacts=5)
+    authorized = False
+    takeovers: list[str] = []
+
+    async def cutoff_2_is_next(job_id: uuid.UUID) -> None:
+        nonlocal authorized
+        authorized = True
+
+    async def taken_over_before_delivery(job_id: uuid.UUID | None = None) -> None:
+        # With a 20 s renewal interval, the first renewal after cutoff 2 is the deliver activity's own.
+        if authorized and not takeovers:
+            await harness.factory.expire_lease(job.id)
+            takeovers.append(await recover(harness, job))
+
+    harness.host.activities.before_authorize = cutoff_2_is_next
+    harness.host.activities.before_renewal = taken_over_before_delivery
+    result = await harness.run(job)
+
+    assert takeovers == ["OutcomeUnknown"]
+    assert result.cutoff_answers == [AuthorizationResult.AUTHORIZED]
+    assert result.outcome == AttemptOutcome.NOT_OWNER
+    assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []
