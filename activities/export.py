@@ -20,7 +20,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.lease import LeaseKeeper
+from db.builder import BuildError, BuiltFile, build_export, remove_export_file
 from db.errors import StoreError
 from db.models import (
     AuthorizationResult,
@@ -46,6 +47,8 @@ from db.models import (
     StopPoint,
 )
 from db.store import JobStore
+from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, deliver
+from partner.destination import load_destination
 from settings import Settings
 from workflows.models import (
     SEARCH_ATTRIBUTE_NAMES,
@@ -109,7 +112,6 @@ class _AttemptControl:
     rows: int = 0
     bytes: int = 0
     sent: int = 0
-    waiters: list[asyncio.Event] = field(default_factory=list)
 
     def stop(self, reason: StopReason) -> None:
         if self.reason is None:
@@ -136,7 +138,12 @@ def _heartbeat_interval() -> float:
     return max(0.05, min(1.0, timeout.total_seconds() / 4))
 
 
-async def _heartbeat_until_cancelled(details: Callable[[], dict[str, Any]]) -> None:
+async def keep_heartbeating(details: Callable[[], dict[str, Any]]) -> None:
+    """Heartbeat the current activity with ``details()`` (codes and counts only) until cancelled.
+
+    The SDK throttles what it sends to 0.8 x the heartbeat timeout; this only keeps the latest details
+    fresh, at a quarter of the timeout (at most every second).
+    """
     interval = _heartbeat_interval()
     while True:
         activity.heartbeat(details())
@@ -294,8 +301,6 @@ class ExportActivities:
         return await _run_to_end(work, lambda: control.stop(StopReason.CANCELLED))
 
     async def _prepare(self, inp: PrepareInput, control: _AttemptControl) -> PrepareResult:
-        from db.builder import BuildError, remove_export_file
-
         job = await self.store.get_job(inp.job_id)
         if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.RUNNING:
             return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
@@ -314,11 +319,9 @@ class ExportActivities:
         )
         self._attempts[inp.attempt_id] = control
         heartbeat = asyncio.create_task(
-            _heartbeat_until_cancelled(
-                lambda: {"stage": "building", "rows": control.rows, "bytes": control.bytes}
-            )
+            keep_heartbeating(lambda: {"stage": "building", "rows": control.rows, "bytes": control.bytes})
         )
-        built = None
+        built: BuiltFile | None = None
         authorized = False
         try:
             first = await keeper.start()
@@ -378,9 +381,7 @@ class ExportActivities:
             if built is not None and not authorized:
                 remove_export_file(built.path)
 
-    async def _build(self, job: ExportJob, attempt_id: UUID, control: _AttemptControl) -> Any:
-        from db.builder import build_export, remove_export_file
-
+    async def _build(self, job: ExportJob, attempt_id: UUID, control: _AttemptControl) -> BuiltFile:
         def progress(rows: int, size: int) -> None:
             control.rows, control.bytes = rows, size
 
@@ -419,7 +420,7 @@ class ExportActivities:
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
     async def _cutoff_2(
-        self, job: ExportJob, attempt_id: UUID, built: Any, keeper: LeaseKeeper
+        self, job: ExportJob, attempt_id: UUID, built: BuiltFile, keeper: LeaseKeeper
     ) -> list[AuthorizationResult]:
         if self.before_authorize is not None:
             await self.before_authorize(job.id)
@@ -485,10 +486,8 @@ class ExportActivities:
         )
 
     async def _deliver(self, inp: DeliverInput, control: _AttemptControl) -> DeliverResult:
-        from db.builder import remove_export_file
-
         heartbeat = asyncio.create_task(
-            _heartbeat_until_cancelled(lambda: {"stage": "delivering", "bytes_sent": control.sent})
+            keep_heartbeating(lambda: {"stage": "delivering", "bytes_sent": control.sent})
         )
         keeper: LeaseKeeper | None = None
         try:
@@ -524,9 +523,6 @@ class ExportActivities:
     async def _upload_and_finish(
         self, job: ExportJob, inp: DeliverInput, control: _AttemptControl
     ) -> DeliverResult:
-        from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, deliver
-        from partner.destination import load_destination
-
         loop = asyncio.get_running_loop()
         recorder = _EvidenceRecorder(self.store, job.id, inp.attempt_id, self.worker_id, loop)
         destination = await load_destination(self.worker_pool, job.tenant_id, job.destination_id)
@@ -581,9 +577,7 @@ class ExportActivities:
             evidence_lost=len(recorder.pending),
         )
 
-    async def _original_file(self, job: ExportJob) -> Any:
-        from partner.delivery import OriginalFile
-
+    async def _original_file(self, job: ExportJob) -> OriginalFile | None:
         if job.replaces_job_id is None:
             return None
         original = await self.store.get_job(job.replaces_job_id)

@@ -37,7 +37,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.worker import Worker
 
-from activities.export import ExportActivities, _heartbeat_until_cancelled
+from activities.export import ExportActivities, keep_heartbeating
 from db.builder import build_export, remove_export_file
 from db.models import CancellationOutcome, ExportJob, FinishResult, JobStatus
 from db.pool import open_pool
@@ -127,7 +127,7 @@ class UnfencedActivities:
             size=inp.file.size,
             sha256=bytes.fromhex(inp.file.sha256),
         )
-        heartbeat = asyncio.create_task(_heartbeat_until_cancelled(lambda: {"stage": "delivering"}))
+        heartbeat = asyncio.create_task(keep_heartbeating(lambda: {"stage": "delivering"}))
         try:
             report = await asyncio.get_running_loop().run_in_executor(
                 self.delivery_threads,
