@@ -237,8 +237,7 @@ class ExportWorkflow:
             try:
                 return await asyncio.shield(handle)
             except asyncio.CancelledError:
-                if handle.done():
-                    return handle.result()
+                # Recorded even when the activity has just ended: the row then says it was too late.
                 await self._record_temporal_cancel(inp)
 
     async def _record_temporal_cancel(self, inp: ExportInput) -> None:
