@@ -1,9 +1,10 @@
 """Fixtures for workflow tests: one time-skipping Temporal test server for the session (with the export
-search attributes registered), the module's fresh PostgreSQL database, a real SFTP server, and worker
-hosts on per-module task queues."""
+search attributes registered), the module's fresh PostgreSQL database, a real SFTP server (the session's
+servers from tests/support/sftp.py), and worker hosts on per-module task queues."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,7 @@ from partner.local_server import LocalSftpServer
 from tests.conftest import require
 from tests.support import pg
 from tests.support.factories import Factory
+from tests.support.sftp import local_sftp_server, sshd_server  # noqa: F401 - fixtures, by name
 from tests.support.temporal import start_time_skipping, venv_binary
 from tests.workflows.harness import Harness, Host, SftpTarget, make_host
 from workflows.models import SEARCH_ATTRIBUTE_NAMES
@@ -49,26 +51,23 @@ def work_root() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-async def sftp_target(work_root: Path) -> AsyncIterator[SftpTarget]:
-    """A real SFTP server (in-process asyncssh, loopback, its own host key) rooted in a fresh directory."""
-    root = work_root / f"sftp-{uuid.uuid4().hex[:8]}"
-    root.mkdir()
-    server = LocalSftpServer(root)
-    await server.start()
-    try:
-        remote_dir = "/upload"
-        (root / remote_dir.strip("/")).mkdir(exist_ok=True)
-        yield SftpTarget(
-            host="127.0.0.1",
-            port=server.port,
-            host_key=server.host_key_line,
-            client_key_path=str(server.client_key_path),
-            username="partner",
-            remote_dir=remote_dir,
-            local_dir=root / remote_dir.strip("/"),
-        )
-    finally:
-        await server.stop()
+def sftp_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
+    """A fresh directory on the session's in-process asyncssh server (loopback, its own host key)."""
+    server: LocalSftpServer = request.getfixturevalue("local_sftp_server")
+    name = uuid.uuid4().hex
+    local_dir = server.root / name
+    local_dir.mkdir()
+    yield SftpTarget(
+        host=server.host,
+        port=server.port,
+        host_key=server.host_key_line,
+        client_key_path=str(server.client_key_path),
+        username="partner",
+        remote_dir=f"/{name}",
+        local_dir=local_dir,
+        chrooted=True,
+    )
+    shutil.rmtree(local_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

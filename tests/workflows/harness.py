@@ -21,7 +21,6 @@ from db.models import ExportJob, JobStatus
 from db.pool import open_pool
 from db.store import JobStore
 from settings import Settings
-from tests.conftest import require
 from tests.support.factories import Factory
 from tests.support.pg import TestDatabase
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
@@ -46,7 +45,14 @@ class SftpTarget:
     username: str
     remote_dir: str
     local_dir: Path
-    available: bool = True
+    chrooted: bool = False  # the SFTP root is local_dir's parent, so a sibling is "/<name>"
+
+    def sibling(self, name: str) -> tuple[str, Path]:
+        """Another upload directory on the same server: (remote_dir, local_dir)."""
+        assert self.chrooted, "siblings are made on the chrooted in-process server"
+        local = self.local_dir.parent / name
+        local.mkdir(exist_ok=True)
+        return f"/{name}", local
 
 
 @dataclass
@@ -199,9 +205,6 @@ class Harness:
         self.sftp = sftp
         self.shared_queue = shared_queue
         self.hosts = hosts
-
-    def require_sftp(self) -> None:
-        require(self.sftp.available, "an SFTP server (partner.local_server)")
 
     @property
     def host(self) -> Host:

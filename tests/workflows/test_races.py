@@ -61,7 +61,6 @@ async def test_a_claim_that_commits_first_makes_the_cancel_a_stop_request(harnes
 
 
 async def test_a_cancel_that_rolls_back_lets_the_waiting_claim_run_the_job(harness: Harness) -> None:
-    harness.require_sftp()
     job = await harness.queue_export()
     held, release = asyncio.Event(), asyncio.Event()
 
@@ -131,7 +130,6 @@ async def test_stop_request_before_cutoff_2_sends_nothing_even_without_the_watch
 
 
 async def test_a_cancel_during_the_upload_is_too_late_and_the_job_still_completes(harness: Harness) -> None:
-    harness.require_sftp()
     job = await harness.queue_export(contacts=2000)
     answers = []
 

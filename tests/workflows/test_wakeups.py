@@ -91,7 +91,6 @@ async def test_a_denied_policy_rejects_the_checked_version_only(harness: Harness
 async def test_duplicate_wake_ups_racing_claim_once_and_upload_once(
     harness: Harness, second_host: Host
 ) -> None:
-    harness.require_sftp()
     harness.hosts.append(second_host)
     try:
         job = await harness.queue_export(contacts=20)
@@ -123,10 +122,9 @@ async def test_duplicate_wake_ups_racing_claim_once_and_upload_once(
 async def test_a_changed_request_fails_the_old_claim_and_its_wake_up_runs_the_new_terms(
     harness: Harness,
 ) -> None:
-    harness.require_sftp()
     job = await harness.queue_export(contacts=4)
-    (harness.sftp.local_dir.parent / "upload-new").mkdir(exist_ok=True)
-    new_destination = await harness.destination(job.tenant_id, name="partner-new", remote_dir="/upload-new")
+    new_remote_dir, new_local_dir = harness.sftp.sibling(f"new-{uuid.uuid4().hex}")
+    new_destination = await harness.destination(job.tenant_id, name="partner-new", remote_dir=new_remote_dir)
     edits = []
 
     async def edit_after_load(job_id: uuid.UUID) -> None:
@@ -153,4 +151,4 @@ async def test_a_changed_request_fails_the_old_claim_and_its_wake_up_runs_the_ne
     new = await harness.run(job)  # the edit's wake-up
     assert new.outcome == AttemptOutcome.COMPLETED
     assert harness.uploads(job) == []  # nothing at the old destination
-    assert (harness.sftp.local_dir.parent / "upload-new" / job.final_name).is_file()
+    assert (new_local_dir / job.final_name).is_file()
