@@ -5,13 +5,16 @@ machine would; seams on ``host.activities`` are the named points tests hook into
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import text_format
 from psycopg_pool import AsyncConnectionPool
+from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -27,6 +30,12 @@ from workflows.export import ExportWorkflow, export_summary, export_workflow_id
 from workflows.models import ExportInput, ExportResult
 
 CONTACT_DOMAIN = "contacts.example"  # every test contact's address; its presence in a history is a leak
+# Every test contact is c<12 hex>@contacts.example, First<12 hex>, Last<12 hex> (see add_contacts).
+LEAK = re.compile(
+    rb"(?:First|Last)[0-9a-f]{12}|c[0-9a-f]{12}@|"
+    + re.escape(CONTACT_DOMAIN.encode())
+    + rb"|email,first_name"
+)
 
 # Every workflow the harnesses started in this session, for the history check at the end.
 STARTED: list[WorkflowHandle[Any, Any]] = []
@@ -136,6 +145,7 @@ async def make_host(
     lease_seconds: float = 60.0,
     renew_every_seconds: float = 20.0,
     own_client: bool = True,
+    search_attributes: bool | None = True,
     worker_url: str | None = None,
     reread_timeout: float = 5.0,
 ) -> Host:
@@ -170,7 +180,7 @@ async def make_host(
         name,
         own_queue,
         cancellation_store=JobStore(api_pool, lease_seconds=lease_seconds),
-        search_attributes=True,  # registered by the session's conftest
+        search_attributes=search_attributes,  # True: registered by the session's conftest
     )
     client = await connect_client(env_client) if own_client else env_client
     host = Host(
@@ -199,7 +209,9 @@ class Harness:
         sftp: SftpTarget,
         shared_queue: str,
         hosts: list[Host],
+        track_histories: bool = True,
     ) -> None:
+        self.track_histories = track_histories  # for the session-end search of every history
         self.client = client
         self.factory = factory
         self.sftp = sftp
@@ -261,7 +273,8 @@ class Harness:
             task_queue=task_queue or self.shared_queue,
             static_summary=export_summary(job_id),
         )
-        STARTED.append(handle)
+        if self.track_histories:
+            STARTED.append(handle)
         return handle
 
     async def run(self, job: ExportJob | uuid.UUID, **kw: Any) -> ExportResult:
@@ -358,3 +371,9 @@ async def recover(harness: Harness, job: ExportJob, *, max_attempts: int = 3) ->
     assert len(candidates) == 1, f"job {job.id} has no expired lease to take over"
     recovery = RecoveryActivities(store, harness.host.store.pool, Settings(max_attempts=max_attempts))
     return (await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")).value
+
+
+async def history_text(handle: WorkflowHandle[Any, Any]) -> bytes:
+    """Every field of a workflow's history as text; payload bytes appear as they are stored."""
+    history = await handle.fetch_history()
+    return text_format.MessageToString(History(events=history.events), as_utf8=True).encode()

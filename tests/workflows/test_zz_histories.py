@@ -6,29 +6,12 @@ payloads included, for contact addresses, names and CSV content."""
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 
-from google.protobuf import text_format
-from temporalio.api.history.v1 import History
-
 from db.models import CancellationOutcome
-from tests.workflows.harness import CONTACT_DOMAIN, CONTACT_VALUES, STARTED, Harness
+from tests.workflows.harness import CONTACT_VALUES, LEAK, STARTED, Harness, history_text
 from workflows.export import ExportWorkflow
 from workflows.models import AttemptOutcome
-
-# Every test contact is c<12 hex>@contacts.example, First<12 hex>, Last<12 hex> (tests/workflows/harness.py).
-LEAK = re.compile(
-    rb"(?:First|Last)[0-9a-f]{12}|c[0-9a-f]{12}@|"
-    + re.escape(CONTACT_DOMAIN.encode())
-    + rb"|email,first_name"
-)
-
-
-async def history_text(handle) -> bytes:
-    """Every field of the workflow's history as text; payload bytes appear as they are stored."""
-    history = await handle.fetch_history()
-    return text_format.MessageToString(History(events=history.events), as_utf8=True).encode()
 
 
 async def test_no_contact_data_appears_in_any_workflow_history_of_the_run(harness: Harness) -> None:
