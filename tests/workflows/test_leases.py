@@ -5,12 +5,18 @@ Short leases (2 s, renewed every 0.3 s) and waits on the database clock, never o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from datetime import timedelta
+from pathlib import Path
+
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
 
 from db.errors import TransientStoreError
 from db.models import AuthorizationResult, EventKind, ExportJob, FailureCode, JobStatus
-from tests.workflows.harness import Harness, recover
+from tests.support import pg
+from tests.workflows.harness import Harness, make_host, recover
 from workflows.models import AttemptOutcome
 
 LEASE, RENEW = 2.0, 0.3
@@ -266,3 +272,54 @@ async def test_an_attempt_taken_over_between_cutoff_2_and_the_upload_never_start
     assert result.outcome == AttemptOutcome.NOT_OWNER
     assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []
+
+
+async def test_a_host_stopping_mid_build_writes_nothing_and_recovery_hands_the_job_on(
+    harness: Harness, temporal_env: WorkflowEnvironment, database: pg.TestDatabase, work_root: Path
+) -> None:
+    doomed = await make_host(
+        f"doomed-{uuid.uuid4().hex[:6]}",
+        env_client=temporal_env.client,
+        database=database,
+        shared_queue=f"{harness.shared_queue}-doomed-{uuid.uuid4().hex[:4]}",
+        work_root=work_root,
+    )
+    building = asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def hold(job_id: uuid.UUID) -> None:
+        building.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    doomed.activities.after_build = hold
+    job = await harness.queue_export(contacts=10)
+    handle = await harness.start(job, client=doomed.client, task_queue=doomed.shared_queue)
+    try:
+        await asyncio.wait_for(building.wait(), 20)
+        await doomed.stop()  # the host goes away mid-build: its worker cancels the running activity
+
+        assert cancelled == [True]
+        assert await harness.status(job) == JobStatus.RUNNING  # no stop request: nothing to write
+        assert await harness.factory.event_kinds(job.id) == ["Claimed"]
+        assert doomed.files_on_disk() == []  # the partial work was removed
+
+        await harness.factory.expire_lease(job.id)
+        assert await recover(harness, job) == "Requeued"
+        result = await harness.run(job)  # the requeue's wake-up, on a live host
+    finally:
+        with contextlib.suppress(RPCError):  # its workflow has no worker left on its queue
+            await handle.terminate()
+        await doomed.close()
+
+    assert result.outcome == AttemptOutcome.COMPLETED
+    row = await harness.factory.job(job.id)
+    assert row.status == JobStatus.COMPLETED and row.attempt_count == 2
+    kinds = await harness.factory.event_kinds(job.id)
+    assert (
+        kinds[:3] == ["Claimed", "RequeuedByRecovery", "Claimed"] and kinds.count("DeliveryAuthorized") == 1
+    )
+    assert len(harness.uploads(job)) == 1
