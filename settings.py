@@ -23,7 +23,6 @@ class Settings(BaseSettings):
     worker_id: str | None = None
     lease_seconds: float = 60.0
     renew_every_seconds: float = 20.0
-    stop_poll_seconds: float = 3.0
     max_attempts: int = 3
     sweep_after_seconds: float = 30 * 60
     sweep_batch: int = 500

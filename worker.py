@@ -201,7 +201,7 @@ async def run_worker(
     worker_id = new_worker_id(settings)
     own_queue = own_task_queue(settings, worker_id)
     client = client or await connect_client(settings)
-    await register_search_attributes(client, client.namespace)
+    search_attributes = await register_search_attributes(client, client.namespace)
     if schedules:
         await _ensure_schedules_tolerant(client, settings)
 
@@ -215,8 +215,23 @@ async def run_worker(
         )
         resources.push_async_callback(dispatcher_pool.close)
 
+        # A cancel of a workflow from Temporal is recorded through the API's cancellation transaction,
+        # which the worker role may not write: it gets its own small exports_api pool.
+        api_pool = await open_pool(
+            settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}"
+        )
+        resources.push_async_callback(api_pool.close)
+
         store = JobStore(worker_pool, lease_seconds=settings.lease_seconds)
-        export = ExportActivities(store, worker_pool, settings, worker_id, own_queue)
+        export = ExportActivities(
+            store,
+            worker_pool,
+            settings,
+            worker_id,
+            own_queue,
+            cancellation_store=JobStore(api_pool),
+            search_attributes=search_attributes,
+        )
         resources.push_async_callback(export.aclose)
         if export_hooks is not None:
             export_hooks(export)
