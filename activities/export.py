@@ -434,6 +434,7 @@ class ExportActivities:
                 final_name=built.final_name,
                 length=built.size,
                 sha256=built.sha256,
+                rows=built.rows,
             )
 
         answers = [await authorize()]

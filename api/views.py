@@ -69,7 +69,13 @@ def _delivery_so_far(job: ExportJob, events: list[AttemptEvent], destination_nam
     at = clock(ended.recorded_at if ended else None)
     match job.status:
         case JobStatus.COMPLETED:
-            size = f"{job.expected_file_bytes:,} bytes" if job.expected_file_bytes is not None else "the file"
+            size = (
+                f"{job.expected_file_rows:,} contacts"
+                if job.expected_file_rows is not None
+                else f"{job.expected_file_bytes:,} bytes"
+                if job.expected_file_bytes is not None
+                else "the file"
+            )
             return f"Delivery completed at {at}: {size} ({job.expected_file_name}) to {destination_name}."
         case JobStatus.OUTCOME_UNKNOWN:
             return (

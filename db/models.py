@@ -126,6 +126,7 @@ class ExportJob(Row):
     expected_file_name: str | None
     expected_file_bytes: int | None
     expected_file_sha256: bytes | None
+    expected_file_rows: int | None
     delivery_authorized_at: datetime | None
     woken_at: datetime
     failure_reason: FailureCode | None

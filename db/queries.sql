@@ -97,6 +97,7 @@ authorized AS (
     UPDATE export_jobs
     SET status = 'Delivering',
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
+        expected_file_rows = %(rows)s::bigint,
         delivery_authorized_at = clock_timestamp()
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL

@@ -293,6 +293,7 @@ class JobStore:
         final_name: str,
         length: int,
         sha256: bytes,
+        rows: int | None = None,
     ) -> AuthorizationResult:
         """Cutoff 2 with the lost-response re-read, reporting why delivery was refused."""
         wrote = await self._write_or_none(
@@ -305,6 +306,7 @@ class JobStore:
                 "final_name": final_name,
                 "length": length,
                 "sha256": sha256,
+                "rows": rows,
             },
         )
         if wrote:

@@ -57,6 +57,7 @@ CREATE TABLE export_jobs (
     expected_file_name       text,
     expected_file_bytes      bigint,
     expected_file_sha256     bytea,
+    expected_file_rows       bigint,            -- project column: contacts in the file, for people
     delivery_authorized_at   timestamptz,
     woken_at                 timestamptz NOT NULL,
     failure_reason           text CHECK (failure_reason IN ('BuildFailed', 'AttemptsExhausted', 'NotDelivered',

@@ -30,7 +30,7 @@ GRANT SELECT ON export_jobs, deliveries, export_attempt_events, cancellation_req
     TO exports_worker;
 GRANT INSERT ON export_attempt_events, outbox TO exports_worker;
 GRANT UPDATE (status, attempt_id, attempt_count, claimed_by, lease_expires_at, expected_file_name,
-    expected_file_bytes, expected_file_sha256, delivery_authorized_at, failure_reason, woken_at, sweep_count,
+    expected_file_bytes, expected_file_sha256, expected_file_rows, delivery_authorized_at, failure_reason, woken_at, sweep_count,
     rejection_reason, workflow_id) ON export_jobs TO exports_worker;
 
 -- The dispatcher: reads unpublished wake-ups and marks them published; nothing else.

@@ -207,6 +207,9 @@ async def test_cancel_after_cutoff_2_is_409_too_late_and_reports_completed_only_
     )
     view = (await client.get(f"/exports/{job.id}", headers=acme.operator)).json()
     assert "Delivery completed at " in view["message"]
+    assert (
+        ": 48,112 contacts (contacts-" in view["message"]
+    )  # the count recorded at cutoff 2, as the seed says it
     assert view["export"]["status"] == "Completed"
 
 

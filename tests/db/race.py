@@ -196,6 +196,7 @@ def authorize_params(job: ExportJob, attempt_id: UUID, length: int = 1234) -> di
         "final_name": final_name_for(job.delivery_key),
         "length": length,
         "sha256": b"\x01" * 32,
+        "rows": 10,
     }
 
 

@@ -54,7 +54,9 @@ def test_every_named_statement_loads_with_a_description():
 
 
 # How the store runs a named statement: through one of its helpers, by name.
-_RUNS = re.compile(r'(?:_all|_one|_matched|_write_or_none|fetch_all|fetch_one|_finish)\(\s*(?:conn,\s*)?"(\w+)"')
+_RUNS = re.compile(
+    r'(?:_all|_one|_matched|_write_or_none|fetch_all|fetch_one|_finish)\(\s*(?:conn,\s*)?"(\w+)"'
+)
 
 
 def store_runs() -> set[str]:

@@ -144,7 +144,7 @@ class Factory:
         return await self.job(job.id), attempt_id
 
     async def delivering(
-        self, job: ExportJob | None = None, size: int = 1234, sha256: bytes = b"\x01" * 32
+        self, job: ExportJob | None = None, size: int = 1234, sha256: bytes = b"\x01" * 32, rows: int = 48_112
     ) -> tuple[ExportJob, UUID]:
         job, attempt_id = await self.running(job)
         result = await self.worker.authorize_delivery_if_running(
@@ -155,6 +155,7 @@ class Factory:
             final_name=final_name_for(job.delivery_key),
             length=size,
             sha256=sha256,
+            rows=rows,
         )
         assert result == AuthorizationResult.AUTHORIZED
         return await self.job(job.id), attempt_id
