@@ -25,6 +25,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
@@ -112,39 +113,46 @@ async def register_search_attributes(client: Client, namespace: str) -> bool:
     return True
 
 
-def recovery_schedule(settings: Settings) -> Schedule:
-    """Recovery every ``recovery_every_seconds``; a run still going when the next is due is skipped."""
+def _periodic(
+    run: Any, arg: Any, schedule_id: str, every_seconds: float, summary: str, settings: Settings
+) -> Schedule:
+    """A workflow started every ``every_seconds`` on the shared queue; a run still going when the next is
+    due is skipped (overlap SKIP)."""
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            RecoveryWorkflow.run,
-            RecoveryInput(),
-            id=RECOVERY_SCHEDULE_ID,
+            run,
+            arg,
+            id=schedule_id,
             task_queue=settings.task_queue,
             execution_timeout=timedelta(hours=1),
-            static_summary="Recovery: take over expired export leases",
+            static_summary=summary,
         ),
-        spec=ScheduleSpec(
-            intervals=[ScheduleIntervalSpec(every=timedelta(seconds=settings.recovery_every_seconds))]
-        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=every_seconds))]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
     )
 
 
+def recovery_schedule(settings: Settings) -> Schedule:
+    """Recovery every ``recovery_every_seconds``."""
+    return _periodic(
+        RecoveryWorkflow.run,
+        RecoveryInput(),
+        RECOVERY_SCHEDULE_ID,
+        settings.recovery_every_seconds,
+        "Recovery: take over expired export leases",
+        settings,
+    )
+
+
 def sweeper_schedule(settings: Settings) -> Schedule:
-    """The sweeper every ``sweep_every_seconds``, overlap SKIP; thresholds come from each worker's settings."""
-    return Schedule(
-        action=ScheduleActionStartWorkflow(
-            SweeperWorkflow.run,
-            SweepInput(),
-            id=SWEEPER_SCHEDULE_ID,
-            task_queue=settings.task_queue,
-            execution_timeout=timedelta(hours=1),
-            static_summary="Sweeper: re-wake stale queued exports",
-        ),
-        spec=ScheduleSpec(
-            intervals=[ScheduleIntervalSpec(every=timedelta(seconds=settings.sweep_every_seconds))]
-        ),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    """The sweeper every ``sweep_every_seconds``; thresholds come from each worker's settings."""
+    return _periodic(
+        SweeperWorkflow.run,
+        SweepInput(),
+        SWEEPER_SCHEDULE_ID,
+        settings.sweep_every_seconds,
+        "Sweeper: re-wake stale queued exports",
+        settings,
     )
 
 
