@@ -209,3 +209,29 @@ _RETURNED_ROWS: list[tuple[str, type[BaseModel]]] = [
 def test_statement_returns_exactly_the_fields_of_its_model(admin_conn, name, model):
     # Described by the server, never executed.
     assert sorted(prepare_and_describe(admin_conn, q(name))) == sorted(model.model_fields)
+
+
+# The terms a policy evaluates; the claim's version condition is useful only if every edit of them
+# increments version (001 "Version is the version of the job's terms"; 000 "A changed request").
+TERMS_COLUMNS = ("destination_id", "list_name")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if "UPDATE export_jobs" in q(n)])
+def test_every_write_to_a_terms_column_increments_version(name):
+    for set_part, _where in _update_clauses(q(name)):
+        if any(re.search(rf"\b{column}\s*=", set_part) for column in TERMS_COLUMNS):
+            assert re.search(r"\bversion\s*=\s*version\s*\+\s*1\b", set_part), (
+                f"{name}: a terms column is written without incrementing version"
+            )
+
+
+def test_the_terms_edit_is_the_one_statement_that_writes_terms():
+    writers = [
+        n
+        for n in NAMES
+        if "UPDATE export_jobs" in q(n)
+        and any(
+            re.search(rf"\b{c}\s*=", set_part) for set_part, _ in _update_clauses(q(n)) for c in TERMS_COLUMNS
+        )
+    ]
+    assert writers == ["edit_terms_if_queued"]
