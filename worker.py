@@ -16,12 +16,14 @@ takes them over.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import signal
 import socket
+import sys
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -320,8 +322,15 @@ async def _ensure_schedules_tolerant(client: Client, settings: Settings) -> None
 
 def main() -> None:
     """Build the settings, install the signal handlers and run the worker until SIGTERM or SIGINT."""
+    argparse.ArgumentParser(
+        description="The Temporal worker: ExportWorkflow and its activities, the outbox dispatcher, and the "
+        "recovery and sweeper schedules. Configured by EXPORTS_* environment variables (see settings.py): "
+        "EXPORTS_DATABASE_URL and EXPORTS_TEMPORAL_ADDRESS at least. Stops gracefully on SIGTERM/SIGINT."
+    ).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
+    if not settings.database_url:
+        sys.exit("worker.py: EXPORTS_DATABASE_URL is not set (a PostgreSQL URL of a login that may SET ROLE)")
 
     async def serve() -> None:
         stop = asyncio.Event()
