@@ -1,0 +1,84 @@
+"""A worker process for tests/e2e/test_killed_worker.py: ``worker.run_worker`` with one export seam that
+stops the attempt at a named point for good, so the test can SIGKILL the process exactly there.
+
+``python -m tests.e2e.killed_worker_runner --block-at POINT --job JOB_ID --marker PATH`` (from the project
+root), configured by ``EXPORTS_*`` variables like ``worker.py``. When the job's attempt reaches POINT
+(``after_build``, ``before_upload``, or ``during_upload`` once some bytes are sent), the seam writes PATH
+(JSON: the point and the bytes sent, IDs and counts only) and then waits forever; only a signal ends it.
+The lease timer is off, so the row is left exactly as the process had it when it was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from uuid import UUID
+
+from activities.export import ExportActivities
+from settings import Settings
+from worker import run_worker
+
+BLOCK_POINTS = ("after_build", "before_upload", "during_upload")
+
+
+def write_marker(marker: Path, point: str, job_id: UUID, bytes_sent: int | None) -> None:
+    """Write the marker atomically (write, then rename), so the test never reads half of it."""
+    partial = marker.with_suffix(".partial")
+    partial.write_text(json.dumps({"point": point, "job_id": str(job_id), "bytes_sent": bytes_sent}))
+    os.replace(partial, marker)
+
+
+def block_at(point: str, job_id: UUID, marker: Path) -> Callable[[ExportActivities], None]:
+    """An ``export_hooks`` installer: the named seam, for ``job_id`` only, marks and then never returns."""
+
+    async def hold_forever(bytes_sent: int | None) -> None:
+        write_marker(marker, point, job_id, bytes_sent)
+        await asyncio.Event().wait()  # the process is killed here
+
+    async def hook(seen: UUID) -> None:
+        if seen == job_id:
+            await hold_forever(None)
+
+    async def upload_hook(seen: UUID, sent: int) -> None:
+        if seen == job_id and sent > 0:
+            await hold_forever(sent)
+
+    def install(activities: ExportActivities) -> None:
+        activities.lease_timer_disabled = True  # nothing renews the lease once the process is gone
+        if point == "during_upload":
+            activities.during_upload = upload_hook
+        else:
+            setattr(activities, point, hook)
+
+    return install
+
+
+def main() -> None:
+    """Parse the seam's arguments, build the settings from ``EXPORTS_*`` and run the worker."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--block-at", choices=BLOCK_POINTS, required=True)
+    parser.add_argument("--job", type=UUID, required=True)
+    parser.add_argument("--marker", type=Path, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings()
+
+    async def serve() -> None:
+        # No signal handlers: SIGKILL is the point, and SIGTERM's default ends the process just as well.
+        await run_worker(
+            settings,
+            stop=asyncio.Event(),
+            schedules=False,
+            export_hooks=block_at(args.block_at, args.job, args.marker),
+        )
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
