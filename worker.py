@@ -27,6 +27,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -51,6 +52,8 @@ from activities.dispatcher import OutboxDispatcher
 from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities, RecoveryInput
 from activities.sweeper import SweeperActivities, SweepInput
+from db.builder import scavenge_export_files
+from db.errors import StoreError
 from db.pool import open_pool
 from db.store import JobStore
 from settings import Settings
@@ -267,8 +270,25 @@ async def run_worker(
             JobStore(dispatcher_pool), client, settings.task_queue, listen_url=settings.database_url
         )
         log.info("worker %s: shared queue %s, own queue %s", worker_id, settings.task_queue, own_queue)
-        await _serve(shared, own, dispatcher, stop=stop, ready=ready)
+        scavenger = asyncio.create_task(
+            scavenge_periodically(store, settings.work_dir, settings.recovery_every_seconds), name="scavenger"
+        )
+        try:
+            await _serve(shared, own, dispatcher, stop=stop, ready=ready)
+        finally:
+            scavenger.cancel()
         log.info("worker %s stopped", worker_id)
+
+
+async def scavenge_periodically(store: JobStore, work_dir: Path, every_seconds: float) -> None:
+    """Remove the local export files of ended attempts (a killed worker's contact data), now and every
+    ``every_seconds``; a failed pass is logged and tried again next time."""
+    while True:
+        try:
+            await scavenge_export_files(work_dir, store.live_attempts)
+        except StoreError as exc:
+            log.warning("scavenger pass failed (%s); trying again later", type(exc).__name__)
+        await asyncio.sleep(every_seconds)
 
 
 async def _serve(

@@ -20,7 +20,7 @@ import select
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import LiteralString
@@ -295,6 +295,57 @@ def remove_export_file(path: Path) -> bool:
             extra={"export_file": str(path), "error": _os_code(exc)},
         )
         return False
+
+
+def build_dirs(work_dir: Path) -> dict[UUID, list[Path]]:
+    """The private build directories under ``work_dir``, by the attempt ID their name carries."""
+    found: dict[UUID, list[Path]] = {}
+    try:
+        entries = list(work_dir.iterdir())
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if not entry.is_dir() or not entry.name.startswith(PRIVATE_DIR_PREFIX):
+            continue
+        try:
+            attempt_id = UUID(entry.name[len(PRIVATE_DIR_PREFIX) :][:36])
+        except ValueError:
+            continue
+        found.setdefault(attempt_id, []).append(entry)
+    return found
+
+
+async def scavenge_export_files(
+    work_dir: Path, live_attempts: Callable[[list[UUID]], Awaitable[set[UUID]]]
+) -> list[UUID]:
+    """Remove the local files of attempts that can no longer use them; returns the attempts cleaned.
+
+    A worker killed mid-build or mid-upload leaves contact data on disk that nothing else removes. The row
+    decides what is orphaned: a directory is kept while its attempt is Running or Delivering (possibly in
+    another live process on this host) and removed once recovery or a terminal write has ended it.
+    """
+    dirs = build_dirs(work_dir)
+    if not dirs:
+        return []
+    live = await live_attempts(list(dirs))
+    cleaned: list[UUID] = []
+    for attempt_id, paths in dirs.items():
+        if attempt_id in live:
+            continue
+        for path in paths:
+            try:
+                shutil.rmtree(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning(
+                    "orphaned export directory not removed",
+                    extra={"attempt_id": str(attempt_id), "error": _os_code(exc)},
+                )
+                continue
+        log.info("removed the local export files of ended attempt %s", attempt_id)
+        cleaned.append(attempt_id)
+    return cleaned
 
 
 def _os_code(exc: OSError) -> str:

@@ -367,3 +367,9 @@ FOR UPDATE SKIP LOCKED;
 UPDATE outbox SET published_at = clock_timestamp()
 WHERE message_id = %(message_id)s AND published_at IS NULL
 RETURNING message_id;
+
+-- name: live_attempts
+-- Of the given attempts, those that may still use a local export file: Running or Delivering with that
+-- attempt. An attempt that is not live never becomes live again (a requeue clears it; a claim mints a new one).
+SELECT attempt_id FROM export_jobs
+WHERE attempt_id = ANY(%(attempt_ids)s::uuid[]) AND status IN ('Running', 'Delivering');

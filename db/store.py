@@ -682,6 +682,12 @@ class JobStore:
         rows = await self._all("job_cancellation_requests", {"tenant_id": tenant_id, "job_id": job_id})
         return [CancellationRequest(**r) for r in rows]
 
+    async def live_attempts(self, attempt_ids: list[UUID]) -> set[UUID]:
+        """The attempts among ``attempt_ids`` that are still Running or Delivering (the scavenger keeps their files)."""
+        if not attempt_ids:
+            return set()
+        return {r["attempt_id"] for r in await self._all("live_attempts", {"attempt_ids": attempt_ids})}
+
     async def read_ownership(self, job_id: UUID) -> OwnershipState | None:
         row = await self._one("read_ownership", {"job_id": job_id})
         return OwnershipState(**row) if row else None

@@ -32,6 +32,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.recovery import RecoveryActivities, Takeover
+from db.builder import build_dirs, scavenge_export_files
 from db.models import ExportJob, JobStatus
 from db.store import JobStore
 from partner.evidence import temp_name_for
@@ -268,8 +269,14 @@ async def test_killed_while_building_is_requeued_by_recovery_and_delivered_once_
         assert (building.status, building.attempt_count) == (JobStatus.RUNNING, 1)
         await killed.kill()
 
+    files = tmp_path / "killed" / "files"
+    assert set(build_dirs(files)) == {building.attempt_id}  # the killed build left contact data on disk
+    assert await scavenge_export_files(files, worker_store.live_attempts) == []  # kept: still Running
+
     await factory.expire_lease(job.id)
     assert await recover(worker_store, job.id) == Takeover.REQUEUED
+    assert await scavenge_export_files(files, worker_store.live_attempts) == [building.attempt_id]
+    assert build_dirs(files) == {}
 
     requeued = await factory.job(job.id)
     assert (requeued.status, requeued.attempt_id) == (JobStatus.QUEUED, None)
@@ -364,6 +371,8 @@ async def test_killed_mid_upload_ends_outcome_unknown_with_the_attempts_temp_fil
 
     await factory.expire_lease(job.id)
     assert await recover(worker_store, job.id) == Takeover.OUTCOME_UNKNOWN  # the rename never ran
+    files = tmp_path / "killed" / "files"
+    assert await scavenge_export_files(files, worker_store.live_attempts) == [uploading.attempt_id]
 
     unknown = await factory.job(job.id)
     assert (unknown.status, unknown.attempt_id) == (JobStatus.OUTCOME_UNKNOWN, uploading.attempt_id)

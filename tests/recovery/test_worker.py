@@ -17,6 +17,7 @@ import pytest
 
 from activities.export import ExportActivities
 from activities.recovery import RecoveryBatchResult, RecoveryInput
+from db.builder import PRIVATE_DIR_PREFIX
 from db.models import FailureCode, JobStatus
 from settings import Settings
 from tests.recovery.conftest import MAX_ATTEMPTS
@@ -229,3 +230,30 @@ async def _line_containing(process: asyncio.subprocess.Process, text: str) -> st
         if text in line:
             return line
     raise AssertionError(f"worker.py ended without logging {text!r} (exit {await process.wait()})")
+
+
+async def test_the_worker_removes_local_files_of_ended_attempts_and_keeps_live_ones(
+    client, factory, host_settings, tmp_path
+):
+    # A killed worker leaves contact data in its private build directory; the next worker on the host
+    # removes it once the row says the attempt has ended, and never touches a live attempt's.
+    _, live_attempt = await factory.running()
+    ended = uuid.uuid4()
+    dirs = {}
+    for attempt in (live_attempt, ended):
+        d = tmp_path / f"{PRIVATE_DIR_PREFIX}{attempt}-abc"
+        d.mkdir()
+        (d / "contacts-x.csv").write_text("email,first_name,last_name\n")
+        dirs[attempt] = d
+
+    stop, task = await start_host(client, host_settings.model_copy(update={"work_dir": tmp_path}))
+    try:
+        for _ in range(int(WAIT / 0.05)):  # a condition, bounded; the first pass runs at start
+            if not dirs[ended].exists():
+                break
+            await asyncio.sleep(0.05)
+        assert not dirs[ended].exists()
+        assert dirs[live_attempt].exists()
+    finally:
+        stop.set()
+        await task
