@@ -1,8 +1,13 @@
-"""Configuration from ``EXPORTS_`` environment variables, built in ``main()``, never at import time."""
+"""Configuration from ``EXPORTS_`` environment variables, built in ``main()``, never at import time.
+
+Every knob of the system is a field here, with its default and a description; the README's table of
+settings is checked against this class by a test, so a new field is documented or the build fails.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from uuid import UUID
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,20 +21,68 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="EXPORTS_", extra="ignore")
 
-    database_url: str | None = Field(default=None, description="PostgreSQL URL of a login role")
-    temporal_address: str = "localhost:7233"
-    temporal_namespace: str = "default"
-    task_queue: str = "exports"
-    worker_id: str | None = None
-    lease_seconds: float = 60.0
-    renew_every_seconds: float = 20.0
-    max_attempts: int = 3
-    sweep_after_seconds: float = 30 * 60
-    sweep_batch: int = 500
-    recovery_every_seconds: float = 30.0
-    sweep_every_seconds: float = 5 * 60.0
-    work_dir: Path = Path("/tmp/fenced-exports")
-    shutdown_grace_seconds: float = 15.0
-    api_host: str = "127.0.0.1"
-    api_port: int = 8080
-    temporal_ui_url: str = "http://localhost:8233"
+    # -- where things are -------------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL URL of a login that may SET ROLE to the exports_* roles"
+    )
+    temporal_address: str = Field(default="localhost:7233", description="Temporal frontend host:port")
+    temporal_namespace: str = Field(default="default", description="Temporal namespace")
+    temporal_ui_url: str = Field(
+        default="http://localhost:8233", description="base URL of the Temporal Web UI, for links"
+    )
+    task_queue: str = Field(
+        default="exports",
+        description="the shared task queue; each worker also serves <task_queue>-<worker_id>",
+    )
+    worker_id: str | None = Field(
+        default=None, description="this worker's ID (default: host name, PID and a random suffix)"
+    )
+    work_dir: Path = Field(
+        default=Path("/tmp/fenced-exports"), description="where a worker builds its files (contact data)"
+    )
+    api_host: str = Field(default="127.0.0.1", description="address `starter.py serve` listens on")
+    api_port: int = Field(default=8080, description="port `starter.py serve` listens on")
+
+    # -- who acts on the command line -------------------------------------------------------------------
+    tenant: UUID | None = Field(default=None, description="the tenant `starter.py` acts for (or --tenant)")
+    principal: str | None = Field(
+        default=None, description="who `starter.py` records as acting (or --as; default: $USER)"
+    )
+
+    # -- leases, recovery and the sweeper ---------------------------------------------------------------
+    lease_seconds: float = Field(default=60.0, description="the lease a claim or renewal sets")
+    renew_every_seconds: float = Field(default=20.0, description="how often a worker renews its lease")
+    max_attempts: int = Field(default=3, description="attempt cap: recovery fails a job after this many")
+    recovery_every_seconds: float = Field(default=30.0, description="recovery Schedule interval")
+    recovery_batch: int = Field(default=100, description="expired leases taken over per recovery batch")
+    sweep_after_seconds: float = Field(
+        default=30 * 60.0, description="a Queued job whose last wake-up is older than this is re-woken"
+    )
+    sweep_every_seconds: float = Field(default=5 * 60.0, description="sweeper Schedule interval")
+    sweep_batch: int = Field(default=500, description="jobs re-woken per sweeper batch")
+
+    # -- the worker's activities ------------------------------------------------------------------------
+    build_heartbeat_seconds: float = Field(
+        default=5.0, description="heartbeat timeout of the build; a stop reaches it within 0.8x this"
+    )
+    deliver_heartbeat_seconds: float = Field(default=10.0, description="heartbeat timeout of the upload")
+    schedule_to_start_seconds: float = Field(
+        default=60.0, description="how long a host's own queue may hold an activity before it times out"
+    )
+    build_timeout_seconds: float = Field(default=2 * 3600.0, description="longest a build may run")
+    deliver_timeout_seconds: float = Field(default=6 * 3600.0, description="longest an upload may run")
+    max_concurrent_deliveries: int = Field(default=8, description="uploads one worker runs at once")
+    shutdown_grace_seconds: float = Field(
+        default=15.0, description="on SIGTERM, how long running activities get to reach their writes"
+    )
+
+    # -- pools and the outbox dispatcher ----------------------------------------------------------------
+    worker_pool_size: int = Field(default=10, description="connections of a worker's exports_worker pool")
+    api_pool_size: int = Field(default=10, description="connections of the API's exports_api pool")
+    dispatcher_batch: int = Field(default=50, description="outbox rows the dispatcher takes per pass")
+    dispatcher_poll_seconds: float = Field(
+        default=2.0, description="dispatcher poll interval (it also wakes on NOTIFY)"
+    )
+    cancel_lock_timeout_seconds: float = Field(
+        default=2.0, description="how long a cancellation waits for the job's row lock before Busy"
+    )

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import getpass
 import json
 import logging
-import os
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -400,15 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     def acting(sub: argparse.ArgumentParser, export: bool = True) -> None:
-        env_tenant = os.environ.get("EXPORTS_TENANT")
+        sub.add_argument("--tenant", type=_uuid, help="tenant ID (default: EXPORTS_TENANT)")
         sub.add_argument(
-            "--tenant", type=_uuid, default=_uuid(env_tenant) if env_tenant else None, help="tenant ID"
-        )
-        sub.add_argument(
-            "--as",
-            dest="principal",
-            default=os.environ.get("EXPORTS_PRINCIPAL", os.environ.get("USER", "cli")),
-            help="who is acting (recorded)",
+            "--as", dest="principal", help="who is acting, recorded (default: EXPORTS_PRINCIPAL, else $USER)"
         )
         if export:
             sub.add_argument("export", type=_uuid, help="export ID")
@@ -499,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.failure_reason not in {c.value for c in FailureCode}:
             parser.error(f"--failure-reason must be one of {', '.join(c.value for c in FailureCode)}")
     settings = Settings()
+    if "principal" in args and args.principal is None:
+        args.principal = settings.principal or getpass.getuser() or "cli"
+    if "tenant" in args and args.tenant is None and args.command != "token":
+        args.tenant = settings.tenant
     return args.handler(args, settings)
 
 

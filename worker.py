@@ -44,7 +44,6 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
@@ -56,6 +55,7 @@ from db.builder import scavenge_export_files
 from db.errors import StoreError
 from db.pool import open_pool
 from db.store import JobStore
+from service.temporal import connect_client
 from settings import Settings
 from workflows.export import ExportWorkflow
 from workflows.models import SEARCH_ATTRIBUTE_NAMES
@@ -77,15 +77,6 @@ def own_task_queue(settings: Settings, worker_id: str) -> str:
 def new_worker_id(settings: Settings) -> str:
     """The configured worker ID, else one unique to this process (host name and a random suffix)."""
     return settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-async def connect_client(settings: Settings) -> Client:
-    """A Temporal client with the pydantic data converter, as every client of this project uses."""
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
-    )
 
 
 async def register_search_attributes(client: Client, namespace: str) -> bool:

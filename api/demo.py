@@ -194,7 +194,6 @@ async def run_demo(
     ``default_ports`` prefers 7233/8233/``api_port`` when they are free; otherwise every port is a free one.
     """
     from temporalio.common import SearchAttributeKey
-    from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
     from api.app import create_app
@@ -206,6 +205,7 @@ async def run_demo(
     from db.pool import open_pool
     from db.store import JobStore
     from partner.local_server import LocalSftpServer
+    from service.temporal import DATA_CONVERTER
     from worker import SEARCH_ATTRIBUTES, run_worker
 
     progress = Progress(out, total=8)
@@ -231,7 +231,7 @@ async def run_demo(
                 port=temporal_port,
                 ui=True,
                 ui_port=ui_port,
-                data_converter=pydantic_data_converter,
+                data_converter=DATA_CONVERTER,
                 search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES],
                 dev_server_log_level="error",
             )

@@ -13,7 +13,9 @@ from typing import Protocol
 from uuid import UUID
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+
+from service.temporal import connect_client
+from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,8 @@ class TemporalStopSignaller:
             if self._client is None:
                 assert self._address is not None
                 self._client = await asyncio.wait_for(
-                    Client.connect(
-                        self._address, namespace=self._namespace, data_converter=pydantic_data_converter
+                    connect_client(
+                        Settings(temporal_address=self._address, temporal_namespace=self._namespace)
                     ),
                     _SIGNAL_TIMEOUT.total_seconds(),
                 )

@@ -29,7 +29,7 @@ import psycopg
 
 from db.builder import COPY_CONTACTS, SET_SCOPE, build_export, remove_export_file
 from db.pool import open_pool
-from tests.support.pg import APP_LOGIN, clone_database, make_template, postgres_server, with_database
+from testbed.pg import APP_LOGIN, clone_database, make_template, postgres_server, with_database
 
 
 def find_psql() -> str:

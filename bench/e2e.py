@@ -46,8 +46,8 @@ from partner.delivery import FileToDeliver, deliver
 from partner.destination import load_destination
 from partner.local_server import LocalSftpServer
 from settings import Settings
-from tests.support.pg import TestDatabase, clone_database, make_template, postgres_server
-from tests.support.temporal import start_dev_server
+from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
+from testbed.temporal import start_dev_server
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
 from workflows.models import (
     SEARCH_ATTRIBUTE_NAMES,

@@ -29,7 +29,7 @@ from db.models import DeliveryOutcome
 from partner.client import session, upload_exclusive
 from partner.delivery import FileToDeliver, deliver
 from partner.destination import Destination
-from tests.support.sftp import Sshd, sshd_available
+from testbed.sftp import Sshd, sshd_available
 
 CIPHER = "aes128-gcm@openssh.com"
 

@@ -9,8 +9,8 @@ import pytest
 
 from db.pool import open_pool
 from db.store import JobStore
+from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
 from tests.support.factories import Factory
-from tests.support.pg import TestDatabase, clone_database, make_template, postgres_server
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

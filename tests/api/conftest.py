@@ -17,8 +17,8 @@ from api.auth import mint_token
 from api.signals import StopSignaller
 from db.store import JobStore
 from settings import Settings
+from testbed.pg import TestDatabase
 from tests.support.factories import Factory
-from tests.support.pg import TestDatabase
 
 
 @dataclass(frozen=True)

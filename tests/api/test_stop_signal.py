@@ -15,9 +15,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from api.signals import TemporalStopSignaller
+from testbed.temporal import start_time_skipping, venv_binary
 from tests.api.conftest import cancel_body, client_for
 from tests.conftest import require
-from tests.support.temporal import start_time_skipping, venv_binary
 
 
 @workflow.defn(name="StopListenerForApiTest")

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from testbed.pg import TestDatabase
 from tests.db.race import RaceKit, race_kit
-from tests.support.pg import TestDatabase
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
 from db.pool import open_pool
-from tests.support import pg
+from testbed import pg
 from tests.support.factories import Factory
 
 CONTACTS = [

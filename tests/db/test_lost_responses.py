@@ -21,8 +21,8 @@ from db.models import AuthorizationResult, ClaimResult, DeliveryOutcome, FinishR
 from db.pool import Role, open_pool
 from db.queries import q
 from db.store import JobStore
+from testbed.tcp_proxy import TcpProxy
 from tests.db.race import authorize
-from tests.support.tcp_proxy import TcpProxy
 
 CLAIM = b"'Claimed'"  # only claim_if_queued's text carries these fragments
 CUTOFF_2 = b"'DeliveryAuthorized'"

@@ -21,8 +21,8 @@ from psycopg.rows import dict_row
 
 from api.demo import DemoContext, run_demo
 from settings import Settings
+from testbed.temporal import venv_binary
 from tests.conftest import require
-from tests.support.temporal import venv_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 

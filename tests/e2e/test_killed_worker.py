@@ -38,10 +38,10 @@ from db.store import JobStore
 from partner.evidence import temp_name_for
 from partner.local_server import LocalSftpServer
 from settings import Settings
+from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
 from tests.support.factories import Factory
 from tests.support.sftp import local_sftp_server  # noqa: F401 - a fixture, found by pytest by name
-from tests.support.temporal import start_time_skipping, venv_binary
 from worker import run_worker
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
 from workflows.models import AttemptOutcome, ExportInput, ExportResult

@@ -13,7 +13,7 @@ from uuid import UUID
 
 from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, deliver
 from partner.destination import Destination
-from tests.support.sftp import SftpTarget
+from testbed.sftp import SftpTarget
 
 SIZE = 600_000  # a few write requests at either request size
 

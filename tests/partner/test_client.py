@@ -20,9 +20,9 @@ from db.store import JobStore
 from partner.client import ConnectRefused, connect, parse_pinned_key, upload_exclusive
 from partner.delivery import DeliveryHooks, OriginalFile, deliver, observe_final_name
 from partner.destination import DestinationNotFound, load_destination
+from testbed.sftp import SftpTarget
 from tests.partner.helpers import contact_bytes, local_file, run_delivery
 from tests.support.factories import Factory
-from tests.support.sftp import SftpTarget
 
 
 def test_a_pinned_key_may_be_given_as_a_known_hosts_line():

@@ -12,6 +12,7 @@ import asyncssh
 from db.models import DeliveryOutcome, FailureCode
 from partner.delivery import DeliveryHooks
 from partner.evidence import temp_name_for
+from testbed.sftp import SftpTarget
 from tests.partner.helpers import (
     SIZE,
     assert_no_data_in,
@@ -21,7 +22,6 @@ from tests.partner.helpers import (
     partner_ack,
     run_delivery,
 )
-from tests.support.sftp import SftpTarget
 
 # -- an original, nothing in the way --------------------------------------------------------------------
 

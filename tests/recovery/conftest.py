@@ -16,8 +16,9 @@ from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from db.store import JobStore
 from settings import Settings
+from testbed.pg import TestDatabase
+from testbed.temporal import start_dev_server, start_time_skipping, venv_binary
 from tests.conftest import require
-from tests.support.pg import TestDatabase
 from tests.support.sftp import (  # noqa: F401 - fixtures, found by pytest by name
     local_sftp_server,
     sftp_server,
@@ -25,7 +26,6 @@ from tests.support.sftp import (  # noqa: F401 - fixtures, found by pytest by na
     sshd_server,
     sshd_target,
 )
-from tests.support.temporal import start_dev_server, start_time_skipping, venv_binary
 from worker import register_search_attributes
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow

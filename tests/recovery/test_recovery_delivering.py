@@ -19,7 +19,7 @@ from db.embedded import free_port
 from db.models import DeliveryOutcome, ExportJob, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver, observe_final_name
 from partner.destination import load_destination
-from tests.support.sftp import SftpTarget
+from testbed.sftp import SftpTarget
 from workflows.recovery import RecoveryWorkflow
 
 SIZE = 200_000

@@ -26,7 +26,7 @@ from db.models import (
     final_name_for,
 )
 from db.store import JobStore
-from tests.support.pg import TestDatabase
+from testbed.pg import TestDatabase
 
 
 class Factory:

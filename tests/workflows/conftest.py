@@ -16,11 +16,11 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.testing import WorkflowEnvironment
 
 from partner.local_server import LocalSftpServer
+from testbed import pg
+from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
-from tests.support import pg
 from tests.support.factories import Factory
 from tests.support.sftp import local_sftp_server, sshd_server  # noqa: F401 - fixtures, by name
-from tests.support.temporal import start_time_skipping, venv_binary
 from tests.workflows.harness import Harness, Host, SftpTarget, make_host
 from workflows.models import SEARCH_ATTRIBUTE_NAMES
 

@@ -16,16 +16,16 @@ from google.protobuf import text_format
 from psycopg_pool import AsyncConnectionPool
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.export import ExportActivities
 from db.models import ExportJob, JobStatus
 from db.pool import open_pool
 from db.store import JobStore
+from service.temporal import connect_client
 from settings import Settings
+from testbed.pg import TestDatabase
 from tests.support.factories import Factory
-from tests.support.pg import TestDatabase
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
 from workflows.models import ExportInput, ExportResult
 
@@ -126,12 +126,13 @@ class Host:
         return [p for p in self.work_dir.rglob("*") if p.is_file()]
 
 
-async def connect_client(env_client: Client) -> Client:
+async def separate_client(env_client: Client) -> Client:
     """A separate client to the same server, as a separate host would have."""
-    return await Client.connect(
-        env_client.service_client.config.target_host,
-        namespace=env_client.namespace,
-        data_converter=pydantic_data_converter,
+    return await connect_client(
+        Settings(
+            temporal_address=env_client.service_client.config.target_host,
+            temporal_namespace=env_client.namespace,
+        )
     )
 
 
@@ -182,7 +183,7 @@ async def make_host(
         cancellation_store=JobStore(api_pool, lease_seconds=lease_seconds),
         search_attributes=search_attributes,  # True: registered by the session's conftest
     )
-    client = await connect_client(env_client) if own_client else env_client
+    client = await separate_client(env_client) if own_client else env_client
     host = Host(
         name=name,
         activities=activities,

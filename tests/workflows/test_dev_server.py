@@ -13,10 +13,10 @@ from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
 from db.models import JobStatus
+from testbed import pg
+from testbed.temporal import start_dev_server, venv_binary
 from tests.conftest import require
-from tests.support import pg
 from tests.support.factories import Factory
-from tests.support.temporal import start_dev_server, venv_binary
 from tests.workflows.harness import LEAK, Harness, Host, SftpTarget, history_text, make_host, wait_until
 from workflows.models import SEARCH_ATTRIBUTE_NAMES, AttemptOutcome
 

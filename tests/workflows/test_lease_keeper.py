@@ -14,7 +14,7 @@ from db.errors import TransientStoreError
 from db.models import CancellationOutcome, FailureCode, FinishResult, JobStatus
 from db.pool import open_pool
 from db.store import JobStore
-from tests.support import pg
+from testbed import pg
 from tests.support.factories import Factory
 
 

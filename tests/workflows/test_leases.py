@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from db.errors import TransientStoreError
 from db.models import AuthorizationResult, EventKind, ExportJob, FailureCode, JobStatus
-from tests.support import pg
+from testbed import pg
 from tests.workflows.harness import Harness, make_host, recover
 from workflows.models import AttemptOutcome
 

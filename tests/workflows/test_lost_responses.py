@@ -18,8 +18,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from db.models import AuthorizationResult, JobStatus
 from db.queries import q
-from tests.support import pg
-from tests.support.tcp_proxy import TcpProxy
+from testbed import pg
+from testbed.tcp_proxy import TcpProxy
 from tests.workflows.harness import Harness, Host, make_host, recover, wait_until
 from workflows.models import AttemptOutcome
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.sftp import Sshd
+from testbed.sftp import Sshd
 from tests.workflows.harness import Harness, SftpTarget
 from tests.workflows.test_leases import (  # noqa: F401 - collected here too, against sshd
     test_a_long_upload_that_outlasts_the_initial_lease_finishes_completed,

@@ -12,7 +12,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from db.models import FailureCode, JobStatus
-from tests.support import pg
+from testbed import pg
 from tests.workflows.harness import Harness, Host, make_host
 from workflows.models import AttemptOutcome
 

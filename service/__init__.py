@@ -1,0 +1,1 @@
+"""The operations shared by the HTTP API and the command line, returning typed outcomes."""

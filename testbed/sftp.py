@@ -1,0 +1,285 @@
+"""Real SFTP servers for tests, benchmarks and the soak, and a TCP proxy to cut connections at a named point.
+
+- an in-process asyncssh server (:class:`partner.local_server.LocalSftpServer`) on loopback, rooted
+  in a temporary directory, with its own host key;
+- a real OpenSSH ``sshd`` (Debian ``openssh-server``) on a free port, with its own config, host key,
+  authorized key and a ``partner`` account, started and stopped by the tests (``shared/facts/sftp.md``);
+- :class:`TcpProxy`, which sits between client and server and can cut the connection, or swallow
+  the server's next answer and then cut, from a delivery hook: interruptions are real, not mocked.
+
+The pytest fixtures over these live in ``tests/support/sftp.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from db.embedded import free_port
+from partner.destination import Destination
+
+SSHD = Path("/usr/sbin/sshd")
+SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+PARTNER_USER = "partner"
+_USER_LOCK = Path(tempfile.gettempdir()) / "fenced-exports-partner-user.lock"
+
+ServerKind = Literal["asyncssh", "sshd"]
+
+
+def sshd_available() -> bool:
+    """A real sshd can be started here: the binary is installed and we may create its account (root)."""
+    return SSHD.exists() and os.geteuid() == 0 and shutil.which("useradd") is not None
+
+
+def _ensure_partner_user() -> pwd.struct_passwd:
+    """Create the ``partner`` login account once per machine; safe when test runs race to do it."""
+    with _USER_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(PARTNER_USER)
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", PARTNER_USER], check=True, capture_output=True)
+        # A locked account ('!') is refused when UsePAM is off; '*' allows key logins only.
+        subprocess.run(["usermod", "-p", "*", PARTNER_USER], check=True, capture_output=True)
+        return pwd.getpwnam(PARTNER_USER)
+
+
+@dataclass
+class Sshd:
+    """A private OpenSSH server for the ``partner`` account, in its own directory; ``stop()`` removes it."""
+
+    work_dir: Path
+    port: int
+    host_key_line: str
+    client_key_path: Path
+    upload_dir: Path
+    process: subprocess.Popen
+    user: pwd.struct_passwd
+    host: str = "127.0.0.1"
+
+    @classmethod
+    def start(cls, *, max_sessions: int = 20) -> Sshd:
+        """Generate keys and a config, start ``sshd -D -e``, and wait until it answers with its banner."""
+        user = _ensure_partner_user()
+        work_dir = Path(tempfile.mkdtemp(prefix="fenced-sshd-"))
+        work_dir.chmod(0o755)  # sshd reads the authorized keys as the partner user
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation directory
+        host_key = work_dir / "host_ed25519"
+        client_key = work_dir / "client_ed25519"
+        for key in (host_key, client_key):
+            subprocess.run(
+                [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(key)],
+                check=True,
+                capture_output=True,
+            )
+        authorized = work_dir / "authorized_keys"
+        authorized.write_text(client_key.with_suffix(".pub").read_text())
+        authorized.chmod(0o644)
+        upload_dir = work_dir / "upload"
+        upload_dir.mkdir()
+        os.chown(upload_dir, user.pw_uid, user.pw_gid)
+        port = free_port()
+        config = work_dir / "sshd_config"
+        config.write_text(
+            "\n".join(
+                [
+                    f"Port {port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {host_key}",
+                    f"PidFile {work_dir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {authorized}",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PermitRootLogin no",
+                    f"AllowUsers {PARTNER_USER}",
+                    f"MaxSessions {max_sessions}",
+                    "MaxStartups 100:30:200",
+                    "Subsystem sftp internal-sftp",
+                    "",
+                ]
+            )
+        )
+        with (work_dir / "sshd.log").open("wb") as log:
+            process = subprocess.Popen(
+                [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+            )
+        server = cls(
+            work_dir=work_dir,
+            port=port,
+            host_key_line=" ".join(host_key.with_suffix(".pub").read_text().split()[:2]),
+            client_key_path=client_key,
+            upload_dir=upload_dir,
+            process=process,
+            user=user,
+        )
+        server._wait_for_banner()
+        return server
+
+    def _wait_for_banner(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"sshd exited with {self.process.returncode}; see {self.work_dir}/sshd.log"
+                )
+            try:
+                with socket.create_connection((self.host, self.port), timeout=1) as probe:
+                    if probe.recv(8).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)  # still starting: poll its port until it answers
+        raise RuntimeError("sshd did not answer")
+
+    def make_upload_dir(self) -> Path:
+        """A fresh directory the partner account owns, for one test."""
+        path = self.upload_dir / uuid.uuid4().hex
+        path.mkdir()
+        os.chown(path, self.user.pw_uid, self.user.pw_gid)
+        return path
+
+    def stop(self) -> None:
+        """Stop sshd (by its PID) and remove its directory."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+class TcpProxy:
+    """A loopback TCP proxy in front of a server; :meth:`cut` ends every connection through it at once.
+
+    :meth:`cut_at_next_answer` lets the client's next request through, swallows the server's answer
+    and then cuts: the request took effect on the server and the client never hears of it.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._swallow_answer = threading.Event()
+        self.cut_done = threading.Event()
+        self.answer_swallowed = threading.Event()  # set before the cut that follows it
+        threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._sockets += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                if from_server and self._swallow_answer.is_set():
+                    self.answer_swallowed.set()
+                    self.cut()
+                    return
+                sink.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def cut(self) -> None:
+        """Reset every connection through the proxy now (both directions); new ones still work."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, no FIN
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self.cut_done.set()
+
+    def cut_at_next_answer(self) -> None:
+        """From now on, the first bytes the server sends are dropped and the connection is cut."""
+        self._swallow_answer.set()
+
+    def close(self) -> None:
+        """Stop accepting and cut what is open."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.cut()
+
+
+@dataclass
+class SftpTarget:
+    """One test's place on one real server: an empty upload directory, reached through a proxy."""
+
+    kind: ServerKind
+    host_key_line: str
+    client_key_path: Path
+    remote_dir: str  # the directory as the SFTP client names it
+    local_dir: Path  # the same directory on this machine's disk, for set-up and assertions
+    proxy: TcpProxy
+    server_port: int
+    username: str = PARTNER_USER
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def destination(self, *, direct: bool = False, **contract: Any) -> Destination:
+        """A destination pointing at this directory (through the proxy unless ``direct``)."""
+        fields: dict[str, Any] = {
+            "id": uuid.uuid4(),
+            "tenant_id": uuid.uuid4(),
+            "name": f"partner-{self.kind}",
+            "host": "127.0.0.1",
+            "port": self.server_port if direct else self.proxy.port,
+            "username": self.username,
+            "host_key": self.host_key_line,
+            "credential_ref": str(self.client_key_path),
+            "remote_dir": self.remote_dir,
+            "max_write_request": 261120 if self.kind == "sshd" else 32768,
+        }
+        fields.update(contract)
+        return Destination(**fields)
+
+    def destination_row(self, **contract: Any) -> dict[str, Any]:
+        """The columns for ``Factory.destination(tenant_id, **row)``, pointing through the proxy."""
+        dest = self.destination(**contract)
+        return dest.model_dump(exclude={"id", "tenant_id"})
+
+    def files(self) -> dict[str, bytes]:
+        """Every file in the directory, by name (a listing taken on the server's own disk)."""
+        return {p.name: p.read_bytes() for p in sorted(self.local_dir.iterdir()) if p.is_file()}
+
+    def put(self, name: str, data: bytes) -> Path:
+        """Create a file in the directory directly on the server's disk, as the partner's side would."""
+        path = self.local_dir / name
+        path.write_bytes(data)
+        return path
