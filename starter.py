@@ -19,11 +19,12 @@ import json
 import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
 
+from service.outcomes import Kind
 from settings import Settings
 
 EXIT_OK = 0
@@ -31,16 +32,25 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 75
 
+# The one table from an operation's outcome to this process's exit code.
+EXIT_CODES: dict[Kind, int] = {
+    Kind.DONE: EXIT_OK,
+    Kind.CREATED: EXIT_OK,
+    Kind.ACCEPTED: EXIT_OK,
+    Kind.MALFORMED: EXIT_REFUSED,
+    Kind.FORBIDDEN: EXIT_REFUSED,
+    Kind.NOT_FOUND: EXIT_REFUSED,
+    Kind.REFUSED: EXIT_REFUSED,
+    Kind.STALE: EXIT_REFUSED,
+    Kind.PRECONDITION_REQUIRED: EXIT_USAGE,
+    Kind.INVALID: EXIT_USAGE,
+    Kind.BUSY: EXIT_BUSY,
+}
 
-def exit_code_for(status: int) -> int:
-    """The process exit code for an operation's HTTP status: success, refusal, busy or usage."""
-    if 200 <= status < 300:
-        return EXIT_OK
-    if status == 503:
-        return EXIT_BUSY
-    if status == 422:
-        return EXIT_USAGE
-    return EXIT_REFUSED
+
+def exit_code_for(kind: Kind) -> int:
+    """The process exit code for an operation's outcome (the one table; the API's is in api/routes.py)."""
+    return EXIT_CODES[kind]
 
 
 def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
@@ -75,7 +85,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     """Mint an API token bound to a tenant, a principal and a role; only its SHA-256 is stored."""
-    from api.auth import mint_token
+    from service.auth import mint_token
 
     url = args.database_url or settings.database_url
     if not url:
@@ -92,8 +102,8 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_seed_demo(args: argparse.Namespace, settings: Settings) -> int:
     """Seed a tenant, a destination and synthetic contacts, and mint an operator and a reconciler token."""
-    from api.auth import mint_token
-    from api.seed import seed_tenant
+    from db.admin import seed_tenant
+    from service.auth import mint_token
 
     url = args.database_url or settings.database_url
     if not url:
@@ -135,32 +145,6 @@ def cmd_seed_demo(args: argparse.Namespace, settings: Settings) -> int:
 # -- the export operations ------------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def _exports(settings: Settings, *, reconciler: bool = False) -> AsyncIterator[Any]:
-    from api.operations import Exports
-    from api.signals import TemporalStopSignaller
-    from db.pool import open_pool
-    from db.store import JobStore
-
-    assert settings.database_url is not None
-    api_pool = await open_pool(settings.database_url, "exports_api", max_size=2)
-    reconciler_pool = (
-        await open_pool(settings.database_url, "exports_reconciler", max_size=1) if reconciler else None
-    )
-    try:
-        yield Exports(
-            JobStore(api_pool),
-            JobStore(reconciler_pool) if reconciler_pool else None,
-            TemporalStopSignaller(address=settings.temporal_address, namespace=settings.temporal_namespace),
-            temporal_ui_url=settings.temporal_ui_url,
-            namespace=settings.temporal_namespace,
-        )
-    finally:
-        await api_pool.close()
-        if reconciler_pool is not None:
-            await reconciler_pool.close()
-
-
 def _run_operation(
     args: argparse.Namespace,
     settings: Settings,
@@ -170,7 +154,8 @@ def _run_operation(
     role: str = "operator",
 ) -> int:
     """Run one operation for the caller named on the command line and print its answer."""
-    from api.auth import Caller
+    from service.auth import Caller
+    from service.exports import open_exports
 
     if not settings.database_url:
         return _fail_usage("EXPORTS_DATABASE_URL is not set")
@@ -179,7 +164,7 @@ def _run_operation(
     caller = Caller(tenant_id=args.tenant, principal=args.principal, role=role)  # type: ignore[arg-type]
 
     async def go() -> Any:
-        async with _exports(settings, reconciler=role == "reconciler") as ops:
+        async with open_exports(settings, reconciler=role == "reconciler") as ops:
             return await call(ops, caller)
 
     try:
@@ -187,15 +172,15 @@ def _run_operation(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
         return _fail_usage(f"invalid input: {problems}")
-    payload = {"http_status": answer.status, **answer.body}
-    text = render(answer) if render and 200 <= answer.status < 300 else answer.text
+    payload = {"outcome_kind": answer.kind.value, **answer.body}
+    text = render(answer) if render and answer.ok else answer.text
     _emit(args, payload, text)
-    return exit_code_for(answer.status)
+    return exit_code_for(answer.kind)
 
 
 def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
     """Create an export; ``--idempotency-key`` makes a retry return the first job."""
-    from api.schemas import CreateExport
+    from service.commands import CreateExport
 
     key = args.idempotency_key or f"cli-{uuid.uuid4()}"
 
@@ -215,7 +200,7 @@ def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_edit(args: argparse.Namespace, settings: Settings) -> int:
     """Change a queued export's terms for the version you read."""
-    from api.schemas import EditTerms
+    from service.commands import EditTerms
 
     async def call(ops: Any, caller: Any) -> Any:
         body = EditTerms(destination_id=args.destination, list_name=args.list_name)
@@ -230,7 +215,7 @@ def cmd_edit(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Request cancellation; after Busy, retry with the same ``--request-id`` (printed)."""
-    from api.schemas import CancelExport
+    from service.commands import CancelExport
 
     request_id = args.request_id or uuid.uuid4()
 
@@ -249,7 +234,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_replace(args: argparse.Namespace, settings: Settings) -> int:
     """Create a replacement delivery of an export's original, for you, with a reason."""
-    from api.schemas import ReplaceExport
+    from service.commands import ReplaceExport
 
     async def call(ops: Any, caller: Any) -> Any:
         body = ReplaceExport(reason=args.reason, overwrite_agreement_ref=args.overwrite_agreement_ref)
@@ -263,7 +248,7 @@ def cmd_replace(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
     """Resolve an OutcomeUnknown export to Completed or Failed from evidence."""
-    from api.schemas import ReconcileExport
+    from service.commands import ReconcileExport
 
     async def call(ops: Any, caller: Any) -> Any:
         body = ReconcileExport(
@@ -279,7 +264,7 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_correct(args: argparse.Namespace, settings: Settings) -> int:
     """Correct a recorded Completed/Failed once (needs the exports_reconciler role in the database)."""
-    from api.schemas import CorrectExport
+    from service.commands import CorrectExport
 
     async def call(ops: Any, caller: Any) -> Any:
         body = CorrectExport(
@@ -370,7 +355,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """Start everything on embedded defaults, run the incident's three timings and a plain delivery."""
-    from api.demo import run_demo_cli
+    from demo import run_demo_cli
 
     return run_demo_cli(settings, keep=args.keep, contacts=args.contacts)
 
@@ -488,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in {"correct"} and args.failure_reason is not None:
-        from db.models import FailureCode
+        from domain.models import FailureCode
 
         if args.failure_reason not in {c.value for c in FailureCode}:
             parser.error(f"--failure-reason must be one of {', '.join(c.value for c in FailureCode)}")

@@ -1,17 +1,18 @@
 """``python worker.py``: one host's worker. It only wires.
 
 It opens the database pools, connects to Temporal, registers the Web UI's search attributes where the
-server allows it, creates the recovery and sweeper Schedules if they are missing, and runs:
+server allows it, creates the recovery and sweeper Schedules if they are missing (runtime/), and runs:
 
 - a Temporal worker on the shared task queue: ExportWorkflow, RecoveryWorkflow, SweeperWorkflow, the
   claim, recovery and sweeper activities;
 - a Temporal worker on this host's own queue (``{task_queue}-{worker_id}``): the build, cutoff 2 and
   delivery activities of the attempts this host claimed, so the local file never leaves the host;
-- the outbox dispatcher.
+- the outbox dispatcher and the scavenger of local files.
 
 On SIGTERM or SIGINT it stops taking work, gives running activities ``shutdown_grace_seconds`` to reach
 their outcome writes, then cancels what is left; the leases of attempts it abandoned expire and recovery
-takes them over.
+takes them over. The test harness builds its hosts with :func:`open_export_activities` and
+:func:`build_workers`, the same wiring as here.
 """
 
 from __future__ import annotations
@@ -27,51 +28,31 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import (
-    Client,
-    Schedule,
-    ScheduleActionStartWorkflow,
-    ScheduleAlreadyRunningError,
-    ScheduleIntervalSpec,
-    ScheduleOverlapPolicy,
-    SchedulePolicy,
-    ScheduleSpec,
-    ScheduleUpdate,
-    ScheduleUpdateInput,
-)
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.dispatcher import OutboxDispatcher
 from activities.export import ExportActivities
-from activities.recovery import RecoveryActivities, RecoveryInput
-from activities.sweeper import SweeperActivities, SweepInput
-from db.builder import scavenge_export_files
-from db.errors import StoreError
+from activities.recovery import RecoveryActivities
+from activities.sweeper import SweeperActivities
 from db.pool import open_pool
-from db.store import JobStore
+from db.store import REREAD_TIMEOUT_SECONDS, JobStore
+from runtime.dispatcher import OutboxDispatcher
+from runtime.scavenger import scavenge_periodically
+from runtime.schedules import ensure_schedules
+from runtime.search_attributes import register_search_attributes
 from service.temporal import connect_client
 from settings import Settings
 from workflows.export import ExportWorkflow
-from workflows.models import SEARCH_ATTRIBUTE_NAMES
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
 log = logging.getLogger("worker")
 
-SEARCH_ATTRIBUTES = SEARCH_ATTRIBUTE_NAMES  # keywords: ExportJobId, ExportTenantId, ExportOutcome
-RECOVERY_SCHEDULE_ID = "fenced-exports-recovery"
-SWEEPER_SCHEDULE_ID = "fenced-exports-sweeper"
 
-
-def own_task_queue(settings: Settings, worker_id: str) -> str:
-    """This host's own task queue, where the activities after the claim run."""
-    return f"{settings.task_queue}-{worker_id}"
+def own_task_queue(task_queue: str, worker_id: str) -> str:
+    """A host's own task queue, where the activities after the claim run."""
+    return f"{task_queue}-{worker_id}"
 
 
 def new_worker_id(settings: Settings) -> str:
@@ -79,107 +60,80 @@ def new_worker_id(settings: Settings) -> str:
     return settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def register_search_attributes(client: Client, namespace: str) -> bool:
-    """Register the keyword search attributes the Web UI uses; True when they exist afterwards.
+async def open_export_activities(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    *,
+    worker_id: str,
+    search_attributes: bool | None,
+    worker_url: str | None = None,
+    reread_timeout: float = REREAD_TIMEOUT_SECONDS,
+) -> ExportActivities:
+    """One host's export activities over pools opened from ``settings`` (closed by ``stack``).
 
-    Existing ones are left alone. A server that refuses (no operator permission, no support) is logged
-    and tolerated: the workflow sets the attributes only where the server has them.
+    The ``exports_worker`` pool serves the store and the builder; a small ``exports_api`` pool records a
+    workflow cancellation from Temporal through the cancellation transaction, which the worker role may not
+    write. ``worker_url`` points the worker pool elsewhere (a TCP proxy in tests).
     """
-    wanted = {name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for name in SEARCH_ATTRIBUTES}
-    try:
-        existing = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=namespace)
-        )
-        wanted = {k: v for k, v in wanted.items() if k not in existing.custom_attributes}
-    except RPCError as exc:
-        log.info("cannot list search attributes (%s); trying to add them", exc.status.name)
-    if not wanted:
-        return True
-    try:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=namespace, search_attributes=wanted)
-        )
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.ALREADY_EXISTS:
-            return True
-        log.warning(
-            "search attributes not registered (%s); the Web UI cannot filter by them", exc.status.name
-        )
-        return False
-    return True
-
-
-def _periodic(
-    run: Any, arg: Any, schedule_id: str, every_seconds: float, summary: str, settings: Settings
-) -> Schedule:
-    """A workflow started every ``every_seconds`` on the shared queue; a run still going when the next is
-    due is skipped (overlap SKIP)."""
-    return Schedule(
-        action=ScheduleActionStartWorkflow(
-            run,
-            arg,
-            id=schedule_id,
-            task_queue=settings.task_queue,
-            execution_timeout=timedelta(hours=1),
-            static_summary=summary,
-        ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=every_seconds))]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    assert settings.database_url is not None
+    worker_pool = await open_pool(
+        worker_url or settings.database_url,
+        "exports_worker",
+        max_size=settings.worker_pool_size,
+        name=f"worker-{worker_id}",
     )
-
-
-def recovery_schedule(settings: Settings) -> Schedule:
-    """Recovery every ``recovery_every_seconds``."""
-    return _periodic(
-        RecoveryWorkflow.run,
-        RecoveryInput(),
-        RECOVERY_SCHEDULE_ID,
-        settings.recovery_every_seconds,
-        "Recovery: take over expired export leases",
+    stack.push_async_callback(worker_pool.close)
+    api_pool = await open_pool(settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}")
+    stack.push_async_callback(api_pool.close)
+    export = ExportActivities(
+        JobStore(worker_pool, lease_seconds=settings.lease_seconds, reread_timeout=reread_timeout),
+        worker_pool,
         settings,
+        worker_id,
+        own_task_queue(settings.task_queue, worker_id),
+        cancellation_store=JobStore(api_pool, lease_seconds=settings.lease_seconds),
+        search_attributes=search_attributes,
+        max_concurrent_deliveries=settings.max_concurrent_deliveries,
     )
+    stack.push_async_callback(export.aclose)
+    return export
 
 
-def sweeper_schedule(settings: Settings) -> Schedule:
-    """The sweeper every ``sweep_every_seconds``; thresholds come from each worker's settings."""
-    return _periodic(
-        SweeperWorkflow.run,
-        SweepInput(),
-        SWEEPER_SCHEDULE_ID,
-        settings.sweep_every_seconds,
-        "Sweeper: re-wake stale queued exports",
-        settings,
+def build_workers(
+    client: Client,
+    settings: Settings,
+    export: ExportActivities,
+    *,
+    recovery: RecoveryActivities | None = None,
+    sweeper: SweeperActivities | None = None,
+) -> tuple[Worker, Worker]:
+    """The two Temporal workers of one host: the shared queue (workflows, the claim, recovery and the
+    sweeper when given) and the host's own queue (the build, cutoff 2 and the delivery)."""
+    workflows: list[type] = [ExportWorkflow]
+    shared_activities = export.shared_activities()
+    if recovery is not None:
+        workflows.append(RecoveryWorkflow)
+        shared_activities += recovery.activities()
+    if sweeper is not None:
+        workflows.append(SweeperWorkflow)
+        shared_activities += sweeper.activities()
+    grace = timedelta(seconds=settings.shutdown_grace_seconds)
+    shared = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=workflows,
+        activities=shared_activities,
+        graceful_shutdown_timeout=grace,
+        identity=f"{export.worker_id}@shared",
     )
-
-
-async def ensure_schedules(client: Client, settings: Settings) -> None:
-    """Create the recovery and sweeper Schedules, or bring existing ones to this worker's settings.
-
-    Idempotent: any number of workers may call it at start. An existing schedule keeps its state (paused
-    or not, with its note) and gets this worker's action, interval and overlap policy.
-    """
-    for schedule_id, schedule in (
-        (RECOVERY_SCHEDULE_ID, recovery_schedule(settings)),
-        (SWEEPER_SCHEDULE_ID, sweeper_schedule(settings)),
-    ):
-        try:
-            await client.create_schedule(schedule_id, schedule)
-            log.info("schedule %s created", schedule_id)
-        except ScheduleAlreadyRunningError:
-            await client.get_schedule_handle(schedule_id).update(_keep_state_update(schedule))
-            log.info("schedule %s exists; updated to this worker's settings", schedule_id)
-
-
-def _keep_state_update(schedule: Schedule) -> Callable[[ScheduleUpdateInput], ScheduleUpdate]:
-    def update(current: ScheduleUpdateInput) -> ScheduleUpdate:
-        existing = current.description.schedule
-        return ScheduleUpdate(
-            schedule=Schedule(
-                action=schedule.action, spec=schedule.spec, policy=schedule.policy, state=existing.state
-            )
-        )
-
-    return update
+    own = Worker(
+        client,
+        task_queue=export.own_task_queue,
+        activities=export.own_activities(),
+        graceful_shutdown_timeout=grace,
+        identity=f"{export.worker_id}@own",
+    )
+    return shared, own
 
 
 async def run_worker(
@@ -191,11 +145,11 @@ async def run_worker(
     schedules: bool = True,
     export_hooks: Callable[[ExportActivities], None] | None = None,
 ) -> None:
-    """Run one host's workers and the outbox dispatcher until ``stop`` is set, then shut down gracefully.
+    """Run one host's workers, the outbox dispatcher and the scavenger until ``stop`` is set, then shut
+    down gracefully.
 
     ``client`` defaults to one connected from ``settings``; ``ready`` is set once both workers run and the
-    dispatcher listens. With ``schedules`` the recovery and sweeper Schedules are ensured (a server
-    without Schedules, such as the time-skipping test server, is logged and tolerated). ``export_hooks``
+    dispatcher listens. With ``schedules`` the recovery and sweeper Schedules are ensured. ``export_hooks``
     receives the ``ExportActivities`` before the workers start (a test seam for its hooks). On ``stop``
     the dispatcher stops first, then both workers stop polling and give running activities
     ``shutdown_grace_seconds`` before cancelling them; recovery takes over whatever was abandoned.
@@ -203,83 +157,43 @@ async def run_worker(
     if settings.database_url is None:
         raise ValueError("EXPORTS_DATABASE_URL is not set")
     worker_id = new_worker_id(settings)
-    own_queue = own_task_queue(settings, worker_id)
     client = client or await connect_client(settings)
     search_attributes = await register_search_attributes(client, client.namespace)
     if schedules:
-        await _ensure_schedules_tolerant(client, settings)
+        await ensure_schedules(client, settings)
 
     async with contextlib.AsyncExitStack() as resources:
-        worker_pool = await open_pool(
-            settings.database_url, "exports_worker", max_size=10, name=f"worker-{worker_id}"
+        export = await open_export_activities(
+            settings, resources, worker_id=worker_id, search_attributes=search_attributes
         )
-        resources.push_async_callback(worker_pool.close)
+        if export_hooks is not None:
+            export_hooks(export)
         dispatcher_pool = await open_pool(
             settings.database_url, "exports_dispatcher", max_size=2, name=f"dispatcher-{worker_id}"
         )
         resources.push_async_callback(dispatcher_pool.close)
-
-        # A cancel of a workflow from Temporal is recorded through the API's cancellation transaction,
-        # which the worker role may not write: it gets its own small exports_api pool.
-        api_pool = await open_pool(
-            settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}"
-        )
-        resources.push_async_callback(api_pool.close)
-
-        store = JobStore(worker_pool, lease_seconds=settings.lease_seconds)
-        export = ExportActivities(
-            store,
-            worker_pool,
+        shared, own = build_workers(
+            client,
             settings,
-            worker_id,
-            own_queue,
-            cancellation_store=JobStore(api_pool),
-            search_attributes=search_attributes,
-        )
-        resources.push_async_callback(export.aclose)
-        if export_hooks is not None:
-            export_hooks(export)
-        recovery = RecoveryActivities(store, worker_pool, settings)
-        sweeper = SweeperActivities(store, settings)
-        grace = timedelta(seconds=settings.shutdown_grace_seconds)
-        shared = Worker(
-            client,
-            task_queue=settings.task_queue,
-            workflows=[ExportWorkflow, RecoveryWorkflow, SweeperWorkflow],
-            activities=[*export.shared_activities(), *recovery.activities(), *sweeper.activities()],
-            graceful_shutdown_timeout=grace,
-            identity=f"{worker_id}@shared",
-        )
-        own = Worker(
-            client,
-            task_queue=own_queue,
-            activities=export.own_activities(),
-            graceful_shutdown_timeout=grace,
-            identity=f"{worker_id}@own",
+            export,
+            recovery=RecoveryActivities(export.store, settings),
+            sweeper=SweeperActivities(export.store, settings),
         )
         dispatcher = OutboxDispatcher(
-            JobStore(dispatcher_pool), client, settings.task_queue, listen_url=settings.database_url
+            JobStore(dispatcher_pool), client, settings, listen_url=settings.database_url
         )
-        log.info("worker %s: shared queue %s, own queue %s", worker_id, settings.task_queue, own_queue)
+        log.info(
+            "worker %s: shared queue %s, own queue %s", worker_id, settings.task_queue, export.own_task_queue
+        )
         scavenger = asyncio.create_task(
-            scavenge_periodically(store, settings.work_dir, settings.recovery_every_seconds), name="scavenger"
+            scavenge_periodically(export.store, settings.work_dir, settings.recovery_every_seconds),
+            name="scavenger",
         )
         try:
             await _serve(shared, own, dispatcher, stop=stop, ready=ready)
         finally:
             scavenger.cancel()
         log.info("worker %s stopped", worker_id)
-
-
-async def scavenge_periodically(store: JobStore, work_dir: Path, every_seconds: float) -> None:
-    """Remove the local export files of ended attempts (a killed worker's contact data), now and every
-    ``every_seconds``; a failed pass is logged and tried again next time."""
-    while True:
-        try:
-            await scavenge_export_files(work_dir, store.live_attempts)
-        except StoreError as exc:
-            log.warning("scavenger pass failed (%s); trying again later", type(exc).__name__)
-        await asyncio.sleep(every_seconds)
 
 
 async def _serve(
@@ -320,15 +234,6 @@ async def _serve(
         log.error("%s ended with %s", name, type(outcome).__name__)
     if failures and not stop.is_set():
         raise RuntimeError(f"{failures[0][0]} ended unexpectedly") from failures[0][1]
-
-
-async def _ensure_schedules_tolerant(client: Client, settings: Settings) -> None:
-    try:
-        await ensure_schedules(client, settings)
-    except RPCError as exc:
-        if exc.status != RPCStatusCode.UNIMPLEMENTED:
-            raise
-        log.warning("this Temporal server has no Schedules; recovery and the sweeper will not run from here")
 
 
 def main() -> None:

@@ -32,10 +32,10 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.lease import LeaseKeeper
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
 from db.errors import StoreError
-from db.models import (
+from db.store import JobStore
+from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
     ClaimResult,
@@ -46,9 +46,10 @@ from db.models import (
     JobStatus,
     StopPoint,
 )
-from db.store import JobStore
 from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, deliver
-from partner.destination import load_destination
+from rules.outcomes import after_refused_cutoff, after_terminal_write
+from rules.policy import evaluate_policy
+from runtime.lease import LeaseKeeper
 from settings import Settings
 from workflows.models import (
     SEARCH_ATTRIBUTE_NAMES,
@@ -81,26 +82,6 @@ class StopReason(StrEnum):
     STOP_REQUESTED = "stop requested"  # the keeper's renewal or the signal's confirmation saw a stop request
     OWNERSHIP_LOST = "ownership lost"  # a renewal changed no row: a takeover committed
     CANCELLED = "activity cancelled"  # Temporal cancelled the activity (workflow, timeout, worker shutdown)
-
-
-@dataclass
-class PolicyDecision:
-    allowed: bool
-    reason: str = ""
-
-
-def evaluate_policy(job: ExportJob) -> PolicyDecision:
-    """The claim's side-effect-free policy check of a queued export's terms.
-
-    The destination belonging to the job's tenant is enforced by the schema's composite foreign key; the
-    check here is that the export names a list: a blank or oversized list name is refused.
-    """
-    name = job.list_name
-    if not name.strip():
-        return PolicyDecision(False, "policy: no contact list named")
-    if len(name) > 200 or any(ord(ch) < 32 for ch in name):
-        return PolicyDecision(False, "policy: list name not allowed")
-    return PolicyDecision(True)
 
 
 @dataclass
@@ -154,10 +135,10 @@ class ExportActivities:
     """The export's activities on one worker host.
 
     ``store`` is a ``JobStore`` over an ``exports_worker`` pool whose ``lease_seconds`` is the lease each
-    claim and renewal sets; ``worker_pool`` (same role) feeds the builder and the destination read.
+    claim and renewal sets; ``worker_pool`` (same role) feeds the builder.
     ``own_task_queue`` is this host's queue, returned by the claim. ``cancellation_store`` is a ``JobStore``
-    over an ``exports_api`` pool for recording a cancellation from Temporal; without one, it is opened from
-    ``settings.database_url`` on first use (``aclose`` closes it). Uploads run on this object's own
+    over an ``exports_api`` pool for recording a cancellation from Temporal (the worker role may not write
+    cancellation requests). Uploads run on this object's own
     ``max_concurrent_deliveries`` threads; more wait their turn. ``search_attributes`` says whether the
     server has the export search attributes registered; ``None`` asks the server (ListSearchAttributes,
     which the time-skipping test server does not implement, so it then counts as not registered).
@@ -173,7 +154,7 @@ class ExportActivities:
         worker_id: str,
         own_task_queue: str,
         *,
-        cancellation_store: JobStore | None = None,
+        cancellation_store: JobStore,
         search_attributes: bool | None = None,
         max_concurrent_deliveries: int = 8,
     ) -> None:
@@ -182,9 +163,7 @@ class ExportActivities:
         self.settings = settings
         self.worker_id = worker_id
         self.own_task_queue = own_task_queue
-        self._cancellation_store = cancellation_store
-        self._owned_cancellation_pool: AsyncConnectionPool | None = None
-        self._cancellation_lock = asyncio.Lock()
+        self.cancellation_store = cancellation_store
         self._search_attributes = search_attributes
         self._attempts: dict[UUID, _AttemptControl] = {}
         self._delivery_threads = ThreadPoolExecutor(
@@ -211,11 +190,8 @@ class ExportActivities:
         return [self.prepare_delivery, self.confirm_stop, self.deliver]
 
     async def aclose(self) -> None:
-        """Close the cancellation pool this object opened itself, if any, and the delivery threads."""
+        """Release the delivery threads (the pools belong to whoever opened them)."""
         self._delivery_threads.shutdown(wait=False)
-        if self._owned_cancellation_pool is not None:
-            await self._owned_cancellation_pool.close()
-            self._owned_cancellation_pool = None
 
     # -- claim (shared queue) -----------------------------------------------------------------------
 
@@ -338,7 +314,10 @@ class ExportActivities:
                     finished = await self.store.finish_failed(
                         job.id, inp.attempt_id, FailureCode.BUILD_FAILED, cause=str(exc)[:200]
                     )
-                    return _running_finish(finished, AttemptOutcome.FAILED, FailureCode.BUILD_FAILED)
+                    return PrepareResult(
+                        outcome=after_terminal_write(finished, AttemptOutcome.FAILED),
+                        failure_code=FailureCode.BUILD_FAILED if finished == FinishResult.WRITTEN else None,
+                    )
             if built is None:
                 return await self._stopped_while_building(job, inp.attempt_id, control)
 
@@ -358,22 +337,21 @@ class ExportActivities:
                 )
             if answer == AuthorizationResult.STOP_RECORDED:
                 finished = await self.store.finish_stopped(job.id, inp.attempt_id, StopPoint.BEFORE_DELIVERY)
-                return _running_finish(finished, AttemptOutcome.STOPPED, None, answers)
+                return PrepareResult(
+                    outcome=after_terminal_write(finished, AttemptOutcome.STOPPED), cutoff_answers=answers
+                )
             if answer == AuthorizationResult.ORIGINAL_COMPLETED:
                 # A replacement whose original was corrected to Completed: nothing has left the host.
                 finished = await self.store.finish_failed(
                     job.id, inp.attempt_id, FailureCode.ORIGINAL_DELIVERED, cause=None
                 )
-                return _running_finish(
-                    finished, AttemptOutcome.FAILED, FailureCode.ORIGINAL_DELIVERED, answers
+                return PrepareResult(
+                    outcome=after_terminal_write(finished, AttemptOutcome.FAILED),
+                    failure_code=FailureCode.ORIGINAL_DELIVERED if finished == FinishResult.WRITTEN else None,
+                    cutoff_answers=answers,
                 )
             # LeaseLapsed again, NotOwner or Unknown: write nothing; recovery reads the row.
-            outcome = (
-                AttemptOutcome.NOT_OWNER
-                if answer == AuthorizationResult.NOT_OWNER
-                else AttemptOutcome.LEFT_TO_RECOVERY
-            )
-            return PrepareResult(outcome=outcome, cutoff_answers=answers)
+            return PrepareResult(outcome=after_refused_cutoff(answer), cutoff_answers=answers)
         finally:
             heartbeat.cancel()
             await keeper.finish()
@@ -526,7 +504,7 @@ class ExportActivities:
     ) -> DeliverResult:
         loop = asyncio.get_running_loop()
         recorder = _EvidenceRecorder(self.store, job.id, inp.attempt_id, self.worker_id, loop)
-        destination = await load_destination(self.worker_pool, job.tenant_id, job.destination_id)
+        destination = await self.store.load_destination(job.tenant_id, job.destination_id)
         original = await self._original_file(job)
 
         def during_upload(sent: int) -> None:
@@ -600,7 +578,7 @@ class ExportActivities:
         Requested by ``temporal`` with the request ID the workflow derived, so a retry after ``Busy`` or a
         lost answer returns the outcome already recorded.
         """
-        store = await self._cancellations()
+        store = self.cancellation_store
         job = await store.get_job(inp.job_id)
         if job is None:
             return RecordCancelResult(outcome=CancellationOutcome.NOT_FOUND)
@@ -614,35 +592,6 @@ class ExportActivities:
         if result.outcome == CancellationOutcome.BUSY:
             raise ApplicationError("the job row is locked; retry with the same request ID", type="Busy")
         return RecordCancelResult(outcome=result.outcome)
-
-    async def _cancellations(self) -> JobStore:
-        if self._cancellation_store is not None:
-            return self._cancellation_store
-        async with self._cancellation_lock:
-            if self._cancellation_store is None:
-                from db.pool import open_pool
-
-                if not self.settings.database_url:
-                    raise ApplicationError("no database URL for the cancellation role", non_retryable=True)
-                pool = await open_pool(self.settings.database_url, "exports_api", max_size=2)
-                self._owned_cancellation_pool = pool
-                self._cancellation_store = JobStore(pool, lease_seconds=self.store.lease_seconds)
-        return self._cancellation_store
-
-
-def _running_finish(
-    finished: FinishResult,
-    written: AttemptOutcome,
-    code: FailureCode | None,
-    answers: list[AuthorizationResult] | None = None,
-) -> PrepareResult:
-    """A terminal write from Running: its outcome if it matched, else nothing was written by this attempt."""
-    if finished == FinishResult.WRITTEN:
-        return PrepareResult(outcome=written, failure_code=code, cutoff_answers=answers or [])
-    outcome = (
-        AttemptOutcome.NOT_OWNER if finished == FinishResult.NOT_OWNER else AttemptOutcome.LEFT_TO_RECOVERY
-    )
-    return PrepareResult(outcome=outcome, cutoff_answers=answers or [])
 
 
 class _EvidenceRecorder:

@@ -11,31 +11,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel
 from temporalio import activity
 
 from db.store import JobStore
 from settings import Settings
+from workflows.models import SweepBatchInput, SweepBatchResult
 
 log = logging.getLogger(__name__)
-
-
-class SweepInput(BaseModel):
-    """One sweeper run: at most ``max_batches`` batches; ``None`` takes the worker's settings."""
-
-    batch: int | None = None
-    older_than_seconds: float | None = None
-    max_batches: int = 20
-
-
-class SweepBatchInput(BaseModel):
-    batch: int | None = None
-    older_than_seconds: float | None = None
-
-
-class SweepBatchResult(BaseModel):
-    swept: int
-    batch: int
 
 
 class SweeperActivities:

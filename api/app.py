@@ -9,13 +9,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
-from temporalio.client import Client
 
 from api import console, routes
-from api.operations import Exports
-from api.signals import StopSignaller, TemporalStopSignaller
 from db.errors import TransientStoreError
-from db.store import JobStore
+from service.exports import Exports
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,20 +40,9 @@ async def _database_unavailable(request: Request, exc: TransientStoreError) -> J
     )
 
 
-def create_app(
-    settings: Settings,
-    *,
-    api_store: JobStore,
-    reconciler_store: JobStore | None = None,
-    signaller: StopSignaller | Client | None = None,
-    cancel_lock_timeout: str = "2s",
-) -> FastAPI:
-    """Build the API and console over open stores (``exports_api``, and ``exports_reconciler`` for
-    corrections). ``signaller`` tells a running attempt's workflow about a stop request: a Temporal
-    client, any ``StopSignaller``, or ``None`` to run without Temporal (cutoff 2 still enforces stops).
-    The caller owns the stores' pools and closes them."""
-    if isinstance(signaller, Client):
-        signaller = TemporalStopSignaller(signaller)
+def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
+    """Build the API and console over ``exports`` (the operations over open stores, with the stop
+    signaller); the caller owns their pools and closes them."""
     app = FastAPI(
         title="Fenced Exports",
         version="1",
@@ -66,15 +52,7 @@ def create_app(
         ),
     )
     app.state.settings = settings
-    app.state.api_store = api_store
-    app.state.exports = Exports(
-        api_store,
-        reconciler_store,
-        signaller,
-        temporal_ui_url=settings.temporal_ui_url,
-        namespace=settings.temporal_namespace,
-        cancel_lock_timeout=cancel_lock_timeout,
-    )
+    app.state.exports = exports
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(TransientStoreError, _database_unavailable)  # type: ignore[arg-type]
 

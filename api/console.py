@@ -14,9 +14,10 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from api.auth import COOKIE_NAME, Caller, caller_for_token
-from api.operations import Exports
-from api.views import short, stamp, status_line
+from api.auth import COOKIE_NAME
+from service.auth import Caller, caller_for_token
+from service.exports import Exports
+from service.views import short, stamp, status_line
 
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 templates.env.filters["short"] = short
@@ -31,7 +32,7 @@ async def _caller(request: Request) -> Caller | None:
     token = request.cookies.get(COOKIE_NAME)
     if not token:
         return None
-    return await caller_for_token(request.app.state.api_store.pool, token)
+    return await caller_for_token(_ops(request).store, token)
 
 
 def _ops(request: Request) -> Exports:
@@ -49,7 +50,7 @@ async def login_form(request: Request) -> Response:
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request, token: Annotated[str, Form(max_length=200)]) -> Response:
-    caller = await caller_for_token(request.app.state.api_store.pool, token.strip())
+    caller = await caller_for_token(_ops(request).store, token.strip())
     if caller is None:
         return templates.TemplateResponse(request, "login.html", {"error": "Unknown token."}, status_code=401)
     response = RedirectResponse("/console", status_code=303)

@@ -1,4 +1,4 @@
-"""The JSON API: thin FastAPI routes over ``api.operations.Exports``; OpenAPI at /openapi.json and /docs."""
+"""The JSON API: thin FastAPI routes over ``service.exports.Exports``; OpenAPI at /openapi.json and /docs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 
-from api.auth import Caller, authenticate
-from api.operations import Answer, Exports
-from api.schemas import CancelExport, CorrectExport, CreateExport, EditTerms, ReconcileExport, ReplaceExport
+from api.auth import authenticate
+from service.auth import Caller
+from service.commands import (
+    CancelExport,
+    CorrectExport,
+    CreateExport,
+    EditTerms,
+    ReconcileExport,
+    ReplaceExport,
+)
+from service.exports import Exports
+from service.outcomes import Answer, Kind
 
 router = APIRouter(prefix="/exports", tags=["exports"])
 
@@ -32,9 +41,34 @@ def exports(request: Request) -> Exports:
 ExportsDep = Annotated[Exports, Depends(exports)]
 
 
+# The one table from an operation's outcome to its HTTP status (001 "What the API returns").
+HTTP_STATUS: dict[Kind, int] = {
+    Kind.DONE: 200,
+    Kind.CREATED: 201,
+    Kind.ACCEPTED: 202,
+    Kind.MALFORMED: 400,
+    Kind.FORBIDDEN: 403,
+    Kind.NOT_FOUND: 404,
+    Kind.REFUSED: 409,
+    Kind.STALE: 412,
+    Kind.INVALID: 422,
+    Kind.PRECONDITION_REQUIRED: 428,
+    Kind.BUSY: 503,
+}
+
+
 def respond(answer: Answer) -> JSONResponse:
-    """An operation's answer as an HTTP response."""
-    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
+    """An operation's answer as an HTTP response: its status from ``HTTP_STATUS``, its headers."""
+    headers = dict(answer.extra)
+    if answer.location is not None:
+        headers["Location"] = answer.location
+    if answer.version is not None:
+        headers["ETag"] = f'"{answer.version}"'
+    if answer.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    if answer.retry_after_seconds is not None:
+        headers["Retry-After"] = str(answer.retry_after_seconds)
+    return JSONResponse(answer.body, status_code=HTTP_STATUS[answer.kind], headers=headers)
 
 
 @router.post(

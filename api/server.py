@@ -11,9 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app
-from api.signals import TemporalStopSignaller
-from db.pool import open_pool
-from db.store import JobStore
+from service.exports import open_exports
 from settings import Settings
 
 
@@ -54,23 +52,9 @@ class BackgroundServer(uvicorn.Server):
 
 async def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
     """Run the API and console until interrupted, over pools opened from ``settings.database_url``."""
-    if not settings.database_url:
-        raise SystemExit("EXPORTS_DATABASE_URL is not set")
-    api_pool = await open_pool(settings.database_url, "exports_api", max_size=10)
-    reconciler_pool = await open_pool(settings.database_url, "exports_reconciler", max_size=2)
-    try:
-        app = create_app(
-            settings,
-            api_store=JobStore(api_pool),
-            reconciler_store=JobStore(reconciler_pool),
-            signaller=TemporalStopSignaller(
-                address=settings.temporal_address, namespace=settings.temporal_namespace
-            ),
-        )
+    async with open_exports(settings) as exports:
+        app = create_app(settings, exports=exports)
         config = uvicorn.Config(
             app, host=host or settings.api_host, port=port or settings.api_port, lifespan="off"
         )
         await uvicorn.Server(config).serve()
-    finally:
-        await api_pool.close()
-        await reconciler_pool.close()

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import psycopg
 
-from db.builder import COPY_CONTACTS, SET_SCOPE, build_export, remove_export_file
+from db.builder import build_export, remove_export_file
 from db.pool import open_pool
+from db.queries import q
 from testbed.pg import APP_LOGIN, clone_database, make_template, postgres_server, with_database
 
 
@@ -69,9 +70,9 @@ def run_psql(psql: str, url: str, tenant_id: uuid.UUID, out: Path) -> tuple[floa
         [
             "SET ROLE exports_worker;",
             "BEGIN READ ONLY;",
-            SET_SCOPE.replace("%(tenant_id)s", ":'tenant'").replace("%(list_name)s", ":'list'")
+            q("set_build_scope").replace("%(tenant_id)s", ":'tenant'").replace("%(list_name)s", ":'list'")
             + " \\g /dev/null",
-            "\\copy" + COPY_CONTACTS.removeprefix("COPY"),
+            "\\copy" + " ".join(q("copy_contacts").split()).removeprefix("COPY"),  # one line for psql
             "COMMIT;",
             "",
         ]

@@ -33,9 +33,9 @@ from psycopg.rows import dict_row
 
 from db.embedded import EmbeddedPostgres
 from db.migrate import ensure_app_login, migrate
-from db.models import CancellationOutcome, ClaimResult
 from db.pool import open_pool
 from db.store import JobStore
+from domain.models import CancellationOutcome, ClaimResult
 
 APP_LOGIN = "exports_app"
 MODES = ("lockstep", "shuffled")

@@ -39,11 +39,10 @@ from temporalio.worker import Worker
 
 from activities.export import ExportActivities, keep_heartbeating
 from db.builder import build_export, remove_export_file
-from db.models import CancellationOutcome, ExportJob, FinishResult, JobStatus
 from db.pool import open_pool
 from db.store import JobStore
+from domain.models import CancellationOutcome, ExportJob, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver
-from partner.destination import load_destination
 from partner.local_server import LocalSftpServer
 from settings import Settings
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
@@ -120,7 +119,7 @@ class UnfencedActivities:
     @activity.defn(name="export.deliver")
     async def deliver(self, inp: DeliverInput) -> DeliverResult:
         job = await self._job(inp.job_id)
-        destination = await load_destination(self.pool, job.tenant_id, job.destination_id)
+        destination = await self.store.load_destination(job.tenant_id, job.destination_id)
         file = FileToDeliver(
             path=Path(inp.file.path),
             final_name=inp.file.final_name,

@@ -25,10 +25,10 @@ import time
 import uuid
 from pathlib import Path
 
-from db.models import DeliveryOutcome
+from domain.destination import Destination
+from domain.models import DeliveryOutcome
 from partner.client import session, upload_exclusive
 from partner.delivery import FileToDeliver, deliver
-from partner.destination import Destination
 from testbed.sftp import Sshd, sshd_available
 
 CIPHER = "aes128-gcm@openssh.com"

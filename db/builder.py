@@ -20,32 +20,19 @@ import select
 import shutil
 import tempfile
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import LiteralString
 from uuid import UUID
 
 import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from db.models import final_name_for
+from db.queries import q
+from domain.models import final_name_for
 
 log = logging.getLogger("fenced.builder")
-
-# The scope travels as transaction-local settings bound with named parameters: COPY accepts no
-# server-side parameters, and no value is ever merged into SQL text.
-SET_SCOPE: LiteralString = (
-    "SELECT set_config('fenced_exports.tenant_id', %(tenant_id)s, true),"
-    " set_config('fenced_exports.list_name', %(list_name)s, true)"
-)
-COPY_CONTACTS: LiteralString = (
-    "COPY (SELECT email, first_name, last_name FROM contacts"
-    " WHERE tenant_id = current_setting('fenced_exports.tenant_id')::uuid"
-    " AND list_name = current_setting('fenced_exports.list_name')"
-    " ORDER BY id) TO STDOUT (FORMAT csv, HEADER true)"
-)
 
 PRIVATE_DIR_PREFIX = "build-"
 _FLUSH_BYTES = 1 << 20
@@ -154,7 +141,7 @@ async def _copy_on(
     progress_interval: float,
 ) -> tuple[int, int, bytes]:
     await conn.execute("BEGIN READ ONLY")
-    await conn.execute(SET_SCOPE, {"tenant_id": str(tenant_id), "list_name": list_name})
+    await conn.execute(q("set_build_scope"), {"tenant_id": str(tenant_id), "list_name": list_name})
     stop = threading.Event()
     counters = _Counters()
     loop = asyncio.get_running_loop()
@@ -196,7 +183,7 @@ async def _wait_for_thread(copying: asyncio.Future) -> None:
 
 def _stream_copy(pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, counters: _Counters):
     """Run in a thread: send the COPY, write its rows to ``path`` in blocks, hash them; (rows, size, sha256)."""
-    pgconn.send_query(COPY_CONTACTS.encode())
+    pgconn.send_query(q("copy_contacts").encode())
     _flush_query(pgconn, stop)
     _wait_until_ready(pgconn, stop)
     result = pgconn.get_result()
@@ -313,39 +300,6 @@ def build_dirs(work_dir: Path) -> dict[UUID, list[Path]]:
             continue
         found.setdefault(attempt_id, []).append(entry)
     return found
-
-
-async def scavenge_export_files(
-    work_dir: Path, live_attempts: Callable[[list[UUID]], Awaitable[set[UUID]]]
-) -> list[UUID]:
-    """Remove the local files of attempts that can no longer use them; returns the attempts cleaned.
-
-    A worker killed mid-build or mid-upload leaves contact data on disk that nothing else removes. The row
-    decides what is orphaned: a directory is kept while its attempt is Running or Delivering (possibly in
-    another live process on this host) and removed once recovery or a terminal write has ended it.
-    """
-    dirs = build_dirs(work_dir)
-    if not dirs:
-        return []
-    live = await live_attempts(list(dirs))
-    cleaned: list[UUID] = []
-    for attempt_id, paths in dirs.items():
-        if attempt_id in live:
-            continue
-        for path in paths:
-            try:
-                shutil.rmtree(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning(
-                    "orphaned export directory not removed",
-                    extra={"attempt_id": str(attempt_id), "error": _os_code(exc)},
-                )
-                continue
-        log.info("removed the local export files of ended attempt %s", attempt_id)
-        cleaned.append(attempt_id)
-    return cleaned
 
 
 def _os_code(exc: OSError) -> str:

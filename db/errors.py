@@ -1,6 +1,10 @@
-"""The store's typed errors. psycopg errors are translated once, here, at the database boundary."""
+"""The store's typed errors. psycopg errors are translated once, here, at the database boundary:
+every statement the store runs is inside ``translated()``, so no driver error escapes a store call."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -38,6 +42,14 @@ class UnknownReference(StoreError):
     """A referenced row (destination, original job) does not exist in this tenant."""
 
 
+class LockTimeout(StoreError):
+    """A lock wait outlasted ``lock_timeout`` (SQLSTATE 55P03): the transaction decided nothing; Busy."""
+
+
+class DestinationNotFound(StoreError):
+    """No destination with that ID in that tenant."""
+
+
 class InvariantViolation(StoreError):
     """Something changed under a row lock; the outcome computed under it is not true, so nothing is recorded."""
 
@@ -58,9 +70,23 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+@contextlib.asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    """The database boundary: any psycopg error raised inside becomes the typed error it means.
+
+    A pool that cannot hand out a connection in time (``PoolTimeout``) is transient, like a lost one.
+    """
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+
+
 def translate(exc: psycopg.Error) -> StoreError:
     """Map one psycopg error to the typed error it means."""
     diag_constraint = exc.diag.constraint_name if exc.diag else None
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return LockTimeout("the row lock was not granted within lock_timeout")
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return NotPermitted(str(exc.diag.message_primary or "permission denied"))
     if isinstance(exc, pg_errors.IntegrityError | pg_errors.CheckViolation):

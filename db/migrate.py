@@ -8,6 +8,8 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
+from db.queries import fetch_sync
+
 log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same for every migrating process.
@@ -31,23 +33,20 @@ def migrate(url: str) -> list[str]:
     """
     applied_now: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%(k)s)", {"k": _MIGRATION_LOCK})
+        fetch_sync(conn, "lock_migrations", {"key": _MIGRATION_LOCK})
         try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            )
-            done = {r[0] for r in conn.execute("SELECT name FROM schema_migrations")}
+            fetch_sync(conn, "create_migrations_table", {})
+            done = {r["name"] for r in fetch_sync(conn, "applied_migrations", {})}
             for name, text in migration_files():
                 if name in done:
                     continue
                 with conn.transaction():
                     conn.execute(text)  # a whole file of DDL, no parameters
-                    conn.execute("INSERT INTO schema_migrations (name) VALUES (%(n)s)", {"n": name})
+                    fetch_sync(conn, "record_migration", {"name": name})
                 log.info("applied migration %s", name)
                 applied_now.append(name)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%(k)s)", {"k": _MIGRATION_LOCK})
+            fetch_sync(conn, "unlock_migrations", {"key": _MIGRATION_LOCK})
     return applied_now
 
 
@@ -58,7 +57,7 @@ def ensure_app_login(url: str, login: str) -> None:
     login alone can do nothing. Used by the demo and the tests; production grants membership its own way.
     """
     with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": login}).fetchone()
+        exists = fetch_sync(conn, "role_exists", {"role": login})
         if not exists:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOINHERIT").format(sql.Identifier(login)))
         for role in APP_ROLES:

@@ -1,4 +1,10 @@
-"""Loads the named statements of ``queries.sql``; each is run by the store function of the same name."""
+"""The one loader of SQL: every statement of the project lives in ``db/*.sql`` under a ``-- name:`` header.
+
+``queries.sql`` holds the row protocol, one statement per transition; ``support.sql`` the rest (tokens,
+display names, destinations, the builder's COPY, migrations' bookkeeping, administrators' seeding). A
+name is defined once across both files. Statements run with named parameters only, and rows come back
+typed through ``class_row``.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +12,47 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString, TypeVar, cast
 
-from psycopg import AsyncConnection
-from psycopg.rows import dict_row
+from psycopg import AsyncConnection, Connection
+from psycopg.rows import class_row, dict_row
 
 _HEADER = re.compile(r"^-- name: (\w+)\n((?:-- .*\n)*)", re.MULTILINE)
+SQL_FILES = ("queries.sql", "support.sql")
+
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
 class Query:
+    """One named statement: its name, the description under its header, and its text."""
+
     name: str
     description: str
     sql: LiteralString
+    file: str
 
 
-@cache
-def all_queries() -> dict[str, Query]:
-    """Every named statement in ``queries.sql``, by name."""
-    text = (resources.files("db") / "queries.sql").read_text(encoding="utf-8")
-    found: dict[str, Query] = {}
+def _parse(file: str, text: str) -> list[Query]:
     matches = list(_HEADER.finditer(text))
+    found = []
     for i, m in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
         body = text[m.end() : end].strip()
         description = " ".join(line[3:].strip() for line in m.group(2).splitlines())
-        if m.group(1) in found:
-            raise ValueError(f"statement {m.group(1)} is defined twice")
-        found[m.group(1)] = Query(m.group(1), description, cast(LiteralString, body.rstrip(";")))
+        found.append(Query(m.group(1), description, cast(LiteralString, body.rstrip(";")), file))
+    return found
+
+
+@cache
+def all_queries() -> dict[str, Query]:
+    """Every named statement of every SQL file, by name; a name defined twice is an error."""
+    found: dict[str, Query] = {}
+    for file in SQL_FILES:
+        for query in _parse(file, (resources.files("db") / file).read_text(encoding="utf-8")):
+            if query.name in found:
+                raise ValueError(f"statement {query.name} is defined twice")
+            found[query.name] = query
     return found
 
 
@@ -42,14 +61,30 @@ def q(name: str) -> LiteralString:
     return all_queries()[name].sql
 
 
-async def fetch_all(conn: AsyncConnection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run the named statement with bound parameters and return its rows as dicts."""
-    async with conn.cursor(row_factory=dict_row) as cur:
+async def fetch(conn: AsyncConnection[Any], name: str, params: dict[str, Any], row: type[Row]) -> list[Row]:
+    """Run the named statement with bound parameters; its rows as ``row`` instances (by column name)."""
+    async with conn.cursor(row_factory=class_row(row)) as cur:
         await cur.execute(q(name), params)
         return await cur.fetchall() if cur.description else []
 
 
-async def fetch_one(conn: AsyncConnection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    """Run the named statement and return its first row, or ``None``."""
-    rows = await fetch_all(conn, name, params)
+async def fetch_maybe(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any], row: type[Row]
+) -> Row | None:
+    """Run the named statement; its first row as ``row``, or ``None``."""
+    rows = await fetch(conn, name, params, row)
     return rows[0] if rows else None
+
+
+async def execute(conn: AsyncConnection[Any], name: str, params: dict[str, Any]) -> int:
+    """Run the named statement for its effect; the number of rows it returned or changed."""
+    async with conn.cursor() as cur:
+        await cur.execute(q(name), params)
+        return cur.rowcount
+
+
+def fetch_sync(conn: Connection[Any], name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The blocking form, for administrators' scripts and migrations: rows as dicts."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q(name), params)
+        return cur.fetchall() if cur.description else []

@@ -73,40 +73,63 @@ WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
 RETURNING id;
 
 -- name: claim_if_queued
--- Cutoff 1: Queued -> Running for the checked version, with the lease and the Claimed event.
-WITH claimed AS (
-    UPDATE export_jobs
-    SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = attempt_count + 1,
+-- Cutoff 1: Queued -> Running for the checked version, with the lease and the Claimed event. It answers
+-- with the row whether or not it matched (lock, guarded update, return the row), so a refusal is
+-- classified from this answer; the locking read returns the latest committed version after any wait.
+WITH job AS (
+    SELECT id, status, version, attempt_id FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+claimed AS (
+    UPDATE export_jobs j
+    SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = j.attempt_count + 1,
         claimed_by = %(worker_id)s, lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         workflow_id = %(workflow_id)s
-    WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
-    RETURNING id, attempt_id, version, claimed_by)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
-SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed
-RETURNING id;
+    FROM job
+    WHERE j.id = job.id AND j.status = 'Queued' AND j.version = %(checked_version)s
+    RETURNING j.id, j.status, j.version, j.attempt_id, j.claimed_by),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
+    SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed)
+SELECT true AS matched, status, version, attempt_id FROM claimed
+UNION ALL
+SELECT false AS matched, status, version, attempt_id FROM job WHERE NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: authorize_delivery_if_running
 -- Cutoff 2: Running -> Delivering for this attempt, only with no stop request and a current lease; for a
--- replacement, only while its original is not Completed. FOR SHARE conflicts with a correction's update
--- of the original, so whichever commits first makes the other wait, and this statement then re-checks.
-WITH original_open AS (
-    SELECT 1 FROM export_jobs
-    WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid AND status <> 'Completed'
+-- replacement, only while its original is not Completed. FOR SHARE on the original conflicts with a
+-- correction's update of it, so whichever commits first makes the other wait, and this statement then
+-- re-checks. It answers with state and ownership whether or not it matched, so a refusal is classified
+-- from this answer (StopRecorded, LeaseLapsed, NotOwner, OriginalCompleted).
+WITH job AS (
+    SELECT id, status, attempt_id, stop_request_id,
+           coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
+    FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+original AS (
+    SELECT status FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid
     FOR SHARE),
 authorized AS (
-    UPDATE export_jobs
+    UPDATE export_jobs j
     SET status = 'Delivering',
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
         expected_file_rows = %(rows)s::bigint,
         delivery_authorized_at = clock_timestamp()
-    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
-      AND stop_request_id IS NULL
-      AND lease_expires_at > clock_timestamp()
-      AND (%(replaces_job_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM original_open))   -- typed, so a null binds
-    RETURNING id, attempt_id, delivery_authorized_at)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
-SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized
-RETURNING id;
+    FROM job
+    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Running'
+      AND j.stop_request_id IS NULL
+      AND j.lease_expires_at > clock_timestamp()
+      -- typed, so a null binds; the original must exist and not be Completed
+      AND (%(replaces_job_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM original WHERE status <> 'Completed'))
+    RETURNING j.id, j.status, j.attempt_id, j.stop_request_id, j.delivery_authorized_at),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
+    SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized)
+SELECT true AS matched, status, attempt_id, stop_request_id, true AS lease_current,
+       (SELECT status FROM original) AS original_status
+FROM authorized
+UNION ALL
+SELECT false AS matched, status, attempt_id, stop_request_id, lease_current,
+       (SELECT status FROM original) AS original_status
+FROM job WHERE NOT EXISTS (SELECT 1 FROM authorized);
 
 -- name: read_ownership
 -- The lost-response re-read: state and ownership together, with the lease judged on the database clock
@@ -373,3 +396,7 @@ RETURNING message_id;
 -- attempt. An attempt that is not live never becomes live again (a requeue clears it; a claim mints a new one).
 SELECT attempt_id FROM export_jobs
 WHERE attempt_id = ANY(%(attempt_ids)s::uuid[]) AND status IN ('Running', 'Delivering');
+
+-- name: set_lock_timeout
+-- Bounds each lock wait of the current transaction only (SET LOCAL): the cancellation transaction's Busy.
+SELECT set_config('lock_timeout', %(timeout)s, true);

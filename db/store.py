@@ -1,10 +1,11 @@
-"""The job store: one function per transition of the row protocol, each one statement (or one short
+"""The job store: one method per transition of the row protocol, each one statement (or one short
 transaction where the seed says so), named after its transition.
 
-The row decides. Every write here repeats its conditions in the statement itself; the functions only
-bind parameters, translate errors once, and, for the claim, cutoff 2 and the terminal writes, wrap the
-statement in the lost-response rule of 000: when it throws or matches nothing, re-read state and
-ownership together before answering. An exception is never taken for a "no".
+The row decides. Every write here repeats its conditions in the statement itself; the methods only
+bind parameters, type the rows, translate errors at the one boundary (:func:`db.errors.translated`),
+and, for the claim, cutoff 2 and the terminal writes, apply the lost-response rule of 000: the claim and
+cutoff 2 answer with the row whether or not they matched, so a refusal is classified from that answer;
+only when a statement's answer is lost is state and ownership re-read. An exception is never a "no".
 """
 
 from __future__ import annotations
@@ -14,23 +15,41 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
-import psycopg
-from psycopg import errors as pg_errors
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from db.errors import (
     ConstraintRefused,
+    DestinationNotFound,
     IdempotencyConflict,
     InvariantViolation,
+    LockTimeout,
     StoreError,
     TransientStoreError,
     UnknownReference,
-    translate,
+    translated,
 )
-from db.models import (
+from db.queries import execute, fetch, fetch_maybe
+from db.rows import (
+    AttemptIdRow,
+    ClaimAnswer,
+    CutoffAnswer,
+    DestinationName,
+    EventIdRow,
+    IdempotencyRow,
+    IdRow,
+    JobIdRow,
+    MessageIdRow,
+    NameRow,
+    RenewalRow,
+    TokenRow,
+    VersionRow,
+)
+from domain.destination import Destination
+from domain.models import (
     AttemptEvent,
     AuthorizationResult,
     CancellationOutcome,
@@ -49,11 +68,13 @@ from db.models import (
     Renewal,
     StopPoint,
 )
-from db.queries import fetch_all, fetch_one
+from rules.cancellation import classify_cancellation
+from rules.cutoff import authorization_from
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
+Row = TypeVar("Row")
 
 # Bounded: a worker must not hang in a re-read during shutdown with the database unreachable.
 REREAD_TIMEOUT_SECONDS = 5.0
@@ -70,29 +91,12 @@ _RUNNING_FAILURE_CODES = {
 }
 
 
-def classify_cancellation(job: ExportJob) -> CancellationOutcome:
-    """The outcome follows from the state the locked row shows (001 "When Cancellation Loses")."""
-    match job.status:
-        case JobStatus.QUEUED:
-            return CancellationOutcome.CANCELED_WHILE_QUEUED
-        case JobStatus.RUNNING if job.stop_request_id is None:
-            return CancellationOutcome.STOP_REQUESTED
-        case JobStatus.RUNNING:
-            return CancellationOutcome.STOP_ALREADY_REQUESTED
-        case JobStatus.CANCELED:
-            return CancellationOutcome.ALREADY_CANCELED
-        case JobStatus.REJECTED | JobStatus.STOPPED | JobStatus.FAILED:
-            return CancellationOutcome.ALREADY_ENDED
-        case _:  # Delivering, Completed, OutcomeUnknown: delivery was authorized
-            return CancellationOutcome.TOO_LATE
-
-
 class JobStore:
     """The statements of the protocol over one pool; the pool's role decides what the database allows."""
 
     def __init__(
         self,
-        pool: AsyncConnectionPool,
+        pool: AsyncConnectionPool[Any],
         *,
         lease_seconds: float = 60.0,
         reread_timeout: float = REREAD_TIMEOUT_SECONDS,
@@ -103,44 +107,35 @@ class JobStore:
 
     # -- plumbing -----------------------------------------------------------------------------------
 
-    async def _all(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        try:
-            async with self.pool.connection() as conn:
-                return await fetch_all(conn, name, params)
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
+    async def _rows(self, name: str, params: dict[str, Any], row: type[Row]) -> list[Row]:
+        async with translated(), self.pool.connection() as conn:
+            return await fetch(conn, name, params, row)
 
-    async def _one(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        rows = await self._all(name, params)
+    async def _row(self, name: str, params: dict[str, Any], row: type[Row]) -> Row | None:
+        rows = await self._rows(name, params, row)
         return rows[0] if rows else None
 
     async def _matched(self, name: str, **params: Any) -> bool:
         """Run a conditional write; True when it matched a row (and so wrote its event)."""
-        return bool(await self._all(name, params))
+        async with translated(), self.pool.connection() as conn:
+            return await execute(conn, name, params) > 0
 
-    async def _write_or_none(self, name: str, params: dict[str, Any]) -> bool | None:
-        """Run a conditional write: True if it matched, False if it matched nothing, None if unanswered."""
+    async def _unless_lost(self, name: str, params: dict[str, Any], row: type[Row]) -> list[Row] | None:
+        """Run a write; its rows, or ``None`` when its answer was lost (it may or may not have committed)."""
         try:
-            return bool(await self._all(name, params))
-        except StoreError as exc:
-            if isinstance(exc, TransientStoreError):
-                log.warning("%s: no answer (%s); re-reading the row", name, exc)
-                return None
-            raise
-        except (TimeoutError, OSError) as exc:
-            log.warning("%s: no answer (%s); re-reading the row", name, type(exc).__name__)
+            return await self._rows(name, params, row)
+        except TransientStoreError as exc:
+            log.warning("%s: no answer (%s); re-reading the row", name, exc)
             return None
 
-    async def _reread(self, job_id: UUID) -> OwnershipState | None | type[TransientStoreError]:
-        """State and ownership together; ``TransientStoreError`` (the class) when the re-read failed too."""
+    async def _reread(self, job_id: UUID) -> OwnershipState | None:
+        """State and ownership together; raises ``TransientStoreError`` when the re-read fails too."""
         try:
-            row = await asyncio.wait_for(self._one("read_ownership", {"job_id": job_id}), self.reread_timeout)
-        except (StoreError, TimeoutError, OSError) as exc:
-            if isinstance(exc, StoreError) and not isinstance(exc, TransientStoreError):
-                raise
-            log.warning("re-read of %s failed too (%s)", job_id, type(exc).__name__)
-            return TransientStoreError
-        return OwnershipState(**row) if row else None
+            return await asyncio.wait_for(
+                self._row("read_ownership", {"job_id": job_id}, OwnershipState), self.reread_timeout
+            )
+        except TimeoutError as exc:
+            raise TransientStoreError("the re-read timed out") from exc
 
     # -- creation and terms -------------------------------------------------------------------------
 
@@ -172,27 +167,29 @@ class JobStore:
             "fingerprint": fingerprint,
         }
         try:
-            row = await self._one("create_original", params)
+            row = await self._row("create_original", params, JobIdRow)
         except ConstraintRefused as exc:
             if exc.constraint == "pk_idempotency_keys" and idempotency_key is not None:
-                earlier = await self._one(
+                earlier = await self._row(
                     "find_idempotency_key",
                     {
                         "tenant_id": tenant_id,
                         "operation": "create_export",
                         "idempotency_key": idempotency_key,
                     },
+                    IdempotencyRow,
                 )
                 if earlier is None:
                     raise
-                if earlier["fingerprint"] != fingerprint:
-                    raise IdempotencyConflict(earlier["job_id"]) from exc
-                return Created(job_id=earlier["job_id"], replayed=True)
+                if earlier.fingerprint != fingerprint:
+                    raise IdempotencyConflict(earlier.job_id) from exc
+                return Created(job_id=earlier.job_id, replayed=True)
             if exc.constraint in ("fk_export_jobs_destination", "export_jobs_tenant_id_fkey"):
                 raise UnknownReference("no such destination in this tenant") from exc
             raise
-        assert row is not None  # the statement returns its outbox row whenever it commits
-        return Created(job_id=row["job_id"])
+        if row is None:
+            raise InvariantViolation("create_original committed without returning its job")
+        return Created(job_id=row.job_id)
 
     async def create_replacement(
         self,
@@ -208,7 +205,7 @@ class JobStore:
 
         A second live replacement raises ``ConstraintRefused('uq_export_jobs_one_replacement')``.
         """
-        row = await self._one(
+        row = await self._row(
             "create_replacement",
             {
                 "tenant_id": tenant_id,
@@ -218,15 +215,16 @@ class JobStore:
                 "replacement_reason": replacement_reason,
                 "overwrite_agreement_ref": overwrite_agreement_ref,
             },
+            JobIdRow,
         )
-        return Created(job_id=row["job_id"]) if row else None
+        return Created(job_id=row.job_id) if row else None
 
     async def edit_terms_if_queued(
         self, *, tenant_id: UUID, job_id: UUID, expected_version: int, destination_id: UUID, list_name: str
     ) -> int | None:
         """Change a queued export's terms; returns the new version, or ``None`` if it matched nothing."""
         try:
-            row = await self._one(
+            row = await self._row(
                 "edit_terms_if_queued",
                 {
                     "tenant_id": tenant_id,
@@ -235,12 +233,13 @@ class JobStore:
                     "destination_id": destination_id,
                     "list_name": list_name,
                 },
+                VersionRow,
             )
         except ConstraintRefused as exc:
             if exc.constraint == "fk_export_jobs_destination":
                 raise UnknownReference("no such destination in this tenant") from exc
             raise
-        return row["version"] if row else None
+        return row.version if row else None
 
     async def reject_if_queued(self, job_id: UUID, checked_version: int, reason: str) -> bool:
         """Queued -> Rejected for the evaluated version only."""
@@ -258,8 +257,9 @@ class JobStore:
         worker_id: str,
         workflow_id: str | None = None,
     ) -> ClaimResult:
-        """Cutoff 1 with the lost-response re-read: Claimed only if the row is Running with this attempt."""
-        wrote = await self._write_or_none(
+        """Cutoff 1. Claimed only if the row is Running with this attempt: from the statement's own
+        answer, or, when that answer was lost, from a re-read of state and ownership."""
+        answers = await self._unless_lost(
             "claim_if_queued",
             {
                 "job_id": job_id,
@@ -269,15 +269,22 @@ class JobStore:
                 "workflow_id": workflow_id,
                 "lease_seconds": self.lease_seconds,
             },
+            ClaimAnswer,
         )
-        if wrote:
-            return ClaimResult.CLAIMED
-        state = await self._reread(job_id)
-        if state is TransientStoreError:
-            return ClaimResult.UNKNOWN
-        assert not isinstance(state, type)
-        # State and ownership together: Running with this attempt's ID, and nothing else, means claimed.
-        if state is not None and state.status == JobStatus.RUNNING and state.attempt_id == attempt_id:
+        if answers is not None:
+            found = answers[0] if answers else None
+            if found is not None and found.matched:
+                return ClaimResult.CLAIMED
+            status, owner = (found.status, found.attempt_id) if found else (None, None)
+        else:
+            try:
+                state = await self._reread(job_id)
+            except TransientStoreError:
+                return ClaimResult.UNKNOWN
+            status, owner = (state.status, state.attempt_id) if state else (None, None)
+        # State and ownership together: Running with this attempt's ID, and nothing else, means claimed
+        # (a retry of a claim whose first answer was lost finds its own claim).
+        if status == JobStatus.RUNNING and owner == attempt_id:
             return ClaimResult.CLAIMED
         return ClaimResult.LOST
 
@@ -295,8 +302,9 @@ class JobStore:
         sha256: bytes,
         rows: int | None = None,
     ) -> AuthorizationResult:
-        """Cutoff 2 with the lost-response re-read, reporting why delivery was refused."""
-        wrote = await self._write_or_none(
+        """Cutoff 2, reporting why delivery was refused from the statement's own answer (or, when that
+        answer was lost, from a re-read)."""
+        answers = await self._unless_lost(
             "authorize_delivery_if_running",
             {
                 "tenant_id": tenant_id,
@@ -308,14 +316,28 @@ class JobStore:
                 "sha256": sha256,
                 "rows": rows,
             },
+            CutoffAnswer,
         )
-        if wrote:
+        if answers is None:
+            try:
+                return authorization_from(await self._reread(job_id), attempt_id)
+            except TransientStoreError:
+                return AuthorizationResult.UNKNOWN
+        if not answers:
+            return AuthorizationResult.NOT_OWNER  # no such job
+        found = answers[0]
+        if found.matched:
             return AuthorizationResult.AUTHORIZED
-        state = await self._reread(job_id)
-        if state is TransientStoreError:
-            return AuthorizationResult.UNKNOWN
-        assert not isinstance(state, type)
-        return authorization_from(state, attempt_id)
+        return authorization_from(
+            OwnershipState(
+                status=found.status,
+                attempt_id=found.attempt_id,
+                stop_request_id=found.stop_request_id,
+                lease_current=found.lease_current,
+                original_status=found.original_status,
+            ),
+            attempt_id,
+        )
 
     # -- lease --------------------------------------------------------------------------------------
 
@@ -324,27 +346,30 @@ class JobStore:
 
         Raises ``TransientStoreError`` when the database did not answer: the keeper retries next interval.
         """
-        row = await self._one(
-            "renew_lease", {"job_id": job_id, "attempt_id": attempt_id, "lease_seconds": self.lease_seconds}
+        row = await self._row(
+            "renew_lease",
+            {"job_id": job_id, "attempt_id": attempt_id, "lease_seconds": self.lease_seconds},
+            RenewalRow,
         )
         if row is None:
             return Renewal(owned=False, stop_requested=False)
-        return Renewal(owned=True, stop_requested=row["stop_requested"], status=row["status"])
+        return Renewal(owned=True, stop_requested=row.stop_requested, status=row.status)
 
     # -- terminal writes ----------------------------------------------------------------------------
 
     async def _finish(
         self, name: str, params: dict[str, Any], job_id: UUID, attempt_id: UUID, expect: JobStatus
     ) -> FinishResult:
-        wrote = await self._write_or_none(name, params)
-        if wrote:
+        written = await self._unless_lost(name, params, EventIdRow)
+        if written:
             return FinishResult.WRITTEN
-        state = await self._reread(job_id)
-        if state is TransientStoreError:
+        try:
+            state = await self._reread(job_id)
+        except TransientStoreError:
             return FinishResult.UNKNOWN
-        assert not isinstance(state, type)
         # A repeated call after a lost response finds its own terminal state; anything else is not ours.
-        if state is not None and state.status == expect and state.attempt_id == attempt_id and wrote is None:
+        lost = written is None
+        if lost and state is not None and state.status == expect and state.attempt_id == attempt_id:
             return FinishResult.WRITTEN
         return FinishResult.NOT_OWNER
 
@@ -418,7 +443,7 @@ class JobStore:
 
     async def find_expired_leases(self, limit: int = 100) -> list[ExpiredLease]:
         """Recovery's scan: candidates only."""
-        return [ExpiredLease(**r) for r in await self._all("find_expired_leases", {"limit": limit})]
+        return await self._rows("find_expired_leases", {"limit": limit}, ExpiredLease)
 
     async def requeue_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, max_attempts: int, recovery_run_id: str
@@ -531,10 +556,10 @@ class JobStore:
 
     async def sweep_stale_queued(self, older_than_seconds: float, batch: int = 500) -> list[UUID]:
         """Republish a bounded batch of stale Queued jobs; returns the jobs swept."""
-        rows = await self._all(
-            "sweep_stale_queued", {"older_than_seconds": older_than_seconds, "batch": batch}
+        rows = await self._rows(
+            "sweep_stale_queued", {"older_than_seconds": older_than_seconds, "batch": batch}, JobIdRow
         )
-        return [r["job_id"] for r in rows]
+        return [r.job_id for r in rows]
 
     async def take_and_publish(
         self, publish: Callable[[OutboxMessage], Awaitable[None]], batch: int = 50
@@ -545,19 +570,15 @@ class JobStore:
         ``exports_dispatcher``.
         """
         published: list[OutboxMessage] = []
-        try:
-            async with self.pool.connection() as conn, conn.transaction():
-                for row in await fetch_all(conn, "take_unpublished", {"batch": batch}):
-                    msg = OutboxMessage(**row)
-                    try:
-                        await publish(msg)
-                    except Exception:  # noqa: BLE001 - any publish failure leaves the row for the retry
-                        log.exception("publishing %s failed; it stays in the outbox", msg.message_id)
-                        continue
-                    await fetch_all(conn, "mark_published", {"message_id": msg.message_id})
-                    published.append(msg)
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
+        async with translated(), self.pool.connection() as conn, conn.transaction():
+            for msg in await fetch(conn, "take_unpublished", {"batch": batch}, OutboxMessage):
+                try:
+                    await publish(msg)
+                except Exception:  # any publish failure leaves the row for the retry
+                    log.exception("publishing %s failed; it stays in the outbox", msg.message_id)
+                    continue
+                await fetch(conn, "mark_published", {"message_id": msg.message_id}, MessageIdRow)
+                published.append(msg)
         return published
 
     # -- cancellation -------------------------------------------------------------------------------
@@ -579,23 +600,29 @@ class JobStore:
         ``before_commit`` is a test seam awaited with the lock held, after the decision is written.
         """
         try:
-            return await self._decide_and_record(
-                tenant_id, job_id, request_id, requested_by, reason, lock_timeout, before_commit
-            )
-        except pg_errors.LockNotAvailable:
+            async with translated(), self.pool.connection() as conn, conn.transaction():
+                return await self._decide_and_record(
+                    conn, tenant_id, job_id, request_id, requested_by, reason, lock_timeout, before_commit
+                )
+        except LockTimeout:
             return CancellationResult(request_id=request_id, outcome=CancellationOutcome.BUSY)
-        except pg_errors.UniqueViolation as exc:
+        except ConstraintRefused as exc:
+            if exc.constraint != "pk_cancellation_requests":
+                raise
             # The same (tenant, request ID) committed first, most likely under another job's lock. This
             # transaction rolled back; read what was recorded, with the same job and operator check.
-            earlier = await self._recorded_request(tenant_id, request_id)
+            earlier = await self._row(
+                "find_cancellation_request",
+                {"tenant_id": tenant_id, "request_id": request_id},
+                CancellationRequest,
+            )
             if earlier is None:
-                raise translate(exc) from exc
+                raise
             return _from_earlier(earlier, job_id, requested_by)
-        except psycopg.Error as exc:
-            raise translate(exc) from exc
 
     async def _decide_and_record(
         self,
+        conn: AsyncConnection[Any],
         tenant_id: UUID,
         job_id: UUID,
         request_id: UUID,
@@ -604,115 +631,113 @@ class JobStore:
         lock_timeout: str,
         before_commit: Hook | None,
     ) -> CancellationResult:
-        async with self.pool.connection() as conn, conn.transaction():
-            # Bounds each lock wait in this transaction only (SET LOCAL).
-            await conn.execute("SELECT set_config('lock_timeout', %(t)s, true)", {"t": lock_timeout})
-            keys = {"tenant_id": tenant_id, "job_id": job_id}
-            row = await fetch_one(conn, "lock_job_for_cancel", keys)
-            if row is None:
-                # Another tenant's job looks exactly like a missing one; nothing is recorded.
-                return CancellationResult(request_id=request_id, outcome=CancellationOutcome.NOT_FOUND)
-            found = ExportJob(**row)
+        await execute(conn, "set_lock_timeout", {"timeout": lock_timeout})
+        keys = {"tenant_id": tenant_id, "job_id": job_id}
+        found = await fetch_maybe(conn, "lock_job_for_cancel", keys, ExportJob)
+        if found is None:
+            # Another tenant's job looks exactly like a missing one; nothing is recorded.
+            return CancellationResult(request_id=request_id, outcome=CancellationOutcome.NOT_FOUND)
 
-            # Checked under the lock, so two submissions of one click are serialized here.
-            earlier_row = await fetch_one(
-                conn, "find_cancellation_request", {"tenant_id": tenant_id, "request_id": request_id}
-            )
-            if earlier_row is not None:
-                return _from_earlier(CancellationRequest(**earlier_row), job_id, requested_by, found)
-
-            outcome = classify_cancellation(found)
-            params = {**keys, "request_id": request_id}
-            if outcome == CancellationOutcome.CANCELED_WHILE_QUEUED:
-                changed = len(await fetch_all(conn, "cancel_if_queued", params))
-            elif outcome == CancellationOutcome.STOP_REQUESTED:
-                changed = len(await fetch_all(conn, "request_stop_if_running", params))
-            else:
-                changed = 1  # these outcomes change nothing on the job
-            if changed != 1:
-                # Impossible while the row is locked; if it happens the outcome is not true: record nothing.
-                log.critical("export %s changed under its row lock; outcome %s not recorded", job_id, outcome)
-                raise InvariantViolation(f"export {job_id} changed under its row lock")
-
-            recorded = await fetch_one(
-                conn,
-                "insert_cancellation_request",
-                {
-                    **params,
-                    "requested_by": requested_by,
-                    "reason": reason,
-                    "outcome": outcome.value,
-                    "found_status": found.status.value,
-                    "found_attempt_id": found.attempt_id,
-                    "found_attempt_count": found.attempt_count,
-                    "found_delivery_authorized_at": found.delivery_authorized_at,
-                },
-            )
-            assert recorded is not None
-            if before_commit is not None:
-                await before_commit()
-        return CancellationResult(
-            request_id=request_id, outcome=outcome, request=CancellationRequest(**recorded), job=found
+        # Checked under the lock, so two submissions of one click are serialized here.
+        earlier = await fetch_maybe(
+            conn,
+            "find_cancellation_request",
+            {"tenant_id": tenant_id, "request_id": request_id},
+            CancellationRequest,
         )
+        if earlier is not None:
+            return _from_earlier(earlier, job_id, requested_by, found)
 
-    async def _recorded_request(self, tenant_id: UUID, request_id: UUID) -> CancellationRequest | None:
-        row = await self._one("find_cancellation_request", {"tenant_id": tenant_id, "request_id": request_id})
-        return CancellationRequest(**row) if row else None
+        outcome = classify_cancellation(found)
+        params = {**keys, "request_id": request_id}
+        if outcome == CancellationOutcome.CANCELED_WHILE_QUEUED:
+            changed = len(await fetch(conn, "cancel_if_queued", params, IdRow))
+        elif outcome == CancellationOutcome.STOP_REQUESTED:
+            changed = len(await fetch(conn, "request_stop_if_running", params, IdRow))
+        else:
+            changed = 1  # these outcomes change nothing on the job
+        if changed != 1:
+            # Impossible while the row is locked; if it happens the outcome is not true: record nothing.
+            log.critical("export %s changed under its row lock; outcome %s not recorded", job_id, outcome)
+            raise InvariantViolation(f"export {job_id} changed under its row lock")
+
+        recorded = await fetch_maybe(
+            conn,
+            "insert_cancellation_request",
+            {
+                **params,
+                "requested_by": requested_by,
+                "reason": reason,
+                "outcome": outcome.value,
+                "found_status": found.status.value,
+                "found_attempt_id": found.attempt_id,
+                "found_attempt_count": found.attempt_count,
+                "found_delivery_authorized_at": found.delivery_authorized_at,
+            },
+            CancellationRequest,
+        )
+        if recorded is None:
+            raise InvariantViolation("the cancellation request was not recorded")
+        if before_commit is not None:
+            await before_commit()
+        return CancellationResult(request_id=request_id, outcome=outcome, request=recorded, job=found)
 
     # -- reads --------------------------------------------------------------------------------------
 
     async def get_job(self, job_id: UUID) -> ExportJob | None:
-        row = await self._one("get_job", {"job_id": job_id})
-        return ExportJob(**row) if row else None
+        """One export by ID (the worker's and recovery's view; job IDs are globally unique)."""
+        return await self._row("get_job", {"job_id": job_id}, ExportJob)
 
     async def get_tenant_job(self, tenant_id: UUID, job_id: UUID) -> ExportJob | None:
-        row = await self._one("get_tenant_job", {"tenant_id": tenant_id, "job_id": job_id})
-        return ExportJob(**row) if row else None
+        """One export as a tenant sees it: another tenant's job is indistinguishable from a missing one."""
+        return await self._row("get_tenant_job", {"tenant_id": tenant_id, "job_id": job_id}, ExportJob)
 
     async def list_tenant_jobs(self, tenant_id: UUID, limit: int = 100) -> list[ExportJob]:
-        return [
-            ExportJob(**r)
-            for r in await self._all("list_tenant_jobs", {"tenant_id": tenant_id, "limit": limit})
-        ]
+        """A tenant's exports, newest first."""
+        return await self._rows("list_tenant_jobs", {"tenant_id": tenant_id, "limit": limit}, ExportJob)
 
     async def job_events(self, job_id: UUID) -> list[AttemptEvent]:
-        return [AttemptEvent(**r) for r in await self._all("job_events", {"job_id": job_id})]
+        """An export's attempt history, in the order it was recorded."""
+        return await self._rows("job_events", {"job_id": job_id}, AttemptEvent)
 
     async def job_cancellation_requests(self, tenant_id: UUID, job_id: UUID) -> list[CancellationRequest]:
-        rows = await self._all("job_cancellation_requests", {"tenant_id": tenant_id, "job_id": job_id})
-        return [CancellationRequest(**r) for r in rows]
+        """Every cancellation request recorded for an export, oldest first."""
+        return await self._rows(
+            "job_cancellation_requests", {"tenant_id": tenant_id, "job_id": job_id}, CancellationRequest
+        )
 
     async def live_attempts(self, attempt_ids: list[UUID]) -> set[UUID]:
         """The attempts among ``attempt_ids`` that are still Running or Delivering (the scavenger keeps their files)."""
         if not attempt_ids:
             return set()
-        return {r["attempt_id"] for r in await self._all("live_attempts", {"attempt_ids": attempt_ids})}
+        rows = await self._rows("live_attempts", {"attempt_ids": attempt_ids}, AttemptIdRow)
+        return {r.attempt_id for r in rows}
 
     async def read_ownership(self, job_id: UUID) -> OwnershipState | None:
-        row = await self._one("read_ownership", {"job_id": job_id})
-        return OwnershipState(**row) if row else None
+        """State and ownership read together (the signal's confirmation, the re-read)."""
+        return await self._row("read_ownership", {"job_id": job_id}, OwnershipState)
 
-    async def find_idempotency_key(self, tenant_id: UUID, idempotency_key: str) -> dict[str, Any] | None:
-        return await self._one(
-            "find_idempotency_key",
-            {"tenant_id": tenant_id, "operation": "create_export", "idempotency_key": idempotency_key},
+    async def load_destination(self, tenant_id: UUID, destination_id: UUID) -> Destination:
+        """One tenant's destination with its contract; raises :class:`DestinationNotFound`."""
+        found = await self._row(
+            "load_destination", {"tenant_id": tenant_id, "destination_id": destination_id}, Destination
         )
+        if found is None:
+            raise DestinationNotFound(str(destination_id))
+        return found
 
+    async def tenant_name(self, tenant_id: UUID) -> str | None:
+        """The tenant's display name."""
+        row = await self._row("tenant_name", {"tenant_id": tenant_id}, NameRow)
+        return row.name if row else None
 
-def authorization_from(state: OwnershipState | None, attempt_id: UUID) -> AuthorizationResult:
-    """Why cutoff 2 did not (or did) commit, from the re-read of state and ownership (000)."""
-    if state is None or state.attempt_id != attempt_id:
-        return AuthorizationResult.NOT_OWNER
-    if state.status == JobStatus.DELIVERING:
-        return AuthorizationResult.AUTHORIZED
-    if state.status != JobStatus.RUNNING:
-        return AuthorizationResult.NOT_OWNER
-    if state.stop_request_id is not None:
-        return AuthorizationResult.STOP_RECORDED
-    if state.original_status == JobStatus.COMPLETED:
-        return AuthorizationResult.ORIGINAL_COMPLETED
-    # Expired, or renewed between the refusal and the re-read: either way LeaseLapsed, with its one retry.
-    return AuthorizationResult.LEASE_LAPSED
+    async def tenant_destinations(self, tenant_id: UUID) -> list[DestinationName]:
+        """The tenant's destinations for display (never their credential references)."""
+        return await self._rows("tenant_destinations", {"tenant_id": tenant_id}, DestinationName)
+
+    async def find_token(self, token_sha256: bytes) -> TokenRow | None:
+        """The tenant, principal and role a token's hash is bound to, or ``None``."""
+        return await self._row("find_api_token", {"token_sha256": token_sha256}, TokenRow)
 
 
 def _from_earlier(
@@ -724,3 +749,6 @@ def _from_earlier(
         )
     # A client error; says nothing about the other request.
     return CancellationResult(request_id=earlier.id, outcome=CancellationOutcome.REQUEST_ID_REUSED)
+
+
+__all__ = ["JobStore", "StoreError"]

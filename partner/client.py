@@ -22,7 +22,7 @@ from pathlib import Path
 import paramiko
 from paramiko.sftp import SFTP_NO_SUCH_FILE
 
-from partner.destination import Destination
+from domain.destination import Destination
 
 PREFERRED_CIPHER = "aes128-gcm@openssh.com"
 READ_CHUNK = 1 << 20

@@ -5,7 +5,7 @@ key; list the final name (the baseline, recorded before anything is uploaded); a
 occupied-name rules; upload under a temporary name that carries the attempt ID, opened exclusively;
 rename with the form that fails when the final name exists (``posix_rename`` only for a replacement
 with a recorded overwrite agreement); read back what the server and the contract can confirm; and
-classify (:mod:`partner.classifier`). Every observation goes to ``on_evidence`` as it is made
+classify (:mod:`rules.delivery`). Every observation goes to ``on_evidence`` as it is made
 (:mod:`partner.evidence`). Blocking: run it with ``asyncio.to_thread``.
 """
 
@@ -20,9 +20,9 @@ from uuid import UUID
 
 import paramiko
 
-from db.models import FailureCode
-from partner import classifier
-from partner.classifier import failed, unknown
+from domain.destination import Destination
+from domain.evidence import Ack, DeliveryReport, FileToDeliver, Observation, OriginalFile, temp_name_for
+from domain.models import FailureCode
 from partner.client import (
     ConnectRefused,
     PartnerSession,
@@ -33,17 +33,9 @@ from partner.client import (
     stat_or_none,
     upload_exclusive,
 )
-from partner.destination import Destination
-from partner.evidence import (
-    Ack,
-    DeliveryReport,
-    EvidenceLog,
-    FileToDeliver,
-    Observation,
-    OriginalFile,
-    error_code,
-    temp_name_for,
-)
+from partner.evidence import EvidenceLog, error_code
+from rules import delivery as classifier
+from rules.delivery import failed, unknown
 
 __all__ = [
     "DeliveryHooks",

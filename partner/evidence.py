@@ -1,154 +1,22 @@
-"""What a delivery expects, what it saw at the partner, and how each observation is recorded.
+"""How each observation a delivery makes is recorded, the moment it is made.
 
-Every observation becomes one JSON-able dict, handed to ``on_evidence`` the moment it is made, so a
-crash loses at most the observation in flight. Each dict carries ``observation`` (its kind), ``at``
-(UTC, when it was seen), ``attempt_id`` and ``destination_id``; the caller adds who observed it when
-it stores the dict (``JobStore.append_delivery_evidence``). Only names, sizes, mtimes, hashes (hex),
-SFTP status codes and error type names appear: never file contents, contact data or credentials.
+Every observation becomes one JSON-able dict, handed to ``on_evidence`` at once, so a crash loses at most
+the observation in flight. Each dict carries ``observation`` (its kind), ``at`` (UTC, when it was seen),
+``attempt_id`` and ``destination_id``; the caller adds who observed it when it stores the dict
+(``JobStore.append_delivery_evidence``). Only names, sizes, mtimes, hashes (hex), SFTP status codes and
+error type names appear: never file contents, contact data or credentials. The values themselves are in
+:mod:`domain.evidence`.
 
 Observation kinds: ``connect``, ``baseline``, ``final_name_occupied``, ``upload``, ``interrupted``,
 ``rename``, ``fresh_listing``, ``read_back``, ``ack``, ``outcome``.
-
-The acknowledgment file (contract ``hash_evidence = 'ack_file'``): after it publishes a file under
-its final name, the partner writes ``{final_name}{ack_suffix}`` in the same directory, one JSON
-object, UTF-8, at most 64 KiB::
-
-    {"name": "contacts-<delivery_key>.csv",   # the final name it acknowledges
-     "size": 1234,                            # bytes it received under that name
-     "sha256": "<64 hex digits>",             # SHA-256 of those bytes
-     "upload": ".partial-<attempt_id>-contacts-<delivery_key>.csv"}   # optional: the name it was renamed from
-
-An acknowledgment is tied to an upload when name, size and sha256 all match the file that upload
-sent and, when ``upload`` is present, it names that upload's temporary file (which carries the
-attempt ID). A later upload's acknowledgment replaces the file.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from uuid import UUID
-
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
-
-from db.models import DeliveryOutcome, FailureCode
-
-TEMP_PREFIX = ".partial-"
-
-
-def temp_name_for(attempt_id: UUID, final_name: str) -> str:
-    """The temporary name one attempt uploads under: hidden from the partner, attributable to the attempt."""
-    return f"{TEMP_PREFIX}{attempt_id}-{final_name}"
-
-
-@dataclass(frozen=True)
-class FileToDeliver:
-    """The local file an attempt uploads, with the size and hash recorded at cutoff 2."""
-
-    path: Path
-    final_name: str
-    size: int
-    sha256: bytes
-
-
-@dataclass(frozen=True)
-class OriginalFile:
-    """A replacement's original job's expected file, from its ``export_jobs`` row."""
-
-    name: str
-    size: int | None
-    sha256: bytes | None
-    attempt_id: UUID | None
-
-
-class DeliveryReport(BaseModel):
-    """The classified outcome of one delivery; ``summary`` holds codes and sizes only."""
-
-    outcome: DeliveryOutcome
-    failure_code: FailureCode | None = None
-    summary: str
-    evidence: list[dict[str, Any]] = []
-
-
-class Ack(BaseModel):
-    """A parsed acknowledgment file (see the module docstring for the format)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    name: str
-    size: int
-    sha256: str
-    upload: str | None = None
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex_digest(cls, value: str) -> str:
-        value = value.lower()
-        bytes.fromhex(value)
-        if len(value) != 64:
-            raise ValueError("sha256 must be 64 hex digits")
-        return value
-
-    @classmethod
-    def parse(cls, raw: bytes | None) -> Ack | None:
-        """Parse an acknowledgment file's bytes; ``None`` when absent or not in the agreed format."""
-        if raw is None:
-            return None
-        try:
-            return cls.model_validate(json.loads(raw.decode("utf-8")))
-        except (UnicodeDecodeError, json.JSONDecodeError, ValidationError, ValueError, TypeError):
-            return None
-
-    def as_evidence(self) -> dict[str, Any]:
-        """The acknowledgment's agreed fields only: whatever else a partner writes is not recorded."""
-        return self.model_dump()
-
-    def acknowledges(self, name: str, size: int | None, sha256: bytes | None, upload: str | None) -> bool:
-        """True when this acknowledgment is for exactly that file (and that upload, when it names one)."""
-        if size is None or sha256 is None:
-            return False
-        if (self.name, self.size, self.sha256) != (name, size, sha256.hex()):
-            return False
-        return upload is None or self.upload is None or self.upload == upload
-
-
-class Observation(BaseModel):
-    """What the partner's server showed under one name: presence, size, mtime, a hash and an ack if read."""
-
-    present: bool
-    size: int | None = None
-    mtime: int | None = None
-    sha256: bytes | None = None
-    ack: dict | None = None
-
-    def same_as(self, other: Observation) -> bool:
-        """The same listing: presence, size and mtime equal, and hashes too where both were read."""
-        if (self.present, self.size, self.mtime) != (other.present, other.size, other.mtime):
-            return False
-        return self.sha256 is None or other.sha256 is None or self.sha256 == other.sha256
-
-    def parsed_ack(self) -> Ack | None:
-        """The acknowledgment seen with this observation, when it was in the agreed format."""
-        if self.ack is None:
-            return None
-        try:
-            return Ack.model_validate(self.ack)
-        except ValidationError:
-            return None
-
-    def as_evidence(self) -> dict[str, Any]:
-        """The observation as evidence fields: the hash in hex, the ack as the partner wrote it."""
-        return {
-            "present": self.present,
-            "size": self.size,
-            "mtime": self.mtime,
-            "sha256": self.sha256.hex() if self.sha256 is not None else None,
-            "ack": self.ack,
-        }
 
 
 class EvidenceLog:

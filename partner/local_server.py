@@ -3,7 +3,7 @@
 For the demo and functional tests. It has its own host key (pin :attr:`LocalSftpServer.host_key_line`),
 accepts one generated client key (:attr:`LocalSftpServer.client_key_path`, the ``credential_ref``),
 and, when ``ack_suffix`` is given, acts like a partner that acknowledges each file published under a
-final name (see :mod:`partner.evidence` for the format). Its rename is check-then-act, not atomic:
+final name (see :mod:`domain.evidence` for the format). Its rename is check-then-act, not atomic:
 race and performance tests use a real OpenSSH sshd instead. It runs on the caller's event loop, so
 the paramiko client must run in a thread (``asyncio.to_thread``), as it does in production.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncssh
 
-from partner.evidence import TEMP_PREFIX
+from domain.evidence import TEMP_PREFIX
 
 
 class _PartnerSftp(asyncssh.SFTPServer):

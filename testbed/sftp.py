@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from db.embedded import free_port
-from partner.destination import Destination
+from domain.destination import Destination
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"

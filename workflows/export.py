@@ -24,7 +24,8 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.export import ExportActivities
-    from db.models import CancellationOutcome, DeliveryOutcome, FinishResult
+    from domain.models import CancellationOutcome
+    from rules.outcomes import after_delivery
     from workflows.models import (
         SEARCH_ATTRIBUTE_JOB_ID,
         SEARCH_ATTRIBUTE_OUTCOME,
@@ -34,7 +35,6 @@ with workflow.unsafe.imports_passed_through():
         ClaimStep,
         ConfirmStopInput,
         DeliverInput,
-        DeliverResult,
         ExportInput,
         ExportProgress,
         ExportResult,
@@ -180,7 +180,7 @@ class ExportWorkflow:
         except ActivityError:
             return ended(AttemptOutcome.LEFT_TO_RECOVERY, cutoff_answers=prepared.cutoff_answers)
         return ended(
-            _delivery_outcome(delivered),
+            after_delivery(delivered.delivery, delivered.finish),
             failure_code=delivered.failure_code,
             cutoff_answers=prepared.cutoff_answers,
             file_bytes=file.size,
@@ -270,23 +270,3 @@ class ExportWorkflow:
             CancellationOutcome.STOP_ALREADY_REQUESTED,
         ):
             self._pending_stops.append(str(request_id))
-
-
-def _delivery_outcome(delivered: DeliverResult) -> AttemptOutcome:
-    if delivered.delivery is None:
-        return (
-            AttemptOutcome.NOT_OWNER
-            if delivered.finish == FinishResult.NOT_OWNER
-            else AttemptOutcome.LEFT_TO_RECOVERY
-        )
-    if delivered.finish == FinishResult.WRITTEN:
-        return {
-            DeliveryOutcome.COMPLETED: AttemptOutcome.COMPLETED,
-            DeliveryOutcome.FAILED: AttemptOutcome.FAILED,
-            DeliveryOutcome.OUTCOME_UNKNOWN: AttemptOutcome.OUTCOME_UNKNOWN,
-        }[delivered.delivery]
-    return (
-        AttemptOutcome.NOT_OWNER
-        if delivered.finish == FinishResult.NOT_OWNER
-        else AttemptOutcome.LEFT_TO_RECOVERY
-    )

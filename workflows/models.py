@@ -12,31 +12,20 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
-from db.models import AuthorizationResult, CancellationOutcome, DeliveryOutcome, FailureCode, FinishResult
+from domain.models import (
+    AttemptOutcome,
+    AuthorizationResult,
+    CancellationOutcome,
+    DeliveryOutcome,
+    FailureCode,
+    FinishResult,
+)
 
 # Custom search attributes (keywords) the workflow sets when the server has them registered.
 SEARCH_ATTRIBUTE_JOB_ID = "ExportJobId"
 SEARCH_ATTRIBUTE_TENANT_ID = "ExportTenantId"
 SEARCH_ATTRIBUTE_OUTCOME = "ExportOutcome"
 SEARCH_ATTRIBUTE_NAMES = (SEARCH_ATTRIBUTE_JOB_ID, SEARCH_ATTRIBUTE_TENANT_ID, SEARCH_ATTRIBUTE_OUTCOME)
-
-
-class AttemptOutcome(StrEnum):
-    """How one ExportWorkflow ended, from its own writes; the row stays the authority on the job."""
-
-    SETTLED = "Settled"  # the row was not Queued (canceled, claimed, finished, or not found): nothing done
-    REJECTED = "Rejected"  # the policy denied this version; Queued -> Rejected was written
-    NOT_CLAIMED = (
-        "NotClaimed"  # the claim matched nothing: another wake-up claimed it, or it was canceled/edited
-    )
-    STOPPED = "Stopped"  # this attempt wrote Running -> Stopped for a recorded stop request
-    FAILED = "Failed"  # this attempt wrote a Failed with a code
-    COMPLETED = "Completed"
-    OUTCOME_UNKNOWN = "OutcomeUnknown"
-    NOT_OWNER = (
-        "NotOwner"  # ownership was lost (a takeover or a terminal write by someone else): wrote nothing
-    )
-    LEFT_TO_RECOVERY = "LeftToRecovery"  # unanswered write, timed-out or failed activity: the lease decides
 
 
 class Stage(StrEnum):
@@ -178,3 +167,88 @@ class RecordCancelInput(BaseModel):
 
 class RecordCancelResult(BaseModel):
     outcome: CancellationOutcome
+
+
+# -- recovery -----------------------------------------------------------------------------------------
+
+
+class RecoveryInput(BaseModel):
+    """One recovery run: scan in batches of ``batch`` leases, at most ``max_batches`` batches."""
+
+    batch: int = 100
+    max_batches: int = 20
+
+
+class RecoveryBatchInput(BaseModel):
+    recovery_run_id: str
+    limit: int = 100
+
+
+class Takeover(StrEnum):
+    """What recovery did with one candidate."""
+
+    REQUEUED = "Requeued"
+    STOPPED = "Stopped"
+    EXHAUSTED = "Exhausted"
+    COMPLETED = "Completed"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+    MATCHED_NOTHING = "MatchedNothing"  # renewed, finished or taken over since the scan
+    ERROR = "Error"  # not decided this run; the next run nominates it again
+
+
+class RecoveryBatchResult(BaseModel):
+    """Counts by takeover for one batch (or a whole run)."""
+
+    scanned: int = 0
+    requeued: int = 0
+    stopped: int = 0
+    exhausted: int = 0
+    completed: int = 0
+    outcome_unknown: int = 0
+    matched_nothing: int = 0
+    errors: int = 0
+
+    @property
+    def taken_over(self) -> int:
+        return self.requeued + self.stopped + self.exhausted + self.completed + self.outcome_unknown
+
+    def count(self, takeover: Takeover) -> None:
+        field = {
+            Takeover.REQUEUED: "requeued",
+            Takeover.STOPPED: "stopped",
+            Takeover.EXHAUSTED: "exhausted",
+            Takeover.COMPLETED: "completed",
+            Takeover.OUTCOME_UNKNOWN: "outcome_unknown",
+            Takeover.MATCHED_NOTHING: "matched_nothing",
+            Takeover.ERROR: "errors",
+        }[takeover]
+        setattr(self, field, getattr(self, field) + 1)
+
+    def add(self, other: RecoveryBatchResult) -> None:
+        for name in RecoveryBatchResult.model_fields:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+# -- sweeper ------------------------------------------------------------------------------------------
+
+
+class SweepInput(BaseModel):
+    """One sweeper run: at most ``max_batches`` batches; ``None`` takes the worker's settings."""
+
+    batch: int | None = None
+    older_than_seconds: float | None = None
+    max_batches: int = 20
+
+
+class SweepBatchInput(BaseModel):
+    batch: int | None = None
+    older_than_seconds: float | None = None
+
+
+class SweepBatchResult(BaseModel):
+    swept: int
+    batch: int
+
+
+class SweepResult(SweepBatchResult):
+    batches: int = 0

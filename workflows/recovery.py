@@ -12,12 +12,9 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.recovery import (
-        RECOVERY_OBSERVER_PREFIX,
-        RecoveryBatchInput,
-        RecoveryBatchResult,
-        RecoveryInput,
-    )
+    from activities.recovery import RecoveryActivities
+    from rules.recovery import RECOVERY_OBSERVER_PREFIX
+    from workflows.models import RecoveryBatchInput, RecoveryBatchResult, RecoveryInput
 
 
 @workflow.defn(name="RecoveryWorkflow")
@@ -32,10 +29,9 @@ class RecoveryWorkflow:
         total = RecoveryBatchResult()
         for _ in range(inp.max_batches):
             # Retrying a batch is safe: every takeover is conditional, and a repeated one matches nothing.
-            batch = await workflow.execute_activity(
-                "recover_expired_leases",
+            batch = await workflow.execute_activity_method(
+                RecoveryActivities.recover_expired_leases,
                 RecoveryBatchInput(recovery_run_id=run_id, limit=inp.batch),
-                result_type=RecoveryBatchResult,
                 start_to_close_timeout=timedelta(minutes=10),
                 heartbeat_timeout=timedelta(minutes=2),
                 retry_policy=RetryPolicy(maximum_attempts=3),

@@ -8,11 +8,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.sweeper import SweepBatchInput, SweepBatchResult, SweepInput
-
-
-class SweepResult(SweepBatchResult):
-    batches: int = 0
+    from activities.sweeper import SweeperActivities
+    from workflows.models import SweepBatchInput, SweepInput, SweepResult
 
 
 @workflow.defn(name="SweeperWorkflow")
@@ -24,10 +21,9 @@ class SweeperWorkflow:
         """Sweep until a batch is not full, so a backlog is drained in bounded transactions."""
         total = SweepResult(swept=0, batch=0)
         for _ in range(inp.max_batches):
-            done = await workflow.execute_activity(
-                "sweep_stale_queued",
+            done = await workflow.execute_activity_method(
+                SweeperActivities.sweep_stale_queued,
                 SweepBatchInput(batch=inp.batch, older_than_seconds=inp.older_than_seconds),
-                result_type=SweepBatchResult,
                 start_to_close_timeout=timedelta(minutes=2),
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )

@@ -11,11 +11,13 @@ from uuid import UUID
 import httpx
 import pytest
 from fastapi import FastAPI
+from temporalio.client import Client
 
 from api.app import create_app
-from api.auth import mint_token
-from api.signals import StopSignaller
 from db.store import JobStore
+from service.auth import mint_token
+from service.exports import Exports
+from service.signals import StopSignaller, TemporalStopSignaller
 from settings import Settings
 from testbed.pg import TestDatabase
 from tests.support.factories import Factory
@@ -65,14 +67,16 @@ async def globex(factory: Factory, database: TestDatabase) -> TenantKeys:
 
 @pytest.fixture(scope="module")
 def make_app(api_store: JobStore, reconciler_store: JobStore) -> Callable[..., FastAPI]:
-    def build(signaller: StopSignaller | None = None, lock_timeout: str = "300ms") -> FastAPI:
-        return create_app(
-            Settings(temporal_ui_url="http://ui.test:8233"),
-            api_store=api_store,
-            reconciler_store=reconciler_store,
-            signaller=signaller,
+    def build(signaller: StopSignaller | Client | None = None, lock_timeout: str = "300ms") -> FastAPI:
+        settings = Settings(temporal_ui_url="http://ui.test:8233")
+        exports = Exports(
+            api_store,
+            reconciler_store,
+            TemporalStopSignaller(signaller) if isinstance(signaller, Client) else signaller,
+            temporal_ui_url=settings.temporal_ui_url,
             cancel_lock_timeout=lock_timeout,
         )
+        return create_app(settings, exports=exports)
 
     return build
 

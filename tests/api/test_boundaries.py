@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from api.auth import CONSOLE_HEADER, COOKIE_NAME
-from db.models import JobStatus
+from domain.models import JobStatus
 from tests.api.conftest import cancel_body, snapshot
 
 CORRECTION = {

@@ -6,7 +6,7 @@ import uuid
 
 import psycopg
 
-from db.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus, StopPoint
+from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus, StopPoint
 from tests.api.conftest import cancel_body, recorded_requests, snapshot
 
 

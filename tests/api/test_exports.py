@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from db.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus
+from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus
 from tests.api.conftest import snapshot
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from db.models import FailureCode, FinishResult, JobStatus, StopPoint
+from domain.models import FailureCode, FinishResult, JobStatus, StopPoint
 from tests.api.conftest import cancel_body
 
 

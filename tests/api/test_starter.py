@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from db.models import JobStatus
+from domain.models import JobStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ async def test_a_running_export_is_a_stop_request_and_after_cutoff_2_a_refusal(d
     )
     assert code == 1
     assert json.loads(out)["outcome"] == "TooLate"
-    assert json.loads(out)["http_status"] == 409
+    assert json.loads(out)["outcome_kind"] == "refused"  # the CLI speaks outcomes, not HTTP statuses
 
 
 async def test_busy_exits_75_and_the_retry_with_the_same_request_id_decides(database, factory):

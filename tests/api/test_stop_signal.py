@@ -14,7 +14,7 @@ from temporalio import workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from api.signals import TemporalStopSignaller
+from service.signals import TemporalStopSignaller
 from testbed.temporal import start_time_skipping, venv_binary
 from tests.api.conftest import cancel_body, client_for
 from tests.conftest import require
@@ -80,7 +80,7 @@ async def test_a_failed_signal_is_logged_and_the_answer_is_still_202(
     )
     signaller = TemporalStopSignaller(temporal.client)
 
-    with caplog.at_level(logging.WARNING, logger="api.signals"):
+    with caplog.at_level(logging.WARNING, logger="service.signals"):
         async with client_for(make_app(signaller=signaller)) as client:
             r = await client.post(
                 f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator

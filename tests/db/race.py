@@ -19,10 +19,10 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from db.models import AuthorizationResult, CancellationResult, ExportJob, final_name_for
 from db.pool import Role, open_pool
 from db.queries import q
 from db.store import JobStore
+from domain.models import AuthorizationResult, CancellationResult, ExportJob, final_name_for
 
 BLOCKING_WAIT_SECONDS = 5.0
 

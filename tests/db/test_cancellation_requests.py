@@ -14,7 +14,7 @@ from uuid import UUID
 
 import pytest
 
-from db.models import (
+from domain.models import (
     CancellationOutcome,
     DeliveryOutcome,
     FailureCode,

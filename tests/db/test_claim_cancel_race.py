@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from db.models import CancellationOutcome, ClaimResult, JobStatus
+from domain.models import CancellationOutcome, ClaimResult, JobStatus
 from tests.db.race import Gate, RolledBackOnPurpose, cancel, claim_params, still_waiting
 
 LONG_LOCK_TIMEOUT = "30s"  # the cancellation must wait for the held claim, not give up as Busy

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from db.errors import ConstraintRefused, IdempotencyConflict, UnknownReference
-from db.models import DeliveryOutcome, ExportJob, FailureCode, JobStatus
+from domain.models import DeliveryOutcome, ExportJob, FailureCode, JobStatus
 from tests.db.race import still_waiting
 
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from db.errors import ConstraintRefused, NotPermitted, translate
-from db.models import (
+from domain.models import (
     AuthorizationResult,
     EventKind,
     ExportJob,

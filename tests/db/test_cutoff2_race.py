@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from db.models import AuthorizationResult, CancellationOutcome, JobStatus
+from domain.models import AuthorizationResult, CancellationOutcome, JobStatus
 from tests.db.race import (
     Gate,
     RolledBackOnPurpose,

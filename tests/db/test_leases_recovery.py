@@ -16,7 +16,8 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from db.models import (
+from db.store import JobStore
+from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
     DeliveryOutcome,
@@ -27,7 +28,6 @@ from db.models import (
     JobStatus,
     StopPoint,
 )
-from db.store import JobStore
 from tests.db.race import authorize, authorize_params, cancel, still_waiting
 
 MAX_ATTEMPTS = 3

@@ -17,10 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from db.models import AuthorizationResult, ClaimResult, DeliveryOutcome, FinishResult, JobStatus
 from db.pool import Role, open_pool
 from db.queries import q
 from db.store import JobStore
+from domain.models import AuthorizationResult, ClaimResult, DeliveryOutcome, FinishResult, JobStatus
 from testbed.tcp_proxy import TcpProxy
 from tests.db.race import authorize
 

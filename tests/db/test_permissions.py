@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from db.models import CancellationOutcome, ExportJob
 from db.pool import Role
+from domain.models import CancellationOutcome, ExportJob
 from tests.db.race import cancel
 
 ROLES: list[Role] = ["exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler"]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from db.builder import PRIVATE_DIR_PREFIX, build_dirs, scavenge_export_files
-from db.models import JobStatus
+from db.builder import PRIVATE_DIR_PREFIX, build_dirs
+from domain.models import JobStatus
+from runtime.scavenger import scavenge_export_files
 
 
 def leftover(work_dir: Path, attempt_id: uuid.UUID) -> Path:

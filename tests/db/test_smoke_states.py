@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from db.models import FailureCode, JobStatus
+from domain.models import FailureCode, JobStatus
 
 
 @pytest.mark.parametrize("status", list(JobStatus))

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from db.models import FailureCode, JobStatus
 from db.pool import Role
+from domain.models import FailureCode, JobStatus
 
 # The seed's diagram (001), edge by edge: the two cutoffs, cancel and reject from Queued, the attempt's
 # endings and recovery's requeue from Running, the delivery outcomes, reconciliation of OutcomeUnknown,

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from db.models import CancellationOutcome, JobStatus
+from domain.models import CancellationOutcome, JobStatus
 from tests.db.race import Gate, RolledBackOnPurpose, cancel, claim_params
 
 THRESHOLD_SECONDS = 30 * 60

@@ -16,9 +16,10 @@ import psycopg
 import pytest
 
 from api.app import create_app
-from api.auth import mint_token
 from api.server import BackgroundServer
-from db.models import FinishResult, JobStatus, StopPoint
+from domain.models import FinishResult, JobStatus, StopPoint
+from service.auth import mint_token
+from service.exports import Exports
 from settings import Settings
 from tests.conftest import require
 
@@ -51,12 +52,11 @@ async def site(api_store, reconciler_store, factory, database) -> AsyncIterator[
     tenant_id = await factory.tenant("acme")
     destination_id = await factory.destination(tenant_id, name="partner-old")
     token = await mint_token(database.admin_url, tenant_id=tenant_id, principal="sam.ops", role="operator")
-    app = create_app(
-        Settings(temporal_ui_url="http://localhost:8233"),
-        api_store=api_store,
-        reconciler_store=reconciler_store,
-        cancel_lock_timeout="300ms",
+    settings = Settings(temporal_ui_url="http://localhost:8233")
+    exports = Exports(
+        api_store, reconciler_store, temporal_ui_url=settings.temporal_ui_url, cancel_lock_timeout="300ms"
     )
+    app = create_app(settings, exports=exports)
     server = BackgroundServer(app)
     url = await server.start()
     yield Site(url, tenant_id, destination_id, token)

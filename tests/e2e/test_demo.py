@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from api.demo import DemoContext, run_demo
+from demo import DemoContext, run_demo
 from settings import Settings
 from testbed.temporal import venv_binary
 from tests.conftest import require

@@ -31,12 +31,13 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.recovery import RecoveryActivities, Takeover
-from db.builder import build_dirs, scavenge_export_files
-from db.models import ExportJob, JobStatus
+from activities.recovery import RecoveryActivities
+from db.builder import build_dirs
 from db.store import JobStore
-from partner.evidence import temp_name_for
+from domain.evidence import temp_name_for
+from domain.models import ExportJob, JobStatus
 from partner.local_server import LocalSftpServer
+from runtime.scavenger import scavenge_export_files
 from settings import Settings
 from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
@@ -44,7 +45,7 @@ from tests.support.factories import Factory
 from tests.support.sftp import local_sftp_server  # noqa: F401 - a fixture, found by pytest by name
 from worker import run_worker
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
-from workflows.models import AttemptOutcome, ExportInput, ExportResult
+from workflows.models import AttemptOutcome, ExportInput, ExportResult, Takeover
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30.0  # a bound on waiting for a condition, never a delay that decides one
@@ -209,7 +210,7 @@ async def recover(worker_store: JobStore, job_id: UUID) -> Takeover:
     """Recovery's takeover of this job's expired lease, as its scheduled batch would run it."""
     candidates = [c for c in await worker_store.find_expired_leases(limit=1000) if c.id == job_id]
     assert len(candidates) == 1, f"job {job_id} has no expired lease to take over"
-    recovery = RecoveryActivities(worker_store, worker_store.pool, Settings(max_attempts=MAX_ATTEMPTS))
+    recovery = RecoveryActivities(worker_store, Settings(max_attempts=MAX_ATTEMPTS))
     return await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")
 
 

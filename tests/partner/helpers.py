@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from domain.destination import Destination
 from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, deliver
-from partner.destination import Destination
 from testbed.sftp import SftpTarget
 
 SIZE = 600_000  # a few write requests at either request size
@@ -46,7 +46,7 @@ def original_of(data: bytes, final_name: str, attempt_id: UUID | None = None) ->
 def partner_ack(
     target: SftpTarget, final_name: str, data: bytes, upload: str | None, suffix: str = ".ack"
 ) -> None:
-    """Write an acknowledgment as the partner does after publishing ``final_name`` (partner.evidence)."""
+    """Write an acknowledgment as the partner does after publishing ``final_name`` (domain.evidence)."""
     ack = {
         "name": final_name,
         "size": len(data),

@@ -15,11 +15,11 @@ import paramiko
 import pytest
 
 from db.embedded import free_port
-from db.models import DeliveryOutcome, EventKind, FailureCode, JobStatus
+from db.errors import DestinationNotFound
 from db.store import JobStore
+from domain.models import DeliveryOutcome, EventKind, FailureCode, JobStatus
 from partner.client import ConnectRefused, connect, parse_pinned_key, upload_exclusive
 from partner.delivery import DeliveryHooks, OriginalFile, deliver, observe_final_name
-from partner.destination import DestinationNotFound, load_destination
 from testbed.sftp import SftpTarget
 from tests.partner.helpers import contact_bytes, local_file, run_delivery
 from tests.support.factories import Factory
@@ -136,7 +136,7 @@ async def test_load_destination_reads_the_tenants_row(factory: Factory, worker_s
         tenant_id, hash_evidence="ack_file", ack_suffix=".done", max_write_request=261120
     )
 
-    loaded = await load_destination(worker_store.pool, tenant_id, destination_id)
+    loaded = await worker_store.load_destination(tenant_id, destination_id)
 
     assert (loaded.id, loaded.tenant_id, loaded.hash_evidence, loaded.ack_suffix) == (
         destination_id,
@@ -146,7 +146,7 @@ async def test_load_destination_reads_the_tenants_row(factory: Factory, worker_s
     )
     assert loaded.max_write_request == 261120
     with pytest.raises(DestinationNotFound):
-        await load_destination(worker_store.pool, await factory.tenant(), destination_id)
+        await worker_store.load_destination(await factory.tenant(), destination_id)
 
 
 async def test_a_replacements_evidence_is_stored_and_the_originals_outcome_is_untouched(

@@ -9,9 +9,9 @@ import uuid
 
 import asyncssh
 
-from db.models import DeliveryOutcome, FailureCode
+from domain.evidence import temp_name_for
+from domain.models import DeliveryOutcome, FailureCode
 from partner.delivery import DeliveryHooks
-from partner.evidence import temp_name_for
 from testbed.sftp import SftpTarget
 from tests.partner.helpers import (
     SIZE,

@@ -15,6 +15,7 @@ from temporalio.worker import Worker
 from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from db.store import JobStore
+from runtime.search_attributes import register_search_attributes
 from settings import Settings
 from testbed.pg import TestDatabase
 from testbed.temporal import start_dev_server, start_time_skipping, venv_binary
@@ -26,7 +27,6 @@ from tests.support.sftp import (  # noqa: F401 - fixtures, found by pytest by na
     sshd_server,
     sshd_target,
 )
-from worker import register_search_attributes
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
@@ -73,7 +73,7 @@ async def recovery_worker(
     ts_env: WorkflowEnvironment, worker_store: JobStore, settings: Settings
 ) -> AsyncIterator[RecoveryActivities]:
     """A worker for RecoveryWorkflow and SweeperWorkflow on the module's shared queue (time-skipping server)."""
-    recovery = RecoveryActivities(worker_store, worker_store.pool, settings)
+    recovery = RecoveryActivities(worker_store, settings)
     sweeper = SweeperActivities(worker_store, settings)
     async with Worker(
         ts_env.client,

@@ -11,10 +11,11 @@ from collections import Counter
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
-from activities.dispatcher import OutboxDispatcher
-from db.models import OutboxMessage
 from db.pool import open_pool
 from db.store import JobStore
+from domain.models import OutboxMessage
+from runtime.dispatcher import OutboxDispatcher
+from settings import Settings
 from workflows.export import export_workflow_id
 
 WAIT = 15  # seconds: a bound on waiting for an outcome, never a delay that decides one
@@ -52,7 +53,7 @@ async def test_a_notify_wakes_the_dispatcher_without_waiting_for_a_poll(
     dispatcher = OutboxDispatcher(
         dispatcher_store,
         client,
-        task_queue,
+        Settings(task_queue=task_queue),
         listen_url=database.app_url,
         poll_seconds=3600,
         after_start=after_start,
@@ -75,7 +76,12 @@ async def test_a_notify_wakes_the_dispatcher_without_waiting_for_a_poll(
 async def test_polling_publishes_when_there_is_no_listener(client, dispatcher_store, factory, task_queue):
     started: asyncio.Queue[OutboxMessage] = asyncio.Queue()
     dispatcher = OutboxDispatcher(
-        dispatcher_store, client, task_queue, listen_url=None, poll_seconds=0.1, after_start=started.put
+        dispatcher_store,
+        client,
+        Settings(task_queue=task_queue),
+        listen_url=None,
+        poll_seconds=0.1,
+        after_start=started.put,
     )
     stop, task = await run_in_background(dispatcher)
     try:
@@ -104,7 +110,7 @@ async def test_a_row_retried_after_an_uncertain_publish_reaches_the_same_workflo
             raise ConnectionError("lost after the start")
 
     dispatcher = OutboxDispatcher(
-        dispatcher_store, client, task_queue, listen_url=None, after_start=after_start
+        dispatcher_store, client, Settings(task_queue=task_queue), listen_url=None, after_start=after_start
     )
     await dispatcher.dispatch_once()
     [row] = await outbox_rows(factory, job.id)
@@ -131,7 +137,7 @@ async def test_a_row_retried_after_its_workflow_ended_counts_as_published_and_st
             raise ConnectionError("lost after the start")
 
     dispatcher = OutboxDispatcher(
-        dispatcher_store, client, task_queue, listen_url=None, after_start=after_start
+        dispatcher_store, client, Settings(task_queue=task_queue), listen_url=None, after_start=after_start
     )
     await dispatcher.dispatch_once()
     first = await handle.describe()
@@ -170,14 +176,17 @@ async def test_two_dispatchers_at_once_publish_each_row_once(
     a = OutboxDispatcher(
         dispatcher_store,
         client,
-        task_queue,
+        Settings(task_queue=task_queue, dispatcher_batch=3),
         listen_url=None,
-        batch=3,
         before_publish=hold_a,
         after_start=recorder("a"),
     )
     b = OutboxDispatcher(
-        JobStore(second_pool), client, task_queue, listen_url=None, after_start=recorder("b")
+        JobStore(second_pool),
+        client,
+        Settings(task_queue=task_queue),
+        listen_url=None,
+        after_start=recorder("b"),
     )
     try:
         a_pass = asyncio.create_task(a.dispatch_once())

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from activities.recovery import RecoveryBatchResult, RecoveryInput, Takeover
 from db.embedded import free_port
-from db.models import DeliveryOutcome, ExportJob, FinishResult, JobStatus
+from domain.models import DeliveryOutcome, ExportJob, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver, observe_final_name
-from partner.destination import load_destination
 from testbed.sftp import SftpTarget
+from workflows.models import RecoveryBatchResult, RecoveryInput, Takeover
 from workflows.recovery import RecoveryWorkflow
 
 SIZE = 200_000
@@ -157,7 +156,7 @@ async def test_the_attempts_own_receipt_completes_it_when_the_destination_cannot
 ):
     data = os.urandom(SIZE)
     job, attempt = await delivering_to(factory, sftp_target, data)
-    destination = await load_destination(worker_store.pool, job.tenant_id, job.destination_id)
+    destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
     local = tmp_path / job.final_name
     local.write_bytes(data)
     evidence: list[dict] = []
@@ -245,7 +244,7 @@ async def test_a_replacement_completes_from_a_listing_changed_from_its_own_absen
 ):
     data = os.urandom(SIZE)
     _, replacement, attempt = await replacement_delivering(factory, sftp_target, data)
-    destination = await load_destination(worker_store.pool, replacement.tenant_id, replacement.destination_id)
+    destination = await worker_store.load_destination(replacement.tenant_id, replacement.destination_id)
     baseline = await asyncio.to_thread(observe_final_name, destination, replacement.final_name)
     assert not baseline.present
     await worker_store.append_delivery_evidence(
@@ -280,9 +279,7 @@ async def test_a_renewal_during_recoverys_lookup_prevents_the_takeover(
         asyncio.run_coroutine_threadsafe(worker_store.renew_lease(job.id, attempt), loop).result(10)
         return seen
 
-    recovery = RecoveryActivities(
-        worker_store, worker_store.pool, settings, observe=observe_while_the_worker_renews
-    )
+    recovery = RecoveryActivities(worker_store, settings, observe=observe_while_the_worker_renews)
     assert await recovery.take_over(candidate, "recovery:test") == Takeover.MATCHED_NOTHING
 
     still = await factory.job(job.id)
@@ -315,8 +312,8 @@ async def test_a_late_receipt_from_a_superseded_attempt_is_kept_and_changes_noth
 @asyncssh_only
 async def test_over_a_replacements_occupied_baseline_only_a_matching_hash_completes(factory, sftp_target):
     """The overwrite case of decide_delivery on real rows: name and size cannot show the change."""
-    from activities.recovery import decide_delivery
-    from partner.evidence import Observation
+    from domain.evidence import Observation
+    from rules.recovery import decide_delivery
 
     data = os.urandom(SIZE)
     _, replacement, attempt = await replacement_delivering(

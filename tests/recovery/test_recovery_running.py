@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import uuid
 
-from activities.recovery import RecoveryBatchResult, RecoveryInput, Takeover
-from db.models import (
+from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
     ClaimResult,
@@ -16,6 +15,7 @@ from db.models import (
     final_name_for,
 )
 from tests.recovery.conftest import MAX_ATTEMPTS
+from workflows.models import RecoveryBatchResult, RecoveryInput, Takeover
 from workflows.recovery import RecoveryWorkflow
 
 

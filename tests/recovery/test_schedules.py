@@ -14,8 +14,9 @@ from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverl
 from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
-from db.models import JobStatus
-from worker import RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules, run_worker
+from domain.models import JobStatus
+from runtime.schedules import RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules
+from worker import run_worker
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
@@ -79,7 +80,7 @@ async def test_the_recovery_schedule_runs_recovery_on_a_worker(dev_client, setti
     await ensure_schedules(dev_client, settings)
     job, _ = await factory.running()
     await factory.expire_lease(job.id)
-    recovery = RecoveryActivities(worker_store, worker_store.pool, settings)
+    recovery = RecoveryActivities(worker_store, settings)
     sweeper = SweeperActivities(worker_store, settings)
     async with Worker(
         dev_client,

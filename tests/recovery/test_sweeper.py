@@ -8,9 +8,9 @@ import uuid
 
 import psycopg
 
-from activities.sweeper import SweepInput
-from db.models import JobStatus
-from workflows.sweeper import SweeperWorkflow, SweepResult
+from domain.models import JobStatus
+from workflows.models import SweepInput, SweepResult
+from workflows.sweeper import SweeperWorkflow
 
 
 async def sweep(client, settings, **overrides) -> SweepResult:

@@ -16,12 +16,12 @@ from uuid import UUID
 import pytest
 
 from activities.export import ExportActivities
-from activities.recovery import RecoveryBatchResult, RecoveryInput
 from db.builder import PRIVATE_DIR_PREFIX
-from db.models import FailureCode, JobStatus
+from domain.models import FailureCode, JobStatus
 from settings import Settings
 from tests.recovery.conftest import MAX_ATTEMPTS
 from worker import run_worker
+from workflows.models import RecoveryBatchResult, RecoveryInput
 from workflows.recovery import RecoveryWorkflow
 
 GRACE = 3.0

@@ -13,7 +13,8 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
-from db.models import (
+from db.store import JobStore
+from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
     ClaimResult,
@@ -25,7 +26,6 @@ from db.models import (
     StopPoint,
     final_name_for,
 )
-from db.store import JobStore
 from testbed.pg import TestDatabase
 
 

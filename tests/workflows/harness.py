@@ -5,6 +5,7 @@ machine would; seams on ``host.activities`` are the named points tests hook into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -13,19 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import text_format
-from psycopg_pool import AsyncConnectionPool
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from activities.export import ExportActivities
-from db.models import ExportJob, JobStatus
-from db.pool import open_pool
 from db.store import JobStore
+from domain.models import ExportJob, JobStatus
 from service.temporal import connect_client
 from settings import Settings
 from testbed.pg import TestDatabase
 from tests.support.factories import Factory
+from worker import build_workers, open_export_activities
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
 from workflows.models import ExportInput, ExportResult
 
@@ -71,7 +71,7 @@ class Host:
     name: str
     activities: ExportActivities
     store: JobStore
-    pools: list[AsyncConnectionPool]
+    resources: contextlib.AsyncExitStack
     client: Client
     shared_queue: str
     own_queue: str
@@ -81,15 +81,8 @@ class Host:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def start(self) -> None:
-        self._workers = [
-            Worker(
-                self.client,
-                task_queue=self.shared_queue,
-                workflows=[ExportWorkflow],
-                activities=self.activities.shared_activities(),
-            ),
-            Worker(self.client, task_queue=self.own_queue, activities=self.activities.own_activities()),
-        ]
+        # The worker's own wiring: the same two workers as worker.py, without recovery and the sweeper.
+        self._workers = list(build_workers(self.client, self.activities.settings, self.activities))
         self._tasks = [asyncio.create_task(w.run()) for w in self._workers]
 
     async def stop(self) -> None:
@@ -100,9 +93,7 @@ class Host:
 
     async def close(self) -> None:
         await self.stop()
-        await self.activities.aclose()
-        for pool in self.pools:
-            await pool.close()
+        await self.resources.aclose()
 
     def set_timings(self, lease_seconds: float, renew_every_seconds: float) -> None:
         """Shorten the lease each claim and renewal sets, and the renewal interval (restored by reset)."""
@@ -150,20 +141,12 @@ async def make_host(
     worker_url: str | None = None,
     reread_timeout: float = 5.0,
 ) -> Host:
-    """A started host whose pools act as ``exports_worker`` (and ``exports_api`` for a Temporal cancel).
+    """A started host, wired as worker.py wires one: an ``exports_worker`` pool (and ``exports_api`` for a
+    Temporal cancel), its export activities, and the two workers.
 
     ``worker_url`` points the worker pool elsewhere (through a TCP proxy); that pool then opens one
     connection at start, so a fault on it leaves no spare connection for the re-read.
     """
-    worker_pool = await open_pool(
-        worker_url or database.app_url,
-        "exports_worker",
-        min_size=1,
-        max_size=4 if worker_url else 8,
-        name=f"{name}-worker",
-    )
-    api_pool = await open_pool(database.app_url, "exports_api", max_size=2, name=f"{name}-api")
-    store = JobStore(worker_pool, lease_seconds=lease_seconds, reread_timeout=reread_timeout)
     work_dir = work_root / name
     settings = Settings(
         database_url=database.app_url,
@@ -172,26 +155,27 @@ async def make_host(
         lease_seconds=lease_seconds,
         renew_every_seconds=renew_every_seconds,
         work_dir=work_dir,
+        worker_pool_size=4 if worker_url else 8,
+        shutdown_grace_seconds=0,  # a host stopping in a test goes away at once
     )
-    own_queue = f"{shared_queue}-{name}"
-    activities = ExportActivities(
-        store,
-        worker_pool,
+    resources = contextlib.AsyncExitStack()
+    activities = await open_export_activities(
         settings,
-        name,
-        own_queue,
-        cancellation_store=JobStore(api_pool, lease_seconds=lease_seconds),
+        resources,
+        worker_id=name,
         search_attributes=search_attributes,  # True: registered by the session's conftest
+        worker_url=worker_url,
+        reread_timeout=reread_timeout,
     )
     client = await separate_client(env_client) if own_client else env_client
     host = Host(
         name=name,
         activities=activities,
-        store=store,
-        pools=[worker_pool, api_pool],
+        store=activities.store,
+        resources=resources,
         client=client,
         shared_queue=shared_queue,
-        own_queue=own_queue,
+        own_queue=activities.own_task_queue,
         work_dir=work_dir,
         timings=(lease_seconds, renew_every_seconds),
     )
@@ -370,7 +354,7 @@ async def recover(harness: Harness, job: ExportJob, *, max_attempts: int = 3) ->
     store = harness.factory.worker
     candidates = [c for c in await store.find_expired_leases(limit=1000) if c.id == job.id]
     assert len(candidates) == 1, f"job {job.id} has no expired lease to take over"
-    recovery = RecoveryActivities(store, harness.host.store.pool, Settings(max_attempts=max_attempts))
+    recovery = RecoveryActivities(store, Settings(max_attempts=max_attempts))
     return (await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")).value
 
 

@@ -12,7 +12,7 @@ import pytest
 from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
-from db.models import JobStatus
+from domain.models import JobStatus
 from testbed import pg
 from testbed.temporal import start_dev_server, venv_binary
 from tests.conftest import require

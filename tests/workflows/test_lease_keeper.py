@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from activities.lease import LeaseKeeper
 from db.errors import TransientStoreError
-from db.models import CancellationOutcome, FailureCode, FinishResult, JobStatus
 from db.pool import open_pool
 from db.store import JobStore
+from domain.models import CancellationOutcome, FailureCode, FinishResult, JobStatus
+from runtime.lease import LeaseKeeper
 from testbed import pg
 from tests.support.factories import Factory
 

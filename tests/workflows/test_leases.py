@@ -14,7 +14,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from db.errors import TransientStoreError
-from db.models import AuthorizationResult, EventKind, ExportJob, FailureCode, JobStatus
+from domain.models import AuthorizationResult, EventKind, ExportJob, FailureCode, JobStatus
 from testbed import pg
 from tests.workflows.harness import Harness, make_host, recover
 from workflows.models import AttemptOutcome

@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from db.models import AuthorizationResult, JobStatus
 from db.queries import q
+from domain.models import AuthorizationResult, JobStatus
 from testbed import pg
 from testbed.tcp_proxy import TcpProxy
 from tests.workflows.harness import Harness, Host, make_host, recover, wait_until

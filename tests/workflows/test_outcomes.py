@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import uuid
 
-from db.models import AuthorizationResult, FailureCode, JobStatus
+from domain.models import AuthorizationResult, FailureCode, JobStatus
 from tests.workflows.harness import Harness
 from workflows.models import AttemptOutcome
 

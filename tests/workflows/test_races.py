@@ -7,7 +7,7 @@ import asyncio
 
 import psycopg
 
-from db.models import CancellationOutcome, JobStatus
+from domain.models import CancellationOutcome, JobStatus
 from tests.workflows.harness import Harness, idle_in_transaction_pid, wait_until_blocked_by
 from workflows.models import AttemptOutcome
 

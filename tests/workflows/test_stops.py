@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from db.models import CancellationOutcome, JobStatus
+from domain.models import CancellationOutcome, JobStatus
 from tests.workflows.harness import Harness, wait_until
 from workflows.export import ExportWorkflow, temporal_cancel_request_id
 from workflows.models import AttemptOutcome, Stage

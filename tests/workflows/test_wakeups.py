@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from db.models import FailureCode, JobStatus
+from domain.models import FailureCode, JobStatus
 from testbed import pg
 from tests.workflows.harness import Harness, Host, make_host
 from workflows.models import AttemptOutcome

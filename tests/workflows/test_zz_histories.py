@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from db.models import CancellationOutcome
+from domain.models import CancellationOutcome
 from tests.workflows.harness import CONTACT_VALUES, LEAK, STARTED, Harness, history_text
 from workflows.export import ExportWorkflow
 from workflows.models import AttemptOutcome

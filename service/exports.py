@@ -1,37 +1,28 @@
 """The operations people and clients ask for, shared by the HTTP API and the command line.
 
-Each returns an ``Answer``: the HTTP status the seed's tables give, a JSON-able body with a ``message``
-or ``detail`` for people, and headers. Every read and write is scoped to the caller's tenant, so another
+Each returns an ``Answer`` (:mod:`service.outcomes`): a ``Kind`` that the API maps to the HTTP status the
+seed's tables give and the command line to an exit code, a JSON-able body with a ``message`` or
+``detail`` for people, and what a transport turns into headers. Every read and write is scoped to the caller's tenant, so another
 tenant's export is indistinguishable from a missing one. Nothing here writes ``export_jobs`` except
 through the store's conditional statements.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from psycopg_pool import AsyncConnectionPool
-
-from api.auth import Caller
-from api.schemas import CancelExport, CorrectExport, CreateExport, EditTerms, ReconcileExport, ReplaceExport
-from api.signals import NoSignaller, StopSignaller, signal_stop_best_effort
-from api.sql import run
-from api.views import (
-    SETTLED,
-    TimelineEntry,
-    cancellation_message,
-    status_line,
-    temporal_ui_links,
-    timeline,
-)
 from db.errors import ConstraintRefused, IdempotencyConflict, UnknownReference
-from db.models import (
+from db.pool import open_pool
+from db.store import JobStore
+from domain.models import (
     AttemptEvent,
     CancellationOutcome,
     CancellationRequest,
@@ -39,7 +30,26 @@ from db.models import (
     FailureCode,
     JobStatus,
 )
-from db.store import JobStore
+from service.auth import Caller
+from service.commands import (
+    CancelExport,
+    CorrectExport,
+    CreateExport,
+    EditTerms,
+    ReconcileExport,
+    ReplaceExport,
+)
+from service.outcomes import Answer, Kind, refusal
+from service.signals import NoSignaller, StopSignaller, TemporalStopSignaller, signal_stop_best_effort
+from service.views import (
+    SETTLED,
+    TimelineEntry,
+    cancellation_message,
+    status_line,
+    temporal_ui_links,
+    timeline,
+)
+from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +58,6 @@ FINGERPRINT_VERSION = 1
 RETRY_AFTER_SECONDS = 2
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 _IF_MATCH = re.compile(r'^(?:W/)?"?(\d{1,9})"?$')
-
-
-@dataclass(frozen=True)
-class Answer:
-    """An operation's answer: HTTP status, JSON body, extra headers."""
-
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        """The sentence a person should read."""
-        return str(self.body.get("message") or self.body.get("detail") or "")
-
-
-def refusal(status: int, detail: str, **extra: Any) -> Answer:
-    """A 4xx/5xx answer with a clear ``detail``."""
-    return Answer(status, {"detail": detail, **extra})
 
 
 def request_fingerprint(caller: Caller, body: CreateExport) -> str:
@@ -147,23 +138,15 @@ class Exports:
         self.namespace = namespace
         self.cancel_lock_timeout = cancel_lock_timeout
 
-    @property
-    def pool(self) -> AsyncConnectionPool:
-        return self.store.pool
-
     # -- reads ----------------------------------------------------------------------------------------
 
     async def tenant_name(self, tenant_id: UUID) -> str:
         """The tenant's display name."""
-        async with self.pool.connection() as conn:
-            rows = await run(conn, "tenant_name", {"tenant_id": tenant_id})
-        return rows[0]["name"] if rows else str(tenant_id)
+        return await self.store.tenant_name(tenant_id) or str(tenant_id)
 
     async def destination_names(self, tenant_id: UUID) -> dict[UUID, str]:
         """The tenant's destinations by ID, for display."""
-        async with self.pool.connection() as conn:
-            rows = await run(conn, "tenant_destinations", {"tenant_id": tenant_id})
-        return {r["id"]: r["name"] for r in rows}
+        return {d.id: d.name for d in await self.store.tenant_destinations(tenant_id)}
 
     async def detail(self, caller: Caller, job_id: UUID) -> Detail | None:
         """One export of the caller's tenant with its timeline, or ``None`` (missing or another tenant's)."""
@@ -192,13 +175,13 @@ class Exports:
         """``GET /exports/{id}``: the export, its status line, its latest cancellation message, its timeline."""
         detail = await self.detail(caller, job_id)
         if detail is None:
-            return refusal(404, "no such export")
-        return Answer(200, detail.as_json(), {"ETag": f'"{detail.job.version}"'})
+            return refusal(Kind.NOT_FOUND, "no such export")
+        return Answer(Kind.DONE, detail.as_json(), version=detail.job.version)
 
     async def list(self, caller: Caller, limit: int = 100) -> Answer:
         """``GET /exports``: the tenant's exports, newest first."""
         jobs = await self.store.list_tenant_jobs(caller.tenant_id, limit)
-        return Answer(200, {"exports": [export_json(j) for j in jobs]})
+        return Answer(Kind.DONE, {"exports": [export_json(j) for j in jobs]})
 
     # -- creation and terms ---------------------------------------------------------------------------
 
@@ -207,10 +190,11 @@ class Exports:
         (200), the same key with a different request is a 409, and a new key creates a job (201)."""
         if idempotency_key is None:
             return refusal(
-                400, "the Idempotency-Key header is required: one value per request, reused on retry"
+                Kind.MALFORMED,
+                "the Idempotency-Key header is required: one value per request, reused on retry",
             )
         if not _IDEMPOTENCY_KEY.match(idempotency_key):
-            return refusal(400, "Idempotency-Key must be 1-200 visible ASCII characters")
+            return refusal(Kind.MALFORMED, "Idempotency-Key must be 1-200 visible ASCII characters")
         try:
             created = await self.store.create_original(
                 tenant_id=caller.tenant_id,
@@ -222,19 +206,20 @@ class Exports:
             )
         except IdempotencyConflict:
             return refusal(
-                409, "this Idempotency-Key was used for a different request", code="idempotency_conflict"
+                Kind.REFUSED,
+                "this Idempotency-Key was used for a different request",
+                code="idempotency_conflict",
             )
         except UnknownReference:
-            return refusal(422, "destination_id: no such destination in this tenant")
+            return refusal(Kind.INVALID, "destination_id: no such destination in this tenant")
         job = await self.store.get_tenant_job(caller.tenant_id, created.job_id)
         assert job is not None
-        headers = {"Location": f"/exports/{job.id}", "ETag": f'"{job.version}"'}
-        if created.replayed:
-            headers["Idempotent-Replayed"] = "true"
         return Answer(
-            200 if created.replayed else 201,
+            Kind.DONE if created.replayed else Kind.CREATED,
             {"export": export_json(job), "replayed": created.replayed},
-            headers,
+            location=f"/exports/{job.id}",
+            version=job.version,
+            replayed=created.replayed,
         )
 
     async def edit(self, caller: Caller, job_id: UUID, body: EditTerms, if_match: str | None) -> Answer:
@@ -243,20 +228,25 @@ class Exports:
         428 without If-Match, 412 when the version moved on, 409 when the export is no longer queued.
         """
         if if_match is None:
-            return refusal(428, 'the If-Match header is required: the version you read, e.g. If-Match: "1"')
+            return refusal(
+                Kind.PRECONDITION_REQUIRED,
+                'the If-Match header is required: the version you read, e.g. If-Match: "1"',
+            )
         matched = _IF_MATCH.match(if_match.strip())
         if matched is None:
-            return refusal(400, 'If-Match must be the version you read, e.g. "1"')
+            return refusal(Kind.MALFORMED, 'If-Match must be the version you read, e.g. "1"')
         expected = int(matched.group(1))
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
-            return refusal(404, "no such export")
+            return refusal(Kind.NOT_FOUND, "no such export")
         if job.version != expected:
             return refusal(
-                412, f"the export is at version {job.version}, not {expected}", version=job.version
+                Kind.STALE, f"the export is at version {job.version}, not {expected}", version=job.version
             )
         if job.status != JobStatus.QUEUED:
-            return refusal(409, f"the export is {job.status.value}; only a queued export's terms can change")
+            return refusal(
+                Kind.REFUSED, f"the export is {job.status.value}; only a queued export's terms can change"
+            )
         try:
             version = await self.store.edit_terms_if_queued(
                 tenant_id=caller.tenant_id,
@@ -266,7 +256,7 @@ class Exports:
                 list_name=body.list_name or job.list_name,
             )
         except UnknownReference:
-            return refusal(422, "destination_id: no such destination in this tenant")
+            return refusal(Kind.INVALID, "destination_id: no such destination in this tenant")
         now = await self.store.get_tenant_job(caller.tenant_id, job_id)
         assert now is not None
         if version is None:
@@ -275,8 +265,10 @@ class Exports:
                 return refusal(
                     412, f"the export is at version {now.version}, not {expected}", version=now.version
                 )
-            return refusal(409, f"the export is {now.status.value}; only a queued export's terms can change")
-        return Answer(200, {"export": export_json(now)}, {"ETag": f'"{now.version}"'})
+            return refusal(
+                Kind.REFUSED, f"the export is {now.status.value}; only a queued export's terms can change"
+            )
+        return Answer(Kind.DONE, {"export": export_json(now)}, version=now.version)
 
     # -- cancellation ----------------------------------------------------------------------------------
 
@@ -301,10 +293,10 @@ class Exports:
                     caller.tenant_id,
                     job_id,
                 )
-                return Answer(404, {**base, "detail": "no such export"})
+                return Answer(Kind.NOT_FOUND, {**base, "detail": "no such export"})
             case CancellationOutcome.BUSY:
                 return Answer(
-                    503,
+                    Kind.BUSY,
                     {
                         **base,
                         "recorded": False,
@@ -313,11 +305,12 @@ class Exports:
                             "same request ID; if an earlier submission committed, the retry returns its outcome."
                         ),
                     },
-                    {"Retry-After": str(RETRY_AFTER_SECONDS)},
+                    retry_after_seconds=RETRY_AFTER_SECONDS,
                 )
             case CancellationOutcome.REQUEST_ID_REUSED:
                 return Answer(
-                    400, {**base, "detail": "this request ID belongs to a different request; use a new one"}
+                    Kind.MALFORMED,
+                    {**base, "detail": "this request ID belongs to a different request; use a new one"},
                 )
         return await self._recorded_answer(caller, result.request, base, replayed=result.replayed)
 
@@ -341,13 +334,13 @@ class Exports:
         match request.outcome:
             case CancellationOutcome.CANCELED_WHILE_QUEUED:
                 body["any_attempt_started"] = request.found_attempt_count > 0
-                return Answer(200, body)
+                return Answer(Kind.DONE, body)
             case CancellationOutcome.ALREADY_CANCELED:
                 by = next((r for r in detail.requests if r.id == job.cancellation_request_id), None)
                 body["canceled_by_request_id"] = str(job.cancellation_request_id)
                 body["canceled_at"] = by.recorded_at.isoformat() if by else None
                 body["changed_nothing"] = True
-                return Answer(200, body)
+                return Answer(Kind.DONE, body)
             case CancellationOutcome.STOP_REQUESTED | CancellationOutcome.STOP_ALREADY_REQUESTED:
                 body["attempt_id"] = body["found_attempt_id"]
                 body["worker"] = job.claimed_by
@@ -356,7 +349,7 @@ class Exports:
                 body["current_status"] = job.status.value
                 if job.status == JobStatus.RUNNING and job.stop_request_id is not None:
                     await signal_stop_best_effort(self.signaller, job.workflow_id, job.stop_request_id)
-                return Answer(202, body, {"Location": status_url})
+                return Answer(Kind.ACCEPTED, body, location=status_url)
             case CancellationOutcome.ALREADY_ENDED:
                 body["ending"] = job.status.value
                 body["failure_reason"] = job.failure_reason.value if job.failure_reason else None
@@ -368,7 +361,7 @@ class Exports:
                 body["delivered_nothing"] = True
                 if job.failure_reason == FailureCode.ORIGINAL_DELIVERED:
                     body["delivered_under_original_job"] = str(job.replaces_job_id)
-                return Answer(409, body)
+                return Answer(Kind.REFUSED, body)
             case _:  # TooLate
                 body["current_status"] = job.status.value
                 body["delivery_authorized_at"] = (
@@ -379,7 +372,7 @@ class Exports:
                 body["delivery_outcome"] = job.status.value if job.status in SETTLED else None
                 body["failure_reason"] = job.failure_reason.value if job.failure_reason else None
                 body["status_url"] = status_url
-                return Answer(409, body)
+                return Answer(Kind.REFUSED, body)
 
     # -- replacement, reconciliation, correction --------------------------------------------------------
 
@@ -387,7 +380,7 @@ class Exports:
         """Create a replacement for a named person; a replacement of a replacement resolves to its original."""
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
-            return refusal(404, "no such export")
+            return refusal(Kind.NOT_FOUND, "no such export")
         original_id = job.replaces_job_id or job.id
         try:
             created = await self.store.create_replacement(
@@ -399,32 +392,36 @@ class Exports:
             )
         except ConstraintRefused as exc:
             if exc.constraint == "uq_export_jobs_one_replacement":
-                return refusal(409, f"a replacement of {original_id} is already live, or has delivered")
+                return refusal(
+                    Kind.REFUSED, f"a replacement of {original_id} is already live, or has delivered"
+                )
             raise
         if created is None:
             original = await self.store.get_tenant_job(caller.tenant_id, original_id)
             assert original is not None
             code = f" ({original.failure_reason.value})" if original.failure_reason else ""
             return refusal(
-                409,
+                Kind.REFUSED,
                 f"the original {original_id} is {original.status.value}{code}; only an OutcomeUnknown original, "
                 "or one that Failed with BuildFailed, AttemptsExhausted or NotDelivered, may be replaced",
             )
         new = await self.store.get_tenant_job(caller.tenant_id, created.job_id)
         assert new is not None
         return Answer(
-            201,
+            Kind.CREATED,
             {"export": export_json(new), "replaces_job_id": str(original_id)},
-            {"Location": f"/exports/{new.id}"},
+            location=f"/exports/{new.id}",
         )
 
     async def reconcile(self, caller: Caller, job_id: UUID, body: ReconcileExport) -> Answer:
         """Resolve an OutcomeUnknown attempt to Completed or Failed(NotDelivered) from evidence, once."""
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
-            return refusal(404, "no such export")
+            return refusal(Kind.NOT_FOUND, "no such export")
         if job.status != JobStatus.OUTCOME_UNKNOWN or job.attempt_id is None:
-            return refusal(409, f"the export is {job.status.value}; only OutcomeUnknown is reconciled")
+            return refusal(
+                Kind.REFUSED, f"the export is {job.status.value}; only OutcomeUnknown is reconciled"
+            )
         attempt_id = body.attempt_id or job.attempt_id
         try:
             done = await self.store.reconcile_unknown(
@@ -437,26 +434,27 @@ class Exports:
             )
         except ConstraintRefused as exc:
             if exc.constraint == "uq_attempt_transition":
-                return refusal(409, f"attempt {attempt_id} was already reconciled once")
+                return refusal(Kind.REFUSED, f"attempt {attempt_id} was already reconciled once")
             raise
         if not done:
             return refusal(
-                409, f"nothing matched: the export changed, or attempt {attempt_id} is not its attempt"
+                Kind.REFUSED,
+                f"nothing matched: the export changed, or attempt {attempt_id} is not its attempt",
             )
         now = await self.store.get_tenant_job(caller.tenant_id, job_id)
         assert now is not None
-        return Answer(200, {"export": export_json(now)})
+        return Answer(Kind.DONE, {"export": export_json(now)})
 
     async def correct(self, caller: Caller, job_id: UUID, body: CorrectExport) -> Answer:
         """Correct a recorded Completed/Failed once, with who and why; reconcilers only (403 for others)."""
         if caller.role != "reconciler" or self.reconciler_store is None:
-            return refusal(403, "corrections need the reconciler role")
+            return refusal(Kind.FORBIDDEN, "corrections need the reconciler role")
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
-            return refusal(404, "no such export")
+            return refusal(Kind.NOT_FOUND, "no such export")
         attempt_id = body.attempt_id or job.attempt_id
         if attempt_id is None:
-            return refusal(409, f"the export is {job.status.value} and has no attempt to correct")
+            return refusal(Kind.REFUSED, f"the export is {job.status.value} and has no attempt to correct")
         try:
             done = await self.reconciler_store.correct_outcome(
                 tenant_id=caller.tenant_id,
@@ -471,14 +469,46 @@ class Exports:
             )
         except ConstraintRefused as exc:
             if exc.constraint == "uq_attempt_transition":
-                return refusal(409, f"attempt {attempt_id}'s outcome was already corrected once")
+                return refusal(Kind.REFUSED, f"attempt {attempt_id}'s outcome was already corrected once")
             raise
         if not done:
             return refusal(
-                409,
+                Kind.REFUSED,
                 f"nothing matched: the export is {job.status.value}, not a recorded {body.recorded_status} "
                 f"of attempt {attempt_id}",
             )
         now = await self.store.get_tenant_job(caller.tenant_id, job_id)
         assert now is not None
-        return Answer(200, {"export": export_json(now)})
+        return Answer(Kind.DONE, {"export": export_json(now)})
+
+
+@contextlib.asynccontextmanager
+async def open_exports(
+    settings: Settings, *, reconciler: bool = True, signaller: StopSignaller | None = None
+) -> AsyncIterator[Exports]:
+    """The operations over pools opened from ``settings.database_url`` (``exports_api``, and
+    ``exports_reconciler`` for corrections), closed on exit. The signaller defaults to one that connects
+    to ``settings.temporal_address`` on first use."""
+    if not settings.database_url:
+        raise ValueError("EXPORTS_DATABASE_URL is not set")
+    async with contextlib.AsyncExitStack() as stack:
+        api_pool = await open_pool(settings.database_url, "exports_api", max_size=settings.api_pool_size)
+        stack.push_async_callback(api_pool.close)
+        reconciler_store = None
+        if reconciler:
+            reconciler_pool = await open_pool(settings.database_url, "exports_reconciler", max_size=2)
+            stack.push_async_callback(reconciler_pool.close)
+            reconciler_store = JobStore(reconciler_pool)
+        yield Exports(
+            JobStore(api_pool),
+            reconciler_store,
+            signaller or TemporalStopSignaller(settings),
+            temporal_ui_url=settings.temporal_ui_url,
+            namespace=settings.temporal_namespace,
+            cancel_lock_timeout=lock_timeout(settings),
+        )
+
+
+def lock_timeout(settings: Settings) -> str:
+    """The cancellation transaction's lock_timeout, as PostgreSQL reads it."""
+    return f"{int(settings.cancel_lock_timeout_seconds * 1000)}ms"

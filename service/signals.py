@@ -16,10 +16,10 @@ from temporalio.client import Client
 
 from service.temporal import connect_client
 from settings import Settings
+from workflows.export import ExportWorkflow
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNAL = "stop_requested"
 _SIGNAL_TIMEOUT = timedelta(seconds=3)
 
 
@@ -39,34 +39,26 @@ class NoSignaller:
 
 
 class TemporalStopSignaller:
-    """Signals through a Temporal client, connecting on first use when given an address instead."""
+    """Signals through a Temporal client; given settings instead, it connects on first use (bounded)."""
 
-    def __init__(
-        self, client: Client | None = None, *, address: str | None = None, namespace: str = "default"
-    ) -> None:
-        if client is None and address is None:
-            raise ValueError("give a client or an address")
-        self._client = client
-        self._address = address
-        self._namespace = namespace
+    def __init__(self, client_or_settings: Client | Settings) -> None:
+        self._client = client_or_settings if isinstance(client_or_settings, Client) else None
+        self._settings = client_or_settings if isinstance(client_or_settings, Settings) else None
         self._lock = asyncio.Lock()
 
     async def _connected(self) -> Client:
         async with self._lock:
             if self._client is None:
-                assert self._address is not None
+                assert self._settings is not None
                 self._client = await asyncio.wait_for(
-                    connect_client(
-                        Settings(temporal_address=self._address, temporal_namespace=self._namespace)
-                    ),
-                    _SIGNAL_TIMEOUT.total_seconds(),
+                    connect_client(self._settings), _SIGNAL_TIMEOUT.total_seconds()
                 )
             return self._client
 
     async def stop_requested(self, workflow_id: str, request_id: UUID) -> None:
         client = await self._connected()
-        handle = client.get_workflow_handle(workflow_id)
-        await handle.signal(STOP_SIGNAL, str(request_id), rpc_timeout=_SIGNAL_TIMEOUT)
+        handle = client.get_workflow_handle_for(ExportWorkflow.run, workflow_id)
+        await handle.signal(ExportWorkflow.stop_requested, str(request_id), rpc_timeout=_SIGNAL_TIMEOUT)
 
 
 async def signal_stop_best_effort(

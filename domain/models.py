@@ -57,18 +57,6 @@ class CancellationOutcome(StrEnum):
     BUSY = "Busy"
 
 
-RECORDED_OUTCOMES = frozenset(
-    {
-        CancellationOutcome.CANCELED_WHILE_QUEUED,
-        CancellationOutcome.STOP_REQUESTED,
-        CancellationOutcome.STOP_ALREADY_REQUESTED,
-        CancellationOutcome.ALREADY_CANCELED,
-        CancellationOutcome.ALREADY_ENDED,
-        CancellationOutcome.TOO_LATE,
-    }
-)
-
-
 class ClaimResult(StrEnum):
     CLAIMED = "Claimed"
     LOST = "Lost"
@@ -98,6 +86,24 @@ class DeliveryOutcome(StrEnum):
     COMPLETED = "Completed"
     FAILED = "Failed"
     OUTCOME_UNKNOWN = "OutcomeUnknown"
+
+
+class AttemptOutcome(StrEnum):
+    """How one ExportWorkflow ended, from its own writes; the row stays the authority on the job."""
+
+    SETTLED = "Settled"  # the row was not Queued (canceled, claimed, finished, or not found): nothing done
+    REJECTED = "Rejected"  # the policy denied this version; Queued -> Rejected was written
+    NOT_CLAIMED = (
+        "NotClaimed"  # the claim matched nothing: another wake-up claimed it, or it was canceled/edited
+    )
+    STOPPED = "Stopped"  # this attempt wrote Running -> Stopped for a recorded stop request
+    FAILED = "Failed"  # this attempt wrote a Failed with a code
+    COMPLETED = "Completed"
+    OUTCOME_UNKNOWN = "OutcomeUnknown"
+    NOT_OWNER = (
+        "NotOwner"  # ownership was lost (a takeover or a terminal write by someone else): wrote nothing
+    )
+    LEFT_TO_RECOVERY = "LeftToRecovery"  # unanswered write, timed-out or failed activity: the lease decides
 
 
 class StopPoint(StrEnum):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from db.models import DeliveryOutcome, FailureCode
-from partner.destination import Destination
-from partner.evidence import DeliveryReport, FileToDeliver, Observation, OriginalFile, temp_name_for
+from domain.destination import Destination
+from domain.evidence import DeliveryReport, FileToDeliver, Observation, OriginalFile, temp_name_for
+from domain.models import DeliveryOutcome, FailureCode
 
 
 def completed(summary: str) -> DeliveryReport:

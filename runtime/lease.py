@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from db.errors import StoreError
-from db.models import Renewal
 from db.store import JobStore
+from domain.models import Renewal
 
 log = logging.getLogger(__name__)
 

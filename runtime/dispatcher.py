@@ -24,14 +24,15 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from db.models import OutboxMessage
 from db.store import JobStore
-from workflows.export import ExportInput, export_summary, export_workflow_id
+from domain.models import OutboxMessage
+from settings import Settings
+from workflows.export import ExportWorkflow, export_summary, export_workflow_id
+from workflows.models import ExportInput
 
 log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "outbox"
-EXPORT_WORKFLOW = "ExportWorkflow"
 
 START_TIMEOUT = timedelta(seconds=10)
 
@@ -51,20 +52,20 @@ class OutboxDispatcher:
         self,
         store: JobStore,
         client: Client,
-        task_queue: str,
+        settings: Settings,
         *,
         listen_url: str | None,
-        poll_seconds: float = 2.0,
-        batch: int = 50,
+        poll_seconds: float | None = None,
         before_publish: MessageHook | None = None,
         after_start: MessageHook | None = None,
     ) -> None:
         self.store = store
         self.client = client
-        self.task_queue = task_queue
+        self.settings = settings
+        self.task_queue = settings.task_queue
         self.listen_url = listen_url
-        self.poll_seconds = poll_seconds
-        self.batch = batch
+        self.poll_seconds = settings.dispatcher_poll_seconds if poll_seconds is None else poll_seconds
+        self.batch = settings.dispatcher_batch
         self.before_publish = before_publish
         self.after_start = after_start
         self.published_count = 0
@@ -80,8 +81,8 @@ class OutboxDispatcher:
         workflow_id = export_workflow_id(msg.job_id, msg.message_id)
         try:
             await self.client.start_workflow(
-                EXPORT_WORKFLOW,
-                ExportInput(job_id=msg.job_id, message_id=msg.message_id),
+                ExportWorkflow.run,
+                export_input(self.settings, msg),
                 id=workflow_id,
                 task_queue=self.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -163,3 +164,16 @@ class OutboxDispatcher:
             # Reconnect after a poll interval, or not at all when stopping.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.poll_seconds)
+
+
+def export_input(settings: Settings, msg: OutboxMessage) -> ExportInput:
+    """The workflow input for one wake-up, with this deployment's activity timeouts."""
+    return ExportInput(
+        job_id=msg.job_id,
+        message_id=msg.message_id,
+        build_heartbeat_seconds=settings.build_heartbeat_seconds,
+        deliver_heartbeat_seconds=settings.deliver_heartbeat_seconds,
+        schedule_to_start_seconds=settings.schedule_to_start_seconds,
+        build_timeout_seconds=settings.build_timeout_seconds,
+        deliver_timeout_seconds=settings.deliver_timeout_seconds,
+    )

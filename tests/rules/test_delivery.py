@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 
-from db.models import DeliveryOutcome, FailureCode
-from partner.classifier import classify_refusal, confirm_delivery, decide_occupied, identify_original
-from partner.destination import Destination
-from partner.evidence import Ack, FileToDeliver, Observation, OriginalFile, temp_name_for
+from domain.destination import Destination
+from domain.evidence import Ack, FileToDeliver, Observation, OriginalFile, temp_name_for
+from domain.models import DeliveryOutcome, FailureCode
+from rules.delivery import classify_refusal, confirm_delivery, decide_occupied, identify_original
 
 ORIGINAL_BYTES = b"original export"
 NAME = "contacts-k.csv"

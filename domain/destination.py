@@ -1,24 +1,16 @@
-"""A partner's SFTP endpoint and the contract agreed with it: one ``destinations`` row."""
+"""A partner's SFTP endpoint and the contract agreed with it: the value of one ``destinations`` row.
+
+The store reads it (``db.store.JobStore.load_destination``); the partner client is handed the value and
+never a pool.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, LiteralString
+from typing import Any, Literal
 from uuid import UUID
 
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict
-
-SELECT_DESTINATION: LiteralString = (
-    "SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,"
-    " name_and_size_identify, hash_evidence, ack_suffix, max_write_request"
-    " FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s"
-)
-
-
-class DestinationNotFound(LookupError):
-    """No destination with that ID in that tenant."""
 
 
 class Destination(BaseModel):
@@ -28,7 +20,7 @@ class Destination(BaseModel):
     field); ``credential_ref`` is the path of the private key file on the worker host, never the key.
     The contract: ``name_and_size_identify`` (name and size identify a delivered file),
     ``hash_evidence`` (``read_back``: the account may read the file back to hash it; ``ack_file``: the
-    partner writes ``{final}{ack_suffix}``, see :mod:`partner.evidence`) and ``max_write_request``
+    partner writes ``{final}{ack_suffix}``, see :mod:`domain.evidence`) and ``max_write_request``
     (the largest SFTP write the server accepts; OpenSSH's limit is 261,120).
     """
 
@@ -56,13 +48,3 @@ class Destination(BaseModel):
     def remote_path(self, name: str) -> str:
         """The absolute path of ``name`` in the destination's remote directory."""
         return f"{self.remote_dir.rstrip('/')}/{name}"
-
-
-async def load_destination(pool: AsyncConnectionPool, tenant_id: UUID, destination_id: UUID) -> Destination:
-    """Read one tenant's destination row; raises :class:`DestinationNotFound` when it is not there."""
-    async with pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(SELECT_DESTINATION, {"tenant_id": tenant_id, "destination_id": destination_id})
-        row = await cur.fetchone()
-    if row is None:
-        raise DestinationNotFound(str(destination_id))
-    return Destination.from_row(row)

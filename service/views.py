@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 from uuid import UUID
 
-from db.models import (
+from domain.models import (
     AttemptEvent,
     CancellationOutcome,
     CancellationRequest,

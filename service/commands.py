@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, model_validator
 
-from db.models import FailureCode
+from domain.models import FailureCode
 
 MAX_NAME = 200
 MAX_REASON = 1000

@@ -35,10 +35,9 @@ from typing import Any, TextIO
 from uuid import UUID
 
 import httpx
-import psycopg
-from psycopg.rows import dict_row
 
-from api.views import SETTLED
+from db.store import JobStore
+from service.views import SETTLED
 from settings import Settings
 
 APP_LOGIN = "exports_app"
@@ -197,16 +196,17 @@ async def run_demo(
     from temporalio.testing import WorkflowEnvironment
 
     from api.app import create_app
-    from api.auth import mint_token
-    from api.seed import seed_tenant
     from api.server import BackgroundServer
+    from db.admin import seed_tenant
     from db.embedded import EmbeddedPostgres
     from db.migrate import ensure_app_login, migrate
-    from db.pool import open_pool
-    from db.store import JobStore
     from partner.local_server import LocalSftpServer
+    from service.auth import mint_token
+    from service.exports import open_exports
+    from service.signals import TemporalStopSignaller
     from service.temporal import DATA_CONVERTER
-    from worker import SEARCH_ATTRIBUTES, run_worker
+    from worker import run_worker
+    from workflows.models import SEARCH_ATTRIBUTE_NAMES
 
     progress = Progress(out, total=8)
     plan = scenarios()
@@ -232,7 +232,7 @@ async def run_demo(
                 ui=True,
                 ui_port=ui_port,
                 data_converter=DATA_CONVERTER,
-                search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTES],
+                search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTE_NAMES],
                 dev_server_log_level="error",
             )
         running.push_async_callback(env.shutdown)
@@ -287,16 +287,10 @@ async def run_demo(
         await _ready_or_failed(worker_ready, worker)
 
         progress("Starting the HTTP API and console")
-        api_pool = await open_pool(app_url, "exports_api", max_size=8)
-        running.push_async_callback(api_pool.close)
-        reconciler_pool = await open_pool(app_url, "exports_reconciler", max_size=2)
-        running.push_async_callback(reconciler_pool.close)
-        app = create_app(
-            settings,
-            api_store=JobStore(api_pool),
-            reconciler_store=JobStore(reconciler_pool),
-            signaller=env.client,
+        exports = await running.enter_async_context(
+            open_exports(settings, signaller=TemporalStopSignaller(env.client))
         )
+        app = create_app(settings, exports=exports)
         server = BackgroundServer(app, host=settings.api_host, port=settings.api_port)
         api_url = await server.start()
         running.push_async_callback(server.stop)
@@ -306,7 +300,7 @@ async def run_demo(
         progress("Running the incident's three timings and a plain delivery")
         for number, scenario in enumerate(plan, start=1):
             await _run_scenario(http, choreography, seeded, scenario)
-            _report(progress, number, scenario, pg, partner_root)
+            await _report(progress, number, scenario, exports.store, partner_root)
         choreography.scripted = False
 
         progress.say()
@@ -390,17 +384,16 @@ async def _run_scenario(
     scenario.attempts = view["export"]["attempt_count"]
 
 
-def _report(progress: Progress, number: int, scenario: Scenario, pg: Any, partner_root: Path) -> None:
-    with psycopg.connect(pg.url, row_factory=dict_row) as conn:
-        row = conn.execute(
-            "SELECT status, attempt_count, delivery_key FROM export_jobs WHERE id = %(id)s",
-            {"id": scenario.job_id},
-        ).fetchone()
-    assert row is not None
-    final = partner_root / f"contacts-{row['delivery_key']}.csv"
+async def _report(
+    progress: Progress, number: int, scenario: Scenario, store: JobStore, partner_root: Path
+) -> None:
+    assert scenario.job_id is not None
+    job = await store.get_job(scenario.job_id)
+    assert job is not None
+    final = partner_root / job.final_name
     scenario.partner_file = f"{final.name}, {final.stat().st_size:,} bytes" if final.exists() else None
-    scenario.final_status = row["status"]
-    scenario.attempts = row["attempt_count"]
+    scenario.final_status = job.status.value
+    scenario.attempts = job.attempt_count
     progress.say()
     progress.say(f"  {number}. {scenario.title}: {scenario.explains}")
     progress.say(f"     export   {scenario.job_id}")

@@ -1,0 +1,84 @@
+"""Typed rows of the store's own answers (the job, its events and requests are in :mod:`domain.models`)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from domain.models import JobStatus, Row
+
+
+class ClaimAnswer(Row):
+    """The claim's answer: whether it matched, and the row as the locking read found it otherwise."""
+
+    matched: bool
+    status: JobStatus
+    version: int
+    attempt_id: UUID | None
+
+
+class CutoffAnswer(Row):
+    """Cutoff 2's answer: whether it matched, and state and ownership as the locking read found them."""
+
+    matched: bool
+    status: JobStatus
+    attempt_id: UUID | None
+    stop_request_id: UUID | None
+    lease_current: bool
+    original_status: JobStatus | None
+
+
+class JobIdRow(Row):
+    job_id: UUID
+
+
+class IdRow(Row):
+    id: UUID
+
+
+class EventIdRow(Row):
+    id: int
+
+
+class VersionRow(Row):
+    job_id: UUID
+    version: int
+
+
+class IdempotencyRow(Row):
+    job_id: UUID
+    fingerprint: str
+
+
+class RenewalRow(Row):
+    status: JobStatus
+    stop_requested: bool
+
+
+class AttemptIdRow(Row):
+    attempt_id: UUID
+
+
+class MessageIdRow(Row):
+    message_id: UUID
+
+
+class TokenRow(Row):
+    """What a token's hash is bound to."""
+
+    tenant_id: UUID
+    principal: str
+    role: str
+
+
+class NameRow(Row):
+    name: str
+
+
+class DestinationName(Row):
+    """A destination for display: never its credential reference."""
+
+    id: UUID
+    name: str
+    host: str
+    port: int
+    remote_dir: str

@@ -1,0 +1,83 @@
+-- The project's statements outside the row protocol: API tokens, display names, destinations, the
+-- builder's COPY, the migration runner's bookkeeping and administrators' seeding. None of them writes
+-- export_jobs; every status change is a statement of queries.sql.
+
+-- name: find_api_token
+-- The tenant, principal and role a token's SHA-256 is bound to.
+SELECT tenant_id, principal, role FROM api_tokens WHERE token_sha256 = %(token_sha256)s;
+
+-- name: insert_api_token
+-- Records a new token by its SHA-256 only (an administrator's connection: no application role may insert).
+INSERT INTO api_tokens (token_sha256, tenant_id, principal, role)
+VALUES (%(token_sha256)s, %(tenant_id)s, %(principal)s, %(role)s)
+RETURNING tenant_id;
+
+-- name: tenant_name
+-- A tenant's display name.
+SELECT name FROM tenants WHERE id = %(tenant_id)s;
+
+-- name: tenant_destinations
+-- A tenant's destinations for display: names and where they point, never the credential reference.
+SELECT id, name, host, port, remote_dir FROM destinations WHERE tenant_id = %(tenant_id)s ORDER BY name, id;
+
+-- name: load_destination
+-- One tenant's destination with its partner contract, for the worker and recovery.
+SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
+       name_and_size_identify, hash_evidence, ack_suffix, max_write_request
+FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
+
+-- name: set_build_scope
+-- The builder's scope as transaction-local settings bound with named parameters: COPY takes no server-side
+-- parameters, and no value is ever merged into SQL text.
+SELECT set_config('fenced_exports.tenant_id', %(tenant_id)s, true),
+       set_config('fenced_exports.list_name', %(list_name)s, true);
+
+-- name: copy_contacts
+-- The tenant's contacts in the list, in a stable order, as CSV with a header (scope from set_build_scope).
+COPY (SELECT email, first_name, last_name FROM contacts
+      WHERE tenant_id = current_setting('fenced_exports.tenant_id')::uuid
+        AND list_name = current_setting('fenced_exports.list_name')
+      ORDER BY id) TO STDOUT (FORMAT csv, HEADER true);
+
+-- name: lock_migrations
+-- Serializes migrating processes (any constant works; every process uses the same one).
+SELECT pg_advisory_lock(%(key)s);
+
+-- name: unlock_migrations
+-- Releases the migration lock.
+SELECT pg_advisory_unlock(%(key)s);
+
+-- name: create_migrations_table
+-- The record of applied migrations.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
+
+-- name: applied_migrations
+-- The names of the migrations applied so far.
+SELECT name FROM schema_migrations ORDER BY name;
+
+-- name: record_migration
+-- Records one migration, in the transaction that applied it.
+INSERT INTO schema_migrations (name) VALUES (%(name)s);
+
+-- name: role_exists
+-- Whether a role of that name exists (roles are cluster-wide).
+SELECT 1 AS found FROM pg_roles WHERE rolname = %(role)s;
+
+-- name: insert_tenant
+-- Seeds a tenant (administrator's connection).
+INSERT INTO tenants (id, name) VALUES (%(id)s, %(name)s) RETURNING id;
+
+-- name: insert_destination
+-- Seeds a partner destination (administrator's connection).
+INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
+                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request)
+VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
+        %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s, %(max_write_request)s)
+RETURNING id;
+
+-- name: insert_generated_contacts
+-- Seeds a list of synthetic contacts in one statement (administrator's connection).
+INSERT INTO contacts (tenant_id, list_name, email, first_name, last_name)
+SELECT %(tenant_id)s, %(list_name)s, 'contact' || n || '@example.test', 'First' || n, 'Last' || n
+FROM generate_series(1, %(count)s) AS n;

@@ -1,0 +1,28 @@
+"""Why cutoff 2 did or did not authorize delivery, read from the row it left (000 "A lost response")."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from domain.models import AuthorizationResult, JobStatus, OwnershipState
+
+
+def authorization_from(state: OwnershipState | None, attempt_id: UUID) -> AuthorizationResult:
+    """Cutoff 2's answer for ``attempt_id`` from state and ownership read together.
+
+    Delivering with this attempt is Authorized (a lost response); another attempt or any state but
+    Running is NotOwner; a recorded stop request is StopRecorded; a replacement whose original is
+    Completed is OriginalCompleted; anything else is LeaseLapsed, which gets one renewal and retry.
+    """
+    if state is None or state.attempt_id != attempt_id:
+        return AuthorizationResult.NOT_OWNER
+    if state.status == JobStatus.DELIVERING:
+        return AuthorizationResult.AUTHORIZED
+    if state.status != JobStatus.RUNNING:
+        return AuthorizationResult.NOT_OWNER
+    if state.stop_request_id is not None:
+        return AuthorizationResult.STOP_RECORDED
+    if state.original_status == JobStatus.COMPLETED:
+        return AuthorizationResult.ORIGINAL_COMPLETED
+    # Expired, or renewed between the refusal and the re-read: either way LeaseLapsed, with its one retry.
+    return AuthorizationResult.LEASE_LAPSED

@@ -1,0 +1,188 @@
+"""Recovery's reading of evidence for an expired Delivering attempt (000 "Recovery"): pure functions.
+
+Completed only when the destination, or a receipt the attempt appended, matches the expected file
+recorded at cutoff 2 under the worker's own rules (:mod:`rules.delivery`); otherwise OutcomeUnknown.
+An absent file is never a reason for Failed: a paused worker can still upload.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel
+
+from domain.destination import Destination
+from domain.evidence import FileToDeliver, Observation, temp_name_for
+from domain.models import AttemptEvent, DeliveryOutcome, EventKind, ExportJob, JobStatus
+from rules.delivery import confirm_delivery
+
+
+class Verdict(BaseModel):
+    """Recovery's decision for an expired delivery, with a summary of codes and sizes only."""
+
+    resolution: JobStatus
+    summary: str
+
+
+RECOVERY_OBSERVER_PREFIX = "recovery"
+
+
+def attempt_evidence(events: list[AttemptEvent], attempt_id: UUID) -> list[dict[str, Any]]:
+    """The attempt's own DeliveryEvidence observations (not recovery's), oldest first."""
+    found: list[dict[str, Any]] = []
+    for event in events:
+        if event.kind != EventKind.DELIVERY_EVIDENCE or event.attempt_id != attempt_id:
+            continue
+        if (event.observed_by or "").startswith(RECOVERY_OBSERVER_PREFIX):
+            continue
+        try:
+            detail = json.loads(event.detail or "{}")
+        except ValueError:
+            continue
+        if isinstance(detail, dict):
+            found.append(detail)
+    return found
+
+
+def _last(evidence: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    matching = [e for e in evidence if e.get("observation") == kind]
+    return matching[-1] if matching else None
+
+
+def _observation_from(item: dict[str, Any]) -> Observation:
+    """An Observation back from its evidence dict (``Observation.as_evidence``)."""
+    sha = item.get("sha256")
+    return Observation(
+        present=bool(item.get("present")),
+        size=item.get("size"),
+        mtime=item.get("mtime"),
+        sha256=bytes.fromhex(sha) if isinstance(sha, str) else None,
+        ack=item.get("ack") if isinstance(item.get("ack"), dict) else None,
+    )
+
+
+def _expected(job: ExportJob) -> FileToDeliver | None:
+    if job.expected_file_name is None or job.expected_file_bytes is None or job.expected_file_sha256 is None:
+        return None
+    return FileToDeliver(
+        path=Path(job.expected_file_name),  # never read: only name, size and hash are compared
+        final_name=job.expected_file_name,
+        size=job.expected_file_bytes,
+        sha256=job.expected_file_sha256,
+    )
+
+
+def _ack_tied(observation: Observation, expected: FileToDeliver, attempt_id: UUID) -> bool:
+    ack = observation.parsed_ack()
+    return ack is not None and ack.acknowledges(
+        expected.final_name, expected.size, expected.sha256, temp_name_for(attempt_id, expected.final_name)
+    )
+
+
+def decide_delivery(
+    job: ExportJob,
+    evidence: list[dict[str, Any]],
+    now: Observation | None,
+    destination: Destination,
+    *,
+    observe_error: str | None = None,
+) -> Verdict:
+    """Decide Completed or OutcomeUnknown for an expired Delivering attempt, from evidence only.
+
+    ``evidence`` is what the attempt itself appended; ``now`` is what the destination shows under the final
+    name (``None`` when it could not be asked). The worker's own rules decide what counts
+    (``partner.classifier.confirm_delivery``): name and size from an absent baseline, a read-back hash or an
+    acknowledgment of this upload where the contract offers one, and never name and size for an overwrite.
+
+    1. A receipt this attempt appended: a read-back after its confirmed rename that those rules accept.
+    2. Otherwise the listing now. An original's final name is unique to its delivery key, so it counts
+       unless this attempt's baseline already showed a file there. A replacement's name may hold the
+       original's file: without this attempt's baseline it proves nothing, and over a baseline that showed
+       a file only a hash or acknowledgment tied to this attempt's expected file counts.
+
+    An absent file, or one that does not match, leaves OutcomeUnknown: nothing here concludes Failed.
+    """
+    expected = _expected(job)
+    if expected is None:
+        return Verdict(resolution=JobStatus.OUTCOME_UNKNOWN, summary="no expected file recorded at cutoff 2")
+    attempt_id = job.attempt_id
+    assert attempt_id is not None
+    baseline_item = _last(evidence, "baseline")
+    baseline = _observation_from(baseline_item) if baseline_item is not None else None
+    overwrite = baseline is not None and baseline.present
+
+    receipt = _receipt_verdict(evidence, expected, destination, overwrite=overwrite)
+    if receipt is not None:
+        return receipt
+    if now is None:
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN,
+            summary=f"destination not observed ({observe_error or 'no answer'}); no receipt of this attempt",
+        )
+    if not now.present:
+        # A temporary file, or none at all, is evidence of nothing while the worker might still upload.
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN, summary="final name absent; no receipt of this attempt"
+        )
+    if job.replaces_job_id is not None and baseline is None:
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN,
+            summary="replacement without a recorded baseline: a file there may be the original's",
+        )
+    if job.replaces_job_id is None and overwrite:
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN,
+            summary="final name occupied before this attempt's upload; the listing does not show its file",
+        )
+    if overwrite and baseline is not None and now.same_as(baseline):
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN, summary="listing unchanged since this attempt's baseline"
+        )
+    report = confirm_delivery(
+        now, expected, destination, overwrite=overwrite, ack_tied=_ack_tied(now, expected, attempt_id)
+    )
+    resolution = (
+        JobStatus.COMPLETED if report.outcome == DeliveryOutcome.COMPLETED else JobStatus.OUTCOME_UNKNOWN
+    )
+    basis = "listing by recovery" if baseline is not None else "listing by recovery, no baseline recorded"
+    return Verdict(resolution=resolution, summary=f"{basis}: {report.summary}")
+
+
+def _receipt_verdict(
+    evidence: list[dict[str, Any]], expected: FileToDeliver, destination: Destination, *, overwrite: bool
+) -> Verdict | None:
+    """Completed from the attempt's own read-back after a confirmed rename, when the worker's rules accept it."""
+    renamed = _last(evidence, "rename")
+    read_back = _last(evidence, "read_back")
+    if renamed is None or renamed.get("result") != "ok" or read_back is None:
+        return None
+    if read_back.get("final_name") not in (None, expected.final_name):
+        return None
+    ack = _last(evidence, "ack")
+    report = confirm_delivery(
+        _observation_from(read_back),
+        expected,
+        destination,
+        overwrite=overwrite,
+        ack_tied=bool(ack and ack.get("tied")),
+    )
+    if report.outcome != DeliveryOutcome.COMPLETED:
+        return None
+    return Verdict(resolution=JobStatus.COMPLETED, summary=f"receipt of this attempt: {report.summary}")
+
+
+def observation_evidence(
+    observation: Observation | None, job: ExportJob, destination_id: UUID, error: str | None
+) -> dict[str, Any]:
+    """What recovery saw under the final name, as a JSON-able dict of sizes, times and hashes only."""
+    seen: dict[str, Any] = observation.as_evidence() if observation is not None else {"error": error}
+    return {
+        "observation": "recovery_listing",
+        "final_name": job.expected_file_name,
+        "attempt_id": str(job.attempt_id),
+        "destination_id": str(destination_id),
+        **seen,
+    }
