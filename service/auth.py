@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 from uuid import UUID
 
 from db.admin import insert_token
@@ -53,4 +53,5 @@ async def caller_for_token(store: JobStore, token: str) -> Caller | None:
     row = await store.find_token(token_sha256(token))
     if row is None or row.role not in ROLES:
         return None
-    return Caller(tenant_id=row.tenant_id, principal=row.principal, role=cast(Role, row.role))
+    role: Role = "reconciler" if row.role == "reconciler" else "operator"
+    return Caller(tenant_id=row.tenant_id, principal=row.principal, role=role)

@@ -263,7 +263,7 @@ class Exports:
             # The conditional edit matched nothing: someone moved first. Say what they changed.
             if now.version != expected:
                 return refusal(
-                    412, f"the export is at version {now.version}, not {expected}", version=now.version
+                    Kind.STALE, f"the export is at version {now.version}, not {expected}", version=now.version
                 )
             return refusal(
                 Kind.REFUSED, f"the export is {now.status.value}; only a queued export's terms can change"

@@ -13,7 +13,9 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from domain.models import (
-    AttemptOutcome,
+    AttemptOutcome as AttemptOutcome,
+)
+from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
     DeliveryOutcome,

@@ -60,6 +60,8 @@ DOCUMENTED_CONSUMERS: dict[str, str] = {
     "applied_migrations": "db/migrate.py: the migration runner",
     "record_migration": "db/migrate.py: the migration runner",
     "role_exists": "db/migrate.py: creating the application login",
+    "become_dispatcher": "db/notify.py: the dispatcher's dedicated LISTEN connection",
+    "listen_outbox": "db/notify.py: the dispatcher's dedicated LISTEN connection",
 }
 
 NAMES = sorted(all_queries())
