@@ -94,7 +94,7 @@ def decide_delivery(
 
     ``evidence`` is what the attempt itself appended; ``now`` is what the destination shows under the final
     name (``None`` when it could not be asked). The worker's own rules decide what counts
-    (``partner.classifier.confirm_delivery``): name and size from an absent baseline, a read-back hash or an
+    (``rules.delivery.confirm_delivery``): name and size from an absent baseline, a read-back hash or an
     acknowledgment of this upload where the contract offers one, and never name and size for an overwrite.
 
     1. A receipt this attempt appended: a read-back after its confirmed rename that those rules accept.

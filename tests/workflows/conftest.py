@@ -21,7 +21,7 @@ from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
 from tests.support.factories import Factory
 from tests.support.sftp import local_sftp_server, sshd_server  # noqa: F401 - fixtures, by name
-from tests.workflows.harness import Harness, Host, SftpTarget, make_host
+from tests.workflows.harness import Harness, Host, SftpTarget, history_leaks, make_host
 from workflows.models import SEARCH_ATTRIBUTE_NAMES
 
 
@@ -98,10 +98,15 @@ async def harness(
     sftp_target: SftpTarget,
     shared_queue: str,
     host: Host,
-) -> Harness:
-    return Harness(
+) -> AsyncIterator[Harness]:
+    """The module's harness. When the module ends, every history of a workflow it started is searched for
+    contact data (DESIGN "Things that are easy to get wrong"; 004: payloads carry IDs only)."""
+    harness = Harness(
         client=temporal_env.client, factory=factory, sftp=sftp_target, shared_queue=shared_queue, hosts=[host]
     )
+    yield harness
+    leaks = await history_leaks(harness.started)
+    assert leaks == [], f"contact data in workflow histories: {leaks[:5]}"
 
 
 @pytest.fixture(autouse=True)

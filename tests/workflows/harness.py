@@ -37,11 +37,6 @@ LEAK = re.compile(
     + rb"|email,first_name"
 )
 
-# Every workflow the harnesses started in this session, for the history check at the end.
-STARTED: list[WorkflowHandle[Any, Any]] = []
-# Every contact value the harnesses inserted in this session.
-CONTACT_VALUES: set[str] = set()
-
 
 @dataclass
 class SftpTarget:
@@ -196,7 +191,9 @@ class Harness:
         hosts: list[Host],
         track_histories: bool = True,
     ) -> None:
-        self.track_histories = track_histories  # for the session-end search of every history
+        self.track_histories = track_histories  # searched for contact data when the module ends
+        self.started: list[WorkflowHandle[Any, Any]] = []  # every workflow this harness started
+        self.contact_values: set[str] = set()  # every contact value this harness inserted
         self.client = client
         self.factory = factory
         self.sftp = sftp
@@ -234,7 +231,7 @@ class Harness:
         for _ in range(n):
             tag = uuid.uuid4().hex[:12]
             row = (f"c{tag}@{CONTACT_DOMAIN}", f"First{tag}", f"Last{tag}")
-            CONTACT_VALUES.update(row)
+            self.contact_values.update(row)
             rows.append(row)
         await self.factory.contacts(tenant_id, list_name, rows)
 
@@ -259,7 +256,7 @@ class Harness:
             static_summary=export_summary(job_id),
         )
         if self.track_histories:
-            STARTED.append(handle)
+            self.started.append(handle)
         return handle
 
     async def run(self, job: ExportJob | uuid.UUID, **kw: Any) -> ExportResult:
@@ -356,6 +353,18 @@ async def recover(harness: Harness, job: ExportJob, *, max_attempts: int = 3) ->
     assert len(candidates) == 1, f"job {job.id} has no expired lease to take over"
     recovery = RecoveryActivities(store, Settings(max_attempts=max_attempts))
     return (await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")).value
+
+
+async def history_leaks(handles: list[WorkflowHandle[Any, Any]]) -> list[tuple[str, str]]:
+    """(workflow ID, what matched) for every history among ``handles`` that holds contact data."""
+    leaks = []
+    for handle in handles:
+        text = await history_text(handle)
+        assert b"ExportWorkflow" in text  # the history really was read
+        found = LEAK.search(text)
+        if found:
+            leaks.append((handle.id, found.group(0).decode(errors="replace")))
+    return leaks
 
 
 async def history_text(handle: WorkflowHandle[Any, Any]) -> bytes:

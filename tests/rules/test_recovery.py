@@ -1,0 +1,141 @@
+"""Recovery's reading of evidence for an expired Delivering attempt (000 "Recovery"): Completed only on
+evidence, OutcomeUnknown otherwise, never Failed from an absent file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from domain.destination import Destination
+from domain.evidence import Observation
+from domain.models import AttemptEvent, EventKind, JobStatus
+from rules.recovery import attempt_evidence, decide_delivery
+from tests.rules.factories import job
+
+DATA = b"email,first_name,last_name\r\n"
+SHA = hashlib.sha256(DATA).digest()
+ATTEMPT = uuid.uuid4()
+
+
+def delivering(**fields: Any):  # noqa: ANN201 - an ExportJob
+    values: dict[str, Any] = {
+        "attempt_id": ATTEMPT,
+        "expected_file_name": "contacts-k.csv",
+        "expected_file_bytes": len(DATA),
+        "expected_file_sha256": SHA,
+    }
+    values.update(fields)
+    return job(JobStatus.DELIVERING, **values)
+
+
+def destination(**contract: Any) -> Destination:
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "tenant_id": uuid.uuid4(),
+        "name": "partner-old",
+        "host": "127.0.0.1",
+        "port": 22,
+        "username": "partner",
+        "host_key": "ssh-ed25519 AAAA",
+        "credential_ref": "/keys/partner",
+        "remote_dir": "/",
+    }
+    values.update(contract)
+    return Destination(**values)
+
+
+def present(size: int = len(DATA), sha: bytes | None = None) -> Observation:
+    return Observation(present=True, size=size, mtime=1, sha256=sha)
+
+
+ABSENT_BASELINE = {"observation": "baseline", "present": False}
+
+
+def test_without_an_expected_file_recorded_at_cutoff_2_the_outcome_is_unknown() -> None:
+    verdict = decide_delivery(delivering(expected_file_sha256=None), [], present(), destination())
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+
+
+def test_a_receipt_this_attempt_appended_after_its_confirmed_rename_is_completed() -> None:
+    evidence = [
+        ABSENT_BASELINE,
+        {"observation": "rename", "result": "ok"},
+        {"observation": "read_back", "present": True, "size": len(DATA), "sha256": SHA.hex()},
+    ]
+    verdict = decide_delivery(delivering(), evidence, None, destination(hash_evidence="read_back"))
+    assert verdict.resolution == JobStatus.COMPLETED
+    assert verdict.summary.startswith("receipt of this attempt")
+
+
+def test_a_read_back_without_a_confirmed_rename_is_no_receipt() -> None:
+    evidence = [
+        ABSENT_BASELINE,
+        {"observation": "read_back", "present": True, "size": len(DATA), "sha256": SHA.hex()},
+    ]
+    verdict = decide_delivery(delivering(), evidence, None, destination(hash_evidence="read_back"))
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+
+
+def test_an_unobserved_destination_without_a_receipt_is_unknown() -> None:
+    verdict = decide_delivery(
+        delivering(), [ABSENT_BASELINE], None, destination(), observe_error="TimeoutError"
+    )
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN and "TimeoutError" in verdict.summary
+
+
+def test_an_absent_final_name_is_unknown_never_failed() -> None:
+    verdict = decide_delivery(delivering(), [ABSENT_BASELINE], Observation(present=False), destination())
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+
+
+def test_an_originals_final_name_present_with_the_expected_size_from_an_absent_baseline_is_completed() -> (
+    None
+):
+    verdict = decide_delivery(delivering(), [ABSENT_BASELINE], present(), destination())
+    assert verdict.resolution == JobStatus.COMPLETED
+
+
+def test_a_wrong_size_under_the_final_name_is_unknown() -> None:
+    verdict = decide_delivery(delivering(), [ABSENT_BASELINE], present(size=3), destination())
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+
+
+def test_an_original_whose_baseline_was_occupied_is_unknown() -> None:
+    baseline = {"observation": "baseline", "present": True, "size": 9, "mtime": 1}
+    verdict = decide_delivery(delivering(), [baseline], present(), destination())
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+
+
+def test_a_replacement_without_a_recorded_baseline_is_unknown_the_file_may_be_the_originals() -> None:
+    replacement = delivering(replaces_job_id=uuid.uuid4(), replacement_reason="lost")
+    verdict = decide_delivery(replacement, [], present(), destination())
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+
+
+def _event(kind: EventKind, attempt_id: uuid.UUID, observed_by: str, detail: str) -> AttemptEvent:
+    return AttemptEvent(
+        id=1,
+        job_id=uuid.uuid4(),
+        attempt_id=attempt_id,
+        kind=kind,
+        version=None,
+        worker_id=None,
+        observed_by=observed_by,
+        detail=detail,
+        recorded_at=datetime.now(UTC),
+    )
+
+
+def test_attempt_evidence_is_this_attempts_own_not_recoverys_nor_another_attempts() -> None:
+    mine = json.dumps({"observation": "baseline", "present": False})
+    events = [
+        _event(EventKind.DELIVERY_EVIDENCE, ATTEMPT, "worker-3", mine),
+        _event(EventKind.DELIVERY_EVIDENCE, ATTEMPT, "recovery:run-1", mine),
+        _event(EventKind.DELIVERY_EVIDENCE, uuid.uuid4(), "worker-4", mine),
+        _event(EventKind.DELIVERY_EVIDENCE, ATTEMPT, "worker-3", "not json"),
+        _event(EventKind.FINISHED, ATTEMPT, "worker-3", mine),
+    ]
+    assert attempt_evidence(events, ATTEMPT) == [{"observation": "baseline", "present": False}]
