@@ -87,4 +87,6 @@ def test_every_setting_is_described_and_in_the_readme_table() -> None:
     for name, field in Settings.model_fields.items():
         assert field.description, f"{name} has no description"
         assert f"EXPORTS_{name.upper()}" in documented, f"EXPORTS_{name.upper()} is not in the README's table"
-    assert documented <= {f"EXPORTS_{n.upper()}" for n in Settings.model_fields}, "the README lists unknown settings"
+    assert documented <= {f"EXPORTS_{n.upper()}" for n in Settings.model_fields}, (
+        "the README lists unknown settings"
+    )
