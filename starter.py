@@ -164,7 +164,7 @@ def _run_operation(
     caller = Caller(tenant_id=args.tenant, principal=args.principal, role=role)  # type: ignore[arg-type]
 
     async def go() -> Any:
-        async with open_exports(settings, reconciler=role == "reconciler") as ops:
+        async with open_exports(settings) as ops:
             return await call(ops, caller)
 
     try:

@@ -172,11 +172,16 @@ async def run_worker(
             settings.database_url, "exports_dispatcher", max_size=2, name=f"dispatcher-{worker_id}"
         )
         resources.push_async_callback(dispatcher_pool.close)
+        # Takeovers run as their own role: the trigger lets exports_recovery take only recovery's edges.
+        recovery_pool = await open_pool(
+            settings.database_url, "exports_recovery", max_size=2, name=f"recovery-{worker_id}"
+        )
+        resources.push_async_callback(recovery_pool.close)
         shared, own = build_workers(
             client,
             settings,
             export,
-            recovery=RecoveryActivities(export.store, settings),
+            recovery=RecoveryActivities(JobStore(recovery_pool), settings),
             sweeper=SweeperActivities(export.store, settings),
         )
         dispatcher = OutboxDispatcher(

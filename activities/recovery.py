@@ -6,12 +6,14 @@ commits after the scan makes it match nothing, and the job is left to its worker
 - Running, no stop request, under the attempt cap: back to Queued with a new outbox row.
 - Running with a recorded stop request: Stopped.
 - Running at the attempt cap: Failed with AttemptsExhausted.
-- Delivering: resolved from evidence, never stopped, retried or failed. Completed only when the
+- Delivering whose rename fence was never written: Failed NotDelivered (the final name was never
+  written by it: it sent nothing, or only a temporary file).
+- Delivering otherwise: resolved from evidence, never stopped or retried. Completed only when the
   destination or a receipt the attempt appended matches the expected file recorded at cutoff 2;
   otherwise OutcomeUnknown. An absent file is never a reason for Failed: a paused worker can still
   upload. What recovery observed is appended as DeliveryEvidence under the recovery run's ID.
 
-Runs as ``exports_worker``. Payloads and evidence carry IDs, sizes, hashes and codes only.
+Runs as ``exports_recovery``. Payloads and evidence carry IDs, sizes, hashes and codes only.
 """
 
 from __future__ import annotations
@@ -85,12 +87,18 @@ class RecoveryActivities:
             if candidate.stop_request_id is not None:
                 done = await self.store.stop_expired_attempt(job_id, attempt_id, run_id)
                 return Takeover.STOPPED if done else Takeover.MATCHED_NOTHING
-            if candidate.attempt_count < max_attempts:
+            # Attempts given back by a drain or a pause do not count towards the cap.
+            if candidate.attempt_count - candidate.attempts_released < max_attempts:
                 done = await self.store.requeue_expired_attempt(job_id, attempt_id, max_attempts, run_id)
                 return Takeover.REQUEUED if done else Takeover.MATCHED_NOTHING
             done = await self.store.exhaust_expired_attempt(job_id, attempt_id, max_attempts, run_id)
             return Takeover.EXHAUSTED if done else Takeover.MATCHED_NOTHING
         if candidate.status == JobStatus.DELIVERING:
+            if candidate.unpublished:
+                # The attempt never fenced its rename, so it never wrote the final name; the statement also
+                # refuses a late fence. If a fence or a renewal committed since the scan, it matches nothing.
+                done = await self.store.fail_unpublished_delivery(job_id, attempt_id, run_id)
+                return Takeover.NOT_DELIVERED if done else Takeover.MATCHED_NOTHING
             return await self._resolve_delivery(candidate, run_id)
         return Takeover.MATCHED_NOTHING
 

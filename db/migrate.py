@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 # Any constant works; it only has to be the same for every migrating process.
 _MIGRATION_LOCK = 7_461_003_211
 
-APP_ROLES = ("exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler")
+APP_ROLES = ("exports_api", "exports_worker", "exports_recovery", "exports_dispatcher", "exports_reconciler")
 
 
 def migration_files() -> list[tuple[str, str]]:

@@ -7,7 +7,9 @@ from typing import Literal
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
-Role = Literal["exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler"]
+Role = Literal[
+    "exports_api", "exports_worker", "exports_recovery", "exports_dispatcher", "exports_reconciler"
+]
 
 
 async def open_pool(

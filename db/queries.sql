@@ -112,7 +112,10 @@ authorized AS (
     SET status = 'Delivering',
         expected_file_name = %(final_name)s, expected_file_bytes = %(length)s, expected_file_sha256 = %(sha256)s,
         expected_file_rows = %(rows)s::bigint,
-        delivery_authorized_at = clock_timestamp()
+        delivery_authorized_at = clock_timestamp(),
+        -- the upload starts with a full lease, never with what was left of the build's
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+        fence_expected = true, upload_fenced_at = NULL, rename_fenced_at = NULL
     FROM job
     WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Running'
       AND j.stop_request_id IS NULL
@@ -132,11 +135,13 @@ SELECT false AS matched, status, attempt_id, stop_request_id, lease_current,
 FROM job WHERE NOT EXISTS (SELECT 1 FROM authorized);
 
 -- name: read_ownership
--- The lost-response re-read: state and ownership together, with the lease judged on the database clock
--- and, for a replacement, its original's status.
+-- The lost-response re-read: state and ownership together, with the lease judged on the database clock,
+-- whether the upload fence is written and, for a replacement, its original's status.
 SELECT j.status, j.attempt_id, j.stop_request_id,
        coalesce(j.lease_expires_at > clock_timestamp(), false) AS lease_current,
-       o.status AS original_status
+       o.status AS original_status,
+       j.upload_fenced_at IS NOT NULL AS upload_fenced,
+       j.rename_fenced_at IS NOT NULL AS rename_fenced
 FROM export_jobs j
 LEFT JOIN export_jobs o ON o.tenant_id = j.tenant_id AND o.id = j.replaces_job_id
 WHERE j.id = %(job_id)s;
@@ -176,6 +181,72 @@ SELECT id, attempt_id, 'Failed', claimed_by, %(code)s || coalesce(': ' || %(caus
 FROM failed
 RETURNING id;
 
+-- name: release_attempt_if_running
+-- Running -> Queued by the owning worker, for a drain or a pause: the attempt gives the job back without
+-- using up one of its attempts, with its event and a new wake-up. A recorded stop request is honored by
+-- finish_stopped instead, never released into the queue again.
+WITH released AS (
+    UPDATE export_jobs
+    SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
+        woken_at = clock_timestamp(), attempts_released = attempts_released + 1
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+      AND claimed_by = %(worker_id)s AND stop_request_id IS NULL
+    RETURNING id),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT id, %(attempt_id)s, 'Released', %(worker_id)s, %(reason)s, clock_timestamp() FROM released),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM released)
+SELECT id AS job_id FROM released;
+
+-- name: fence_upload_if_delivering
+-- The upload fence: before any I/O with the partner, this attempt writes it, still Delivering, still the
+-- owner, with a current lease. The uploader sends nothing unless this matched (or, after a lost answer,
+-- the re-read shows its own fence). Recovery's fail_unpublished_delivery refuses a late one.
+WITH job AS (
+    SELECT id, status, attempt_id, upload_fenced_at IS NOT NULL AS fenced,
+           coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
+    FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+fenced AS (
+    UPDATE export_jobs j
+    SET upload_fenced_at = clock_timestamp()
+    FROM job
+    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+      AND j.upload_fenced_at IS NULL AND j.lease_expires_at > clock_timestamp()
+    RETURNING j.id, j.status, j.attempt_id, j.upload_fenced_at, j.claimed_by),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, recorded_at)
+    SELECT id, attempt_id, 'UploadFenced', claimed_by, upload_fenced_at FROM fenced)
+SELECT true AS matched, status, attempt_id, true AS fenced, true AS lease_current FROM fenced
+UNION ALL
+SELECT false AS matched, status, attempt_id, fenced, lease_current
+FROM job WHERE NOT EXISTS (SELECT 1 FROM fenced);
+
+-- name: fence_rename_if_delivering
+-- The rename fence: after the upload to the temporary name and before the rename request, this attempt
+-- writes it, still Delivering, still the owner, with a current lease and its upload fence. The rename is
+-- never sent unless this matched; so an expired attempt without it never wrote the final name.
+WITH job AS (
+    SELECT id, status, attempt_id, rename_fenced_at IS NOT NULL AS fenced,
+           coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
+    FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+fenced AS (
+    UPDATE export_jobs j
+    SET rename_fenced_at = clock_timestamp()
+    FROM job
+    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+      AND j.upload_fenced_at IS NOT NULL AND j.rename_fenced_at IS NULL
+      AND j.lease_expires_at > clock_timestamp()
+    RETURNING j.id, j.status, j.attempt_id, j.rename_fenced_at, j.claimed_by),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, recorded_at)
+    SELECT id, attempt_id, 'RenameFenced', claimed_by, rename_fenced_at FROM fenced)
+SELECT true AS matched, status, attempt_id, true AS fenced, true AS lease_current FROM fenced
+UNION ALL
+SELECT false AS matched, status, attempt_id, fenced, lease_current
+FROM job WHERE NOT EXISTS (SELECT 1 FROM fenced);
+
 -- name: finish_delivery
 -- The attempt's terminal write: Delivering -> Completed, Failed (with a code) or OutcomeUnknown, for this
 -- attempt only. A write after a takeover matches nothing; the evidence was appended before it.
@@ -203,7 +274,8 @@ RETURNING id;
 
 -- name: find_expired_leases
 -- Recovery's scan. It only nominates: each takeover below repeats every condition it relied on.
-SELECT id, attempt_id, status, stop_request_id, attempt_count, replaces_job_id
+SELECT id, attempt_id, status, stop_request_id, attempt_count, attempts_released, replaces_job_id,
+       fence_expected AND rename_fenced_at IS NULL AS unpublished
 FROM export_jobs
 WHERE status IN ('Running', 'Delivering') AND lease_expires_at < clock_timestamp()
 ORDER BY lease_expires_at
@@ -217,7 +289,7 @@ WITH requeued AS (
     SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
         woken_at = clock_timestamp()
     WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
-      AND stop_request_id IS NULL AND attempt_count < %(max_attempts)s
+      AND stop_request_id IS NULL AND attempt_count - attempts_released < %(max_attempts)s
       AND lease_expires_at < clock_timestamp()
     RETURNING id),
 event AS (
@@ -249,11 +321,12 @@ WITH exhausted AS (
     UPDATE export_jobs
     SET status = 'Failed', failure_reason = 'AttemptsExhausted', lease_expires_at = NULL
     WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
-      AND stop_request_id IS NULL AND attempt_count >= %(max_attempts)s
+      AND stop_request_id IS NULL AND attempt_count - attempts_released >= %(max_attempts)s
       AND lease_expires_at < clock_timestamp()
-    RETURNING id, attempt_id, attempt_count)
+    RETURNING id, attempt_id, attempt_count, attempts_released)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
-SELECT id, attempt_id, 'AttemptsExhausted', %(recovery_run_id)s, 'after ' || attempt_count || ' attempts',
+SELECT id, attempt_id, 'AttemptsExhausted', %(recovery_run_id)s,
+       'after ' || attempt_count - attempts_released || ' attempts',
        clock_timestamp()
 FROM exhausted
 RETURNING id;
@@ -274,6 +347,28 @@ SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, status || ': '
 FROM resolved
 RETURNING id;
 
+-- name: fail_unpublished_delivery
+-- An expired Delivering attempt that was to fence its rename and never did never wrote the final name:
+-- it sent nothing (no upload fence either) or only a temporary file. Failed NotDelivered, with that
+-- evidence (000: NotDelivered "when the destination or reconciliation proves the final name was never
+-- written"). The same conditions refuse the attempt's late fences: once this commits the row is no longer
+-- Delivering; if a fence commits first, this matches nothing.
+WITH failed AS (
+    UPDATE export_jobs
+    SET status = 'Failed', failure_reason = 'NotDelivered', lease_expires_at = NULL
+    WHERE id = %(job_id)s AND status = 'Delivering' AND attempt_id = %(expired_attempt_id)s
+      AND fence_expected AND rename_fenced_at IS NULL
+      AND lease_expires_at < clock_timestamp()
+    RETURNING id, attempt_id, upload_fenced_at IS NOT NULL AS uploaded)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s,
+       CASE WHEN uploaded
+            THEN 'Failed NotDelivered: the attempt never fenced its rename, so it never wrote the final name'
+            ELSE 'Failed NotDelivered: the attempt never fenced its upload, so it sent nothing' END,
+       clock_timestamp()
+FROM failed
+RETURNING id;
+
 -- name: reconcile_unknown
 -- OutcomeUnknown -> Completed or Failed (NotDelivered), for that attempt, once: the unique index allows one
 -- Reconciled event per attempt. No lease condition: recovery cleared the lease.
@@ -289,9 +384,23 @@ SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evid
 FROM reconciled
 RETURNING id;
 
+-- name: record_correction
+-- The correction a reconciler requests for one attempt's recorded outcome, with who and why; once per
+-- attempt (the primary key). correct_outcome runs after it in the same transaction, and the trigger lets
+-- the status change only along this row.
+INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, failure_reason,
+                                 corrected_by, evidence_ref, why)
+SELECT tenant_id, id, attempt_id, %(recorded_status)s, %(corrected_status)s, %(failure_reason)s::text,
+       %(corrected_by)s, %(evidence_ref)s, %(why)s
+FROM export_jobs
+WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
+  AND status = %(recorded_status)s AND status IN ('Completed', 'Failed')
+  AND %(corrected_status)s IN ('Completed', 'Failed') AND %(corrected_status)s <> %(recorded_status)s
+RETURNING job_id;
+
 -- name: correct_outcome
 -- A named reconciler corrects a recorded Completed or Failed once, with who and why, conditionally on
--- the recorded status and attempt.
+-- the recorded status and attempt (after record_correction, in its transaction).
 WITH corrected AS (
     UPDATE export_jobs
     SET status = %(corrected_status)s,

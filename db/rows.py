@@ -27,6 +27,16 @@ class CutoffAnswer(Row):
     original_status: JobStatus | None
 
 
+class FenceAnswer(Row):
+    """The upload fence's answer: whether it matched, and the row as the locking read found it otherwise."""
+
+    matched: bool
+    status: JobStatus
+    attempt_id: UUID | None
+    fenced: bool
+    lease_current: bool
+
+
 class JobIdRow(Row):
     job_id: UUID
 

@@ -39,6 +39,7 @@ from db.rows import (
     CutoffAnswer,
     DestinationName,
     EventIdRow,
+    FenceAnswer,
     IdempotencyRow,
     IdRow,
     JobIdRow,
@@ -58,9 +59,11 @@ from domain.models import (
     ClaimResult,
     Created,
     DeliveryOutcome,
+    EventKind,
     ExpiredLease,
     ExportJob,
     FailureCode,
+    FenceResult,
     FinishResult,
     JobStatus,
     OutboxMessage,
@@ -315,6 +318,7 @@ class JobStore:
                 "length": length,
                 "sha256": sha256,
                 "rows": rows,
+                "lease_seconds": self.lease_seconds,
             },
             CutoffAnswer,
         )
@@ -354,6 +358,71 @@ class JobStore:
         if row is None:
             return Renewal(owned=False, stop_requested=False)
         return Renewal(owned=True, stop_requested=row.stop_requested, status=row.status)
+
+    # -- giving an attempt back, fencing an upload ---------------------------------------------------
+
+    async def release_attempt_if_running(
+        self, job_id: UUID, attempt_id: UUID, worker_id: str, reason: str
+    ) -> FinishResult:
+        """Running -> Queued by the owning worker (a drain or a pause), without using up an attempt.
+
+        Written, NotOwner (the row is no longer this attempt's, or it has a stop request to honor instead),
+        or Unknown (the answer and its re-read were lost).
+        """
+        params = {"job_id": job_id, "attempt_id": attempt_id, "worker_id": worker_id, "reason": reason}
+        written = await self._unless_lost("release_attempt_if_running", params, JobIdRow)
+        if written:
+            return FinishResult.WRITTEN
+        if written is not None:
+            return FinishResult.NOT_OWNER
+        try:
+            state = await self._reread(job_id)
+        except TransientStoreError:
+            return FinishResult.UNKNOWN
+        # A lost answer: released if the row is Queued again and this attempt's Released event exists.
+        if (
+            state is not None
+            and state.status == JobStatus.QUEUED
+            and await self._released(job_id, attempt_id)
+        ):
+            return FinishResult.WRITTEN
+        return FinishResult.NOT_OWNER
+
+    async def _released(self, job_id: UUID, attempt_id: UUID) -> bool:
+        events = await self.job_events(job_id)
+        return any(e.kind == EventKind.RELEASED and e.attempt_id == attempt_id for e in events)
+
+    async def fence_upload_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
+        """The upload fence: Fenced only if this attempt, Delivering with a current lease, wrote it (or,
+        after a lost answer, the re-read shows its own fence). Nothing may be sent to the partner otherwise."""
+        return await self._fence("fence_upload_if_delivering", job_id, attempt_id, rename=False)
+
+    async def fence_rename_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
+        """The rename fence, after the upload and before the rename request: the rename is never sent
+        unless this is Fenced."""
+        return await self._fence("fence_rename_if_delivering", job_id, attempt_id, rename=True)
+
+    async def _fence(self, name: str, job_id: UUID, attempt_id: UUID, *, rename: bool) -> FenceResult:
+        answers = await self._unless_lost(name, {"job_id": job_id, "attempt_id": attempt_id}, FenceAnswer)
+        if answers is None:
+            try:
+                state = await self._reread(job_id)
+            except TransientStoreError:
+                return FenceResult.UNKNOWN
+            if state is None:
+                return FenceResult.NOT_OWNER
+            found = FenceAnswer(
+                matched=False,
+                status=state.status,
+                attempt_id=state.attempt_id,
+                fenced=state.rename_fenced if rename else state.upload_fenced,
+                lease_current=state.lease_current,
+            )
+        elif not answers:
+            return FenceResult.NOT_OWNER
+        else:
+            found = answers[0]
+        return fence_result(found, attempt_id)
 
     # -- terminal writes ----------------------------------------------------------------------------
 
@@ -500,6 +569,17 @@ class JobStore:
             evidence_summary=evidence_summary,
         )
 
+    async def fail_unpublished_delivery(
+        self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str
+    ) -> bool:
+        """Delivering, expired, its rename fence never written -> Failed NotDelivered (final name untouched)."""
+        return await self._matched(
+            "fail_unpublished_delivery",
+            job_id=job_id,
+            expired_attempt_id=expired_attempt_id,
+            recovery_run_id=recovery_run_id,
+        )
+
     # -- reconciliation and correction --------------------------------------------------------------
 
     async def reconcile_unknown(
@@ -538,19 +618,33 @@ class JobStore:
         evidence_ref: str,
         why: str,
     ) -> bool:
-        """A recorded Completed/Failed corrected once, with who and why (reconciler role only)."""
-        return await self._matched(
-            "correct_outcome",
-            tenant_id=tenant_id,
-            job_id=job_id,
-            attempt_id=attempt_id,
-            recorded_status=recorded_status.value,
-            corrected_status=corrected_status.value,
-            failure_reason=failure_reason.value if failure_reason else None,
-            corrected_by=corrected_by,
-            evidence_ref=evidence_ref,
-            why=why,
-        )
+        """A recorded Completed/Failed corrected once, with who and why (reconciler role only).
+
+        One short transaction: the correction row (once per attempt; the trigger allows the status change
+        only along it), then the conditional change with its Corrected event. Nothing is recorded when the
+        change matches nothing.
+        """
+        params = {
+            "tenant_id": tenant_id,
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "recorded_status": recorded_status.value,
+            "corrected_status": corrected_status.value,
+            "failure_reason": failure_reason.value if failure_reason else None,
+            "corrected_by": corrected_by,
+            "evidence_ref": evidence_ref,
+            "why": why,
+        }
+        async with translated(), self.pool.connection() as conn:
+            try:
+                async with conn.transaction():
+                    if not await fetch(conn, "record_correction", params, JobIdRow):
+                        return False
+                    if not await fetch(conn, "correct_outcome", params, EventIdRow):
+                        raise _NothingMatched
+            except _NothingMatched:
+                return False
+        return True
 
     # -- sweeper and outbox -------------------------------------------------------------------------
 
@@ -738,6 +832,19 @@ class JobStore:
     async def find_token(self, token_sha256: bytes) -> TokenRow | None:
         """The tenant, principal and role a token's hash is bound to, or ``None``."""
         return await self._row("find_api_token", {"token_sha256": token_sha256}, TokenRow)
+
+
+class _NothingMatched(Exception):
+    """Rolls back a short transaction whose conditional write matched nothing."""
+
+
+def fence_result(found: FenceAnswer, attempt_id: UUID) -> FenceResult:
+    """The fence's answer from the row it left: Fenced when this attempt's fence is written."""
+    if found.attempt_id != attempt_id or found.status != JobStatus.DELIVERING:
+        return FenceResult.NOT_OWNER
+    if found.matched or found.fenced:
+        return FenceResult.FENCED
+    return FenceResult.LEASE_LAPSED if not found.lease_current else FenceResult.NOT_OWNER
 
 
 def _from_earlier(

@@ -42,6 +42,9 @@ class EventKind(StrEnum):
     RECONCILED = "Reconciled"
     CORRECTED = "Corrected"
     DELIVERY_EVIDENCE = "DeliveryEvidence"
+    RELEASED = "Released"
+    UPLOAD_FENCED = "UploadFenced"
+    RENAME_FENCED = "RenameFenced"
 
 
 class CancellationOutcome(StrEnum):
@@ -70,6 +73,15 @@ class AuthorizationResult(StrEnum):
     NOT_OWNER = "NotOwner"
     ORIGINAL_COMPLETED = "OriginalCompleted"
     UNKNOWN = "Unknown"
+
+
+class FenceResult(StrEnum):
+    """The upload fence's answer: the uploader sends nothing unless it is Fenced."""
+
+    FENCED = "Fenced"
+    LEASE_LAPSED = "LeaseLapsed"  # still the owner, lease expired: renew once and fence again
+    NOT_OWNER = "NotOwner"  # another attempt, another state, or recovery's takeover refused it
+    UNKNOWN = "Unknown"  # the answer and its re-read were both lost: send nothing
 
 
 class FinishResult(StrEnum):
@@ -104,6 +116,7 @@ class AttemptOutcome(StrEnum):
         "NotOwner"  # ownership was lost (a takeover or a terminal write by someone else): wrote nothing
     )
     LEFT_TO_RECOVERY = "LeftToRecovery"  # unanswered write, timed-out or failed activity: the lease decides
+    RELEASED = "Released"  # this attempt gave the job back to the queue (a drain or a pause) before cutoff 2
 
 
 class StopPoint(StrEnum):
@@ -146,6 +159,10 @@ class ExportJob(Row):
     rejection_reason: str | None
     workflow_id: str | None
     created_at: datetime
+    attempts_released: int
+    fence_expected: bool
+    upload_fenced_at: datetime | None
+    rename_fenced_at: datetime | None
 
     @property
     def final_name(self) -> str:
@@ -165,6 +182,8 @@ class OwnershipState(Row):
     stop_request_id: UUID | None
     lease_current: bool
     original_status: JobStatus | None
+    upload_fenced: bool = False
+    rename_fenced: bool = False
 
 
 class Renewal(Row):
@@ -219,7 +238,9 @@ class ExpiredLease(Row):
     status: JobStatus
     stop_request_id: UUID | None
     attempt_count: int
+    attempts_released: int
     replaces_job_id: UUID | None
+    unpublished: bool  # fences were expected and the rename fence was never written: final name untouched
 
 
 class OutboxMessage(Row):

@@ -423,8 +423,10 @@ class Exports:
                 Kind.REFUSED, f"the export is {job.status.value}; only OutcomeUnknown is reconciled"
             )
         attempt_id = body.attempt_id or job.attempt_id
+        if self.reconciler_store is None:
+            return refusal(Kind.FORBIDDEN, "reconciliation needs the exports_reconciler database role")
         try:
-            done = await self.store.reconcile_unknown(
+            done = await self.reconciler_store.reconcile_unknown(
                 tenant_id=caller.tenant_id,
                 job_id=job_id,
                 attempt_id=attempt_id,
@@ -468,7 +470,7 @@ class Exports:
                 why=body.why,
             )
         except ConstraintRefused as exc:
-            if exc.constraint == "uq_attempt_transition":
+            if exc.constraint in ("pk_outcome_corrections", "uq_attempt_transition"):
                 return refusal(Kind.REFUSED, f"attempt {attempt_id}'s outcome was already corrected once")
             raise
         if not done:

@@ -49,6 +49,14 @@ async def worker_store(database: TestDatabase) -> AsyncIterator[JobStore]:
 
 
 @pytest.fixture(scope="module")
+async def recovery_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+    """Recovery's takeovers, as their own role."""
+    pool = await open_pool(database.app_url, "exports_recovery", max_size=4)
+    yield JobStore(pool, lease_seconds=60)
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
 async def api_store(database: TestDatabase) -> AsyncIterator[JobStore]:
     pool = await open_pool(database.app_url, "exports_api", max_size=10)
     yield JobStore(pool)
@@ -70,6 +78,8 @@ async def dispatcher_store(database: TestDatabase) -> AsyncIterator[JobStore]:
 
 
 @pytest.fixture(scope="module")
-async def factory(database: TestDatabase, api_store: JobStore, worker_store: JobStore) -> Factory:
+async def factory(
+    database: TestDatabase, api_store: JobStore, worker_store: JobStore, recovery_store: JobStore
+) -> Factory:
     """Puts a job in any state through the protocol's own statements; clock helpers act as superuser."""
-    return Factory(database, api=api_store, worker=worker_store)
+    return Factory(database, api=api_store, worker=worker_store, recovery=recovery_store)

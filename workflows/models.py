@@ -194,6 +194,7 @@ class Takeover(StrEnum):
     EXHAUSTED = "Exhausted"
     COMPLETED = "Completed"
     OUTCOME_UNKNOWN = "OutcomeUnknown"
+    NOT_DELIVERED = "NotDelivered"  # the attempt never fenced its rename: Failed NotDelivered
     MATCHED_NOTHING = "MatchedNothing"  # renewed, finished or taken over since the scan
     ERROR = "Error"  # not decided this run; the next run nominates it again
 
@@ -207,12 +208,20 @@ class RecoveryBatchResult(BaseModel):
     exhausted: int = 0
     completed: int = 0
     outcome_unknown: int = 0
+    not_delivered: int = 0
     matched_nothing: int = 0
     errors: int = 0
 
     @property
     def taken_over(self) -> int:
-        return self.requeued + self.stopped + self.exhausted + self.completed + self.outcome_unknown
+        return (
+            self.requeued
+            + self.stopped
+            + self.exhausted
+            + self.completed
+            + self.outcome_unknown
+            + self.not_delivered
+        )
 
     def count(self, takeover: Takeover) -> None:
         field = {
@@ -221,6 +230,7 @@ class RecoveryBatchResult(BaseModel):
             Takeover.EXHAUSTED: "exhausted",
             Takeover.COMPLETED: "completed",
             Takeover.OUTCOME_UNKNOWN: "outcome_unknown",
+            Takeover.NOT_DELIVERED: "not_delivered",
             Takeover.MATCHED_NOTHING: "matched_nothing",
             Takeover.ERROR: "errors",
         }[takeover]

@@ -186,6 +186,11 @@ def claim_params(
     }
 
 
+def matched(rows: list[dict[str, Any]]) -> bool:
+    """Whether a claim or cutoff 2 run directly matched: they answer with the row either way."""
+    return len(rows) == 1 and rows[0]["matched"] is True
+
+
 def authorize_params(job: ExportJob, attempt_id: UUID, length: int = 1234) -> dict[str, Any]:
     """Parameters of ``authorize_delivery_if_running`` as ``JobStore.authorize_delivery_if_running`` binds them."""
     return {
@@ -197,12 +202,15 @@ def authorize_params(job: ExportJob, attempt_id: UUID, length: int = 1234) -> di
         "length": length,
         "sha256": b"\x01" * 32,
         "rows": 10,
+        "lease_seconds": 60.0,
     }
 
 
 async def authorize(store: JobStore, job: ExportJob, attempt_id: UUID) -> AuthorizationResult:
     """Cutoff 2 through the store for ``job``'s own final name."""
-    return await store.authorize_delivery_if_running(**authorize_params(job, attempt_id))
+    params = authorize_params(job, attempt_id)
+    del params["lease_seconds"]  # the store binds its own
+    return await store.authorize_delivery_if_running(**params)
 
 
 async def cancel(

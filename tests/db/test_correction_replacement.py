@@ -24,7 +24,7 @@ from domain.models import (
     FinishResult,
     JobStatus,
 )
-from tests.db.race import authorize, authorize_params, still_waiting
+from tests.db.race import authorize, authorize_params, matched, still_waiting
 
 
 async def failed_original(factory) -> tuple[ExportJob, UUID]:
@@ -85,6 +85,7 @@ async def test_correction_committed_first_makes_the_replacement_cutoff_report_or
     replacement, attempt = await factory.running(await replacement_of(factory, original))
 
     correction = await kit.hold("exports_reconciler")
+    assert await correction.run("record_correction", correction_to_completed(original, original_attempt))
     assert await correction.run("correct_outcome", correction_to_completed(original, original_attempt))
 
     worker = await kit.solo("exports_worker")
@@ -114,7 +115,7 @@ async def test_correction_waits_for_a_replacement_cutoff_committed_first_then_su
     replacement, attempt = await factory.running(await replacement_of(factory, original))
 
     cutoff = await kit.hold("exports_worker")
-    assert len(await cutoff.run("authorize_delivery_if_running", authorize_params(replacement, attempt))) == 1
+    assert matched(await cutoff.run("authorize_delivery_if_running", authorize_params(replacement, attempt)))
 
     reconciler = await kit.solo("exports_reconciler")
     correcting = asyncio.create_task(correct_to_completed(reconciler.store, original, original_attempt))
@@ -148,6 +149,7 @@ async def test_replacement_still_queued_when_the_original_is_corrected_is_refuse
 async def test_replacement_creation_waits_for_a_correction_to_completed_then_inserts_nothing(factory, kit):
     original, original_attempt = await failed_original(factory)
     correction = await kit.hold("exports_reconciler")
+    assert await correction.run("record_correction", correction_to_completed(original, original_attempt))
     assert await correction.run("correct_outcome", correction_to_completed(original, original_attempt))
 
     api = await kit.solo("exports_api")
@@ -174,6 +176,7 @@ async def test_replacement_creation_waits_for_a_correction_to_completed_then_ins
 async def test_replacement_creation_succeeds_when_the_held_correction_rolls_back(factory, kit):
     original, original_attempt = await failed_original(factory)
     correction = await kit.hold("exports_reconciler")
+    assert await correction.run("record_correction", correction_to_completed(original, original_attempt))
     assert await correction.run("correct_outcome", correction_to_completed(original, original_attempt))
 
     api = await kit.solo("exports_api")
@@ -208,7 +211,9 @@ async def unknown_after_recovery(factory) -> tuple[ExportJob, UUID]:
 
 
 @pytest.mark.parametrize("resolution", [JobStatus.COMPLETED, JobStatus.FAILED])
-async def test_reconciliation_is_one_shot_and_keeps_the_recovery_event(factory, api_store, resolution):
+async def test_reconciliation_is_one_shot_and_keeps_the_recovery_event(
+    factory, api_store, reconciler_store, resolution
+):
     job, attempt = await unknown_after_recovery(factory)
     reconcile = dict(
         tenant_id=job.tenant_id,
@@ -218,7 +223,7 @@ async def test_reconciliation_is_one_shot_and_keeps_the_recovery_event(factory, 
         evidence_summary="partner listing 2026-11-14",
     )
 
-    assert await api_store.reconcile_unknown(resolution=resolution, **reconcile) is True
+    assert await reconciler_store.reconcile_unknown(resolution=resolution, **reconcile) is True
     row = await factory.job(job.id)
     assert row.status == resolution
     assert row.failure_reason == (FailureCode.NOT_DELIVERED if resolution == JobStatus.FAILED else None)
@@ -227,7 +232,7 @@ async def test_reconciliation_is_one_shot_and_keeps_the_recovery_event(factory, 
 
     # A second reconciliation matches nothing, whichever way it goes ...
     for again in (JobStatus.COMPLETED, JobStatus.FAILED):
-        assert await api_store.reconcile_unknown(resolution=again, **reconcile) is False
+        assert await reconciler_store.reconcile_unknown(resolution=again, **reconcile) is False
     # ... and the unique index refuses a second Reconciled event for the attempt even when written directly.
     with pytest.raises(ConstraintRefused) as refused:
         await insert_event_as_api(factory, job.id, attempt, EventKind.RECONCILED)
@@ -268,7 +273,8 @@ async def test_correction_is_recorded_once_with_who_and_why(factory, reconciler_
     assert corrected[0].observed_by == "lee.reconciler"
     assert corrected[0].detail == "Failed to Completed: ack-4711; partner acknowledged the original file"
 
-    # Refused a second time, in either direction: one Corrected event per attempt.
+    # Refused a second time, in either direction: one correction per attempt (its row's primary key; the
+    # unique index on Corrected events stands behind it).
     with pytest.raises(ConstraintRefused) as refused:
         await reconciler_store.correct_outcome(
             tenant_id=original.tenant_id,
@@ -281,7 +287,7 @@ async def test_correction_is_recorded_once_with_who_and_why(factory, reconciler_
             evidence_ref="ticket-9",
             why="second thoughts",
         )
-    assert refused.value.constraint == "uq_attempt_transition"
+    assert refused.value.constraint == "pk_outcome_corrections"
     assert (await factory.job(original.id)).status == JobStatus.COMPLETED
 
 
@@ -330,9 +336,11 @@ async def test_correction_to_failed_needs_a_code_and_to_completed_drops_it(facto
     )
     assert (await factory.job(failed.id)).failure_reason is None
 
-    # Even the reconciler's own direct UPDATE cannot leave a code on a non-Failed row.
-    other, _ = await failed_original(factory)
+    # Even the reconciler's own direct UPDATE, along its recorded correction, cannot leave a code on a
+    # non-Failed row.
+    other, other_attempt = await failed_original(factory)
     direct = await kit.hold("exports_reconciler")
+    assert await direct.run("record_correction", correction_to_completed(other, other_attempt))
     with pytest.raises(psycopg.errors.CheckViolation) as check:
         await direct.execute(
             "UPDATE export_jobs SET status = 'Completed' WHERE id = %(id)s", {"id": other.id}

@@ -36,9 +36,36 @@ SEED_EDGES = {
     ("Completed", "Failed"),
     ("Failed", "Completed"),
 }
+# Who may take each edge (issue 9 "Least privilege enforced by PostgreSQL"): the claim, cutoff 2, the
+# release and the attempt's terminal writes are the worker's; takeovers recovery's; cancel the API's;
+# reconciliation and correction the reconciler's. Nobody else, the superuser included.
+WORKER, RECOVERY = "exports_worker", "exports_recovery"
+EDGE_ROLES: dict[tuple[str, str], set[str]] = {
+    ("Queued", "Running"): {WORKER},
+    ("Queued", "Canceled"): {"exports_api"},
+    ("Queued", "Rejected"): {WORKER},
+    ("Running", "Delivering"): {WORKER},
+    ("Running", "Stopped"): {WORKER, RECOVERY},
+    ("Running", "Failed"): {WORKER, RECOVERY},
+    ("Running", "Queued"): {WORKER, RECOVERY},
+    ("Delivering", "Completed"): {WORKER, RECOVERY},
+    ("Delivering", "Failed"): {WORKER, RECOVERY},
+    ("Delivering", "OutcomeUnknown"): {WORKER, RECOVERY},
+    ("OutcomeUnknown", "Completed"): {"exports_reconciler"},
+    ("OutcomeUnknown", "Failed"): {"exports_reconciler"},
+    ("Completed", "Failed"): {"exports_reconciler"},
+    ("Failed", "Completed"): {"exports_reconciler"},
+}
 STATUSES = [s.value for s in JobStatus]
 ILLEGAL = [(a, b) for a, b in itertools.permutations(STATUSES, 2) if (a, b) not in SEED_EDGES]
-ROLES: list[Role | None] = ["exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler", None]
+ROLES: list[Role | None] = [
+    "exports_api",
+    "exports_worker",
+    "exports_recovery",
+    "exports_dispatcher",
+    "exports_reconciler",
+    None,
+]
 TRIGGER_CONSTRAINTS = {"ck_export_jobs_state_machine", "ck_export_jobs_recorded_outcome"}
 
 
@@ -79,9 +106,11 @@ async def refusal(conn: psycopg.AsyncConnection, statement: Any, params: dict[st
     return refused.value
 
 
-async def test_the_edges_in_the_database_are_the_seed_diagram(connections):
-    cur = await connections[None].execute("SELECT from_status, to_status FROM export_status_edges")
-    assert set(await cur.fetchall()) == SEED_EDGES
+async def test_the_edges_in_the_database_are_the_seed_diagram_each_with_its_roles(connections):
+    cur = await connections[None].execute("SELECT from_status, to_status, roles FROM export_status_edges")
+    rows = await cur.fetchall()
+    assert {(a, b) for a, b, _ in rows} == SEED_EDGES
+    assert {(a, b): set(roles) for a, b, roles in rows} == EDGE_ROLES
 
 
 @pytest.mark.parametrize(("from_status", "to_status"), ILLEGAL)
@@ -103,22 +132,35 @@ async def test_status_change_off_the_diagram_is_refused_for_every_role(
     assert await factory.job(job.id) == job
 
 
+@pytest.mark.parametrize("role", ROLES, ids=role_name)
 @pytest.mark.parametrize(("from_status", "to_status"), sorted(SEED_EDGES))
-async def test_every_edge_of_the_diagram_is_open_to_a_direct_update(
-    factory, connections, from_status, to_status
+async def test_each_edge_is_open_to_its_roles_and_refused_to_every_other(
+    factory, connections, from_status, to_status, role
 ):
-    # The control for the refusals above: the same direct UPDATE along an edge is accepted (recorded
-    # outcomes by the reconciler only), so the trigger refuses exactly what is off the diagram.
+    # The same direct UPDATE along an edge, by every role: accepted exactly for the edge's roles (a
+    # recorded outcome along its recorded correction), refused to all others, the superuser included.
     job, _ = await factory.in_status(JobStatus(from_status), code=FailureCode.NOT_DELIVERED)
-    role: Role | None = "exports_reconciler" if from_status in ("Completed", "Failed") else None
-    reason = FailureCode.NOT_DELIVERED.value if to_status == "Failed" else None
+    allowed = role in EDGE_ROLES[(from_status, to_status)]
+    if from_status in ("Completed", "Failed"):
+        await connections["exports_reconciler"].execute(
+            "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status,"
+            " corrected_by, evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, %(f)s, %(to)s, 'lee', 'ref', 'why')",
+            {"t": job.tenant_id, "j": job.id, "a": job.attempt_id, "f": from_status, "to": to_status},
+        )
+    assignment = "status = %(to)s"
+    if to_status == "Failed":
+        assignment += ", failure_reason = 'NotDelivered'"
+    elif from_status == "Failed":
+        assignment += ", failure_reason = NULL"
+    statement = sql.SQL("UPDATE export_jobs SET {a} WHERE id = %(id)s").format(a=sql.SQL(assignment))
 
-    await connections[role].execute(
-        "UPDATE export_jobs SET status = %(to)s, failure_reason = %(reason)s WHERE id = %(id)s",
-        {"to": to_status, "reason": reason, "id": job.id},
-    )
-
-    assert (await factory.job(job.id)).status == JobStatus(to_status)
+    if allowed:
+        await connections[role].execute(statement, {"to": to_status, "id": job.id})
+        assert (await factory.job(job.id)).status == JobStatus(to_status)
+    else:
+        refused = await refusal(connections[role], statement, {"to": to_status, "id": job.id})
+        assert isinstance(refused, psycopg.errors.InsufficientPrivilege), (role_name(role), refused)
+        assert await factory.job(job.id) == job
 
 
 @pytest.mark.parametrize(
@@ -160,22 +202,22 @@ async def test_canceled_rejected_and_stopped_rows_are_final_for_everyone(
 
 
 @pytest.mark.parametrize("status", ["Completed", "Failed"])
-@pytest.mark.parametrize("role", [None, "exports_api", "exports_worker"])
+@pytest.mark.parametrize("role", [None, "exports_api", "exports_worker", "exports_recovery"])
 async def test_only_the_reconciler_changes_a_recorded_outcome(
     factory, connections, one_job_per_status, status, role
 ):
     job = one_job_per_status[status]
-    corrected, reason = ("Failed", "NotDelivered") if status == "Completed" else ("Completed", None)
-    for statement, params in (
-        (
-            "UPDATE export_jobs SET status = %(s)s, failure_reason = %(r)s WHERE id = %(id)s",
-            {"s": corrected, "r": reason},
-        ),
-        ("UPDATE export_jobs SET failure_reason = failure_reason WHERE id = %(id)s", {}),
+    corrected = "Failed" if status == "Completed" else "Completed"
+    for statement, params, column in (
+        ("UPDATE export_jobs SET status = %(s)s WHERE id = %(id)s", {"s": corrected}, "status"),
+        ("UPDATE export_jobs SET failure_reason = failure_reason WHERE id = %(id)s", {}, "failure_reason"),
     ):
         refused = await refusal(connections[role], statement, {"id": job.id, **params})
         assert isinstance(refused, psycopg.errors.InsufficientPrivilege)
-        assert refused.diag.constraint_name == "ck_export_jobs_recorded_outcome"
+        if role == "exports_api" and column == "failure_reason":
+            assert refused.diag.constraint_name is None  # the API holds no UPDATE on failure_reason at all
+        else:
+            assert refused.diag.constraint_name == "ck_export_jobs_recorded_outcome"
     assert await factory.job(job.id) == job
 
 
@@ -188,10 +230,29 @@ async def test_the_reconciler_changes_a_recorded_outcome_only_by_changing_its_st
     )
     assert refused.diag.constraint_name == "ck_export_jobs_state_machine"
 
+    # Even the reconciler's direct UPDATE changes a recorded outcome only along its recorded correction ...
+    flip = "UPDATE export_jobs SET status = 'Failed', failure_reason = 'NotDelivered' WHERE id = %(id)s"
+    refused = await refusal(reconciler, flip, {"id": job.id})
+    assert refused.diag.constraint_name == "ck_export_jobs_correction"
     await reconciler.execute(
-        "UPDATE export_jobs SET status = 'Failed', failure_reason = 'NotDelivered' WHERE id = %(id)s",
-        {"id": job.id},
+        "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, corrected_by,"
+        " evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, 'Completed', 'Failed', 'lee', 'ref', 'why')",
+        {"t": job.tenant_id, "j": job.id, "a": job.attempt_id},
     )
+    await reconciler.execute(flip, {"id": job.id})
+    assert (await factory.job(job.id)).status == JobStatus.FAILED
+
+    # ... once per attempt: flipping back has no correction to go along, and a second one cannot be recorded.
+    back = "UPDATE export_jobs SET status = 'Completed', failure_reason = NULL WHERE id = %(id)s"
+    refused = await refusal(reconciler, back, {"id": job.id})
+    assert refused.diag.constraint_name == "ck_export_jobs_correction"
+    refused = await refusal(
+        reconciler,
+        "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, corrected_by,"
+        " evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, 'Failed', 'Completed', 'lee', 'ref', 'why')",
+        {"t": job.tenant_id, "j": job.id, "a": job.attempt_id},
+    )
+    assert refused.diag.constraint_name == "pk_outcome_corrections"
     assert (await factory.job(job.id)).status == JobStatus.FAILED
 
 

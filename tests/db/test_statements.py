@@ -76,7 +76,7 @@ def test_every_named_statement_loads_with_a_description():
 
 # How the store runs a named statement: through one of its helpers, by name.
 _RUNS = re.compile(
-    r'(?:_rows|_row|_matched|_unless_lost|fetch|fetch_maybe|execute|_finish)\(\s*(?:conn,\s*)?"(\w+)"'
+    r'(?:_rows|_row|_matched|_unless_lost|_fence|fetch|fetch_maybe|execute|_finish)\(\s*(?:conn,\s*)?"(\w+)"'
 )
 
 

@@ -206,11 +206,11 @@ async def healthy_worker(
         await asyncio.wait_for(task, WAIT)
 
 
-async def recover(worker_store: JobStore, job_id: UUID) -> Takeover:
+async def recover(recovery_store: JobStore, job_id: UUID) -> Takeover:
     """Recovery's takeover of this job's expired lease, as its scheduled batch would run it."""
-    candidates = [c for c in await worker_store.find_expired_leases(limit=1000) if c.id == job_id]
+    candidates = [c for c in await recovery_store.find_expired_leases(limit=1000) if c.id == job_id]
     assert len(candidates) == 1, f"job {job_id} has no expired lease to take over"
-    recovery = RecoveryActivities(worker_store, Settings(max_attempts=MAX_ATTEMPTS))
+    recovery = RecoveryActivities(recovery_store, Settings(max_attempts=MAX_ATTEMPTS))
     return await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")
 
 
@@ -254,7 +254,7 @@ async def outbox_unpublished(factory: Factory, job_id: UUID) -> int:
 
 
 async def test_killed_while_building_is_requeued_by_recovery_and_delivered_once_by_another_worker(
-    ts_env, database, factory, worker_store, partner, task_queue, tmp_path
+    ts_env, database, factory, worker_store, partner, task_queue, tmp_path, recovery_store
 ):
     job = await queue_export(factory, partner, contacts=20)
     async with killable_worker(
@@ -275,7 +275,7 @@ async def test_killed_while_building_is_requeued_by_recovery_and_delivered_once_
     assert await scavenge_export_files(files, worker_store.live_attempts) == []  # kept: still Running
 
     await factory.expire_lease(job.id)
-    assert await recover(worker_store, job.id) == Takeover.REQUEUED
+    assert await recover(recovery_store, job.id) == Takeover.REQUEUED
     assert await scavenge_export_files(files, worker_store.live_attempts) == [building.attempt_id]
     assert build_dirs(files) == {}
 
@@ -304,7 +304,7 @@ async def test_killed_while_building_is_requeued_by_recovery_and_delivered_once_
 
 
 async def test_killed_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_is_never_uploaded(
-    ts_env, database, factory, worker_store, partner, task_queue, tmp_path
+    ts_env, database, factory, worker_store, partner, task_queue, tmp_path, recovery_store
 ):
     job = await queue_export(factory, partner, contacts=20)
     async with killable_worker(
@@ -321,7 +321,7 @@ async def test_killed_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_
         await killed.kill()
 
     await factory.expire_lease(job.id)
-    assert await recover(worker_store, job.id) == Takeover.OUTCOME_UNKNOWN
+    assert await recover(recovery_store, job.id) == Takeover.OUTCOME_UNKNOWN
 
     unknown = await factory.job(job.id)
     assert (unknown.status, unknown.attempt_id) == (JobStatus.OUTCOME_UNKNOWN, authorized.attempt_id)
@@ -345,7 +345,7 @@ async def test_killed_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_
 
 
 async def test_killed_mid_upload_ends_outcome_unknown_with_the_attempts_temp_file_and_no_second_upload(
-    ts_env, database, factory, worker_store, partner, task_queue, tmp_path
+    ts_env, database, factory, worker_store, partner, task_queue, tmp_path, recovery_store
 ):
     job = await queue_export(factory, partner, contacts=UPLOAD_CONTACTS)
     async with killable_worker(
@@ -371,7 +371,7 @@ async def test_killed_mid_upload_ends_outcome_unknown_with_the_attempts_temp_fil
     assert str(uploading.attempt_id) in temp_name and left[temp_name] < uploading.expected_file_bytes
 
     await factory.expire_lease(job.id)
-    assert await recover(worker_store, job.id) == Takeover.OUTCOME_UNKNOWN  # the rename never ran
+    assert await recover(recovery_store, job.id) == Takeover.OUTCOME_UNKNOWN  # the rename never ran
     files = tmp_path / "killed" / "files"
     assert await scavenge_export_files(files, worker_store.live_attempts) == [uploading.attempt_id]
 

@@ -70,10 +70,10 @@ def settings(database: TestDatabase) -> Settings:
 
 @pytest.fixture(scope="module")
 async def recovery_worker(
-    ts_env: WorkflowEnvironment, worker_store: JobStore, settings: Settings
+    ts_env: WorkflowEnvironment, worker_store: JobStore, recovery_store: JobStore, settings: Settings
 ) -> AsyncIterator[RecoveryActivities]:
     """A worker for RecoveryWorkflow and SweeperWorkflow on the module's shared queue (time-skipping server)."""
-    recovery = RecoveryActivities(worker_store, settings)
+    recovery = RecoveryActivities(recovery_store, settings)
     sweeper = SweeperActivities(worker_store, settings)
     async with Worker(
         ts_env.client,

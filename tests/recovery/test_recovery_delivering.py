@@ -279,7 +279,7 @@ async def test_a_renewal_during_recoverys_lookup_prevents_the_takeover(
         asyncio.run_coroutine_threadsafe(worker_store.renew_lease(job.id, attempt), loop).result(10)
         return seen
 
-    recovery = RecoveryActivities(worker_store, settings, observe=observe_while_the_worker_renews)
+    recovery = RecoveryActivities(factory.recovery, settings, observe=observe_while_the_worker_renews)
     assert await recovery.take_over(candidate, "recovery:test") == Takeover.MATCHED_NOTHING
 
     still = await factory.job(job.id)

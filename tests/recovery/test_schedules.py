@@ -74,13 +74,15 @@ async def test_an_existing_schedule_is_updated_and_keeps_its_paused_state(dev_cl
         await ensure_schedules(dev_client, settings)
 
 
-async def test_the_recovery_schedule_runs_recovery_on_a_worker(dev_client, settings, worker_store, factory):
+async def test_the_recovery_schedule_runs_recovery_on_a_worker(
+    dev_client, settings, worker_store, recovery_store, factory
+):
     from temporalio.worker import Worker
 
     await ensure_schedules(dev_client, settings)
     job, _ = await factory.running()
     await factory.expire_lease(job.id)
-    recovery = RecoveryActivities(worker_store, settings)
+    recovery = RecoveryActivities(recovery_store, settings)
     sweeper = SweeperActivities(worker_store, settings)
     async with Worker(
         dev_client,

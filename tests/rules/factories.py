@@ -41,6 +41,10 @@ def job(status: JobStatus = JobStatus.QUEUED, **fields: Any) -> ExportJob:
         "rejection_reason": None,
         "workflow_id": None,
         "created_at": now,
+        "attempts_released": 0,
+        "fence_expected": False,
+        "upload_fenced_at": None,
+        "rename_fenced_at": None,
     }
     values.update(fields)
     return ExportJob(**values)

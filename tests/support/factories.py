@@ -32,10 +32,13 @@ from testbed.pg import TestDatabase
 class Factory:
     """Fresh uuid identifiers every call; nothing shared between tests."""
 
-    def __init__(self, database: TestDatabase, *, api: JobStore, worker: JobStore) -> None:
+    def __init__(
+        self, database: TestDatabase, *, api: JobStore, worker: JobStore, recovery: JobStore | None = None
+    ) -> None:
         self.db = database
         self.api = api
         self.worker = worker
+        self.recovery = recovery or worker  # recovery's takeovers, as exports_recovery
 
     # -- superuser helpers (set-up and clocks only) --------------------------------------------------
 

@@ -348,7 +348,7 @@ async def recover(harness: Harness, job: ExportJob, *, max_attempts: int = 3) ->
     """Run recovery's takeover for this job's expired lease, as its scheduled batch would; returns it."""
     from activities.recovery import RecoveryActivities
 
-    store = harness.factory.worker
+    store = harness.factory.recovery
     candidates = [c for c in await store.find_expired_leases(limit=1000) if c.id == job.id]
     assert len(candidates) == 1, f"job {job.id} has no expired lease to take over"
     recovery = RecoveryActivities(store, Settings(max_attempts=max_attempts))
