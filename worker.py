@@ -55,7 +55,7 @@ from db.builder import scavenge_export_files
 from db.errors import StoreError
 from db.pool import open_pool
 from db.store import JobStore
-from service.temporal import connect_client
+from service.temporal import TemporalConnectError, connect_client
 from settings import Settings
 from workflows.export import ExportWorkflow
 from workflows.models import SEARCH_ATTRIBUTE_NAMES
@@ -350,8 +350,11 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_worker(settings, stop=stop)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve())
+    except TemporalConnectError as exc:
+        sys.exit(f"worker.py: {exc}")  # one line naming the setting, no traceback
 
 
 if __name__ == "__main__":
