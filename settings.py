@@ -121,3 +121,13 @@ class Settings(BaseSettings):
     temporal_connect_timeout_seconds: float = Field(
         default=10.0, description="how long start-up waits for Temporal before giving up with an error"
     )
+    sftp_key_passphrase: SecretStr | None = Field(
+        default=None,
+        description="passphrase of encrypted SFTP private keys (credential_ref files); never logged; "
+        "or use EXPORTS_SFTP_KEY_PASSPHRASE_FILE",
+    )
+    sftp_key_passphrase_file: Path | None = Field(
+        default=None,
+        description="secrets file whose first line is the SFTP key passphrase (a mounted secret), "
+        "instead of the value",
+    )

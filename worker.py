@@ -55,6 +55,7 @@ from db.builder import scavenge_export_files
 from db.errors import StoreError
 from db.pool import open_pool
 from db.store import JobStore
+from partner.client import passphrase_from, set_key_passphrase
 from service.temporal import TemporalConnectError, connect_client
 from settings import Settings
 from workflows.export import ExportWorkflow
@@ -342,6 +343,13 @@ def main() -> None:
     settings = Settings()
     if not settings.database_url:
         sys.exit("worker.py: EXPORTS_DATABASE_URL is not set (a PostgreSQL URL of a login that may SET ROLE)")
+    secret = settings.sftp_key_passphrase
+    try:
+        set_key_passphrase(
+            passphrase_from(secret.get_secret_value() if secret else None, settings.sftp_key_passphrase_file)
+        )
+    except ValueError as exc:
+        sys.exit(f"worker.py: EXPORTS_SFTP_KEY_PASSPHRASE_FILE: {exc}")
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -36,3 +36,11 @@ def upstream_of(env: WorkflowEnvironment) -> tuple[str, int]:
 def one_line(text: str) -> bool:
     """A message an operator reads at a glance: one non-empty line."""
     return bool(text.strip()) and "\n" not in text.strip()
+
+
+from tests.support.sftp import (  # noqa: E402, F401 - the real SFTP servers' fixtures, found by name
+    local_sftp_server,
+    sftp_server,
+    sftp_target,
+    sshd_server,
+)
