@@ -362,7 +362,10 @@ def main() -> None:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve())
     except TemporalConnectError as exc:
-        sys.exit(f"worker.py: {exc}")  # one line naming the setting, no traceback
+        print(f"worker.py: {exc}", file=sys.stderr, flush=True)  # one line naming the setting
+        # Not sys.exit: a connect abandoned at its timeout leaves SDK threads that panic if they
+        # outlive the interpreter's shutdown. Nothing has started yet, so there is nothing to clean up.
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -290,6 +290,25 @@ def test_worker_main_prints_one_line_naming_the_setting(pki: Pki, mtls: TlsTermi
     assert lines == [lines[0]] and lines[0].startswith("worker.py: EXPORTS_TEMPORAL_TLS_CA: "), done.stderr
 
 
+def test_worker_main_gives_up_on_a_silent_server_with_one_line(pki: Pki) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts TCP, never speaks
+        env = {
+            **os.environ,
+            "EXPORTS_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+            "EXPORTS_TEMPORAL_ADDRESS": f"127.0.0.1:{silent.getsockname()[1]}",
+            "EXPORTS_TEMPORAL_TLS_CA": str(pki.ca_cert),
+            "EXPORTS_TEMPORAL_CONNECT_TIMEOUT_SECONDS": "2",
+        }
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "worker.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert time.monotonic() - started < 20
+    assert done.returncode == 1
+    assert done.stderr.startswith("worker.py: EXPORTS_TEMPORAL_ADDRESS: no answer from ")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # nothing after it: no panic, no traceback
+
+
 def test_starter_serve_checks_the_temporal_files_before_serving(pki: Pki) -> None:
     env = {
         **os.environ,
