@@ -109,6 +109,18 @@ def test_the_dockerfile_builds_in_one_stage_and_runs_from_another_as_a_non_root_
     assert env_of(FINAL)["EXPORTS_HEALTH_URL"] == "http://127.0.0.1:9464/healthz"
 
 
+def test_the_build_stage_installs_exactly_the_projects_runtime_dependencies(tmp_path: Path) -> None:
+    import tomllib
+
+    install = next(i.args for i in INSTRUCTIONS if i.stage == 0 and i.keyword == "RUN")
+    extract = install.split(" && ")[0]  # writes requirements.txt from pyproject.toml
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    done = subprocess.run(["sh", "-c", extract.replace("python ", f"{sys.executable} ", 1)], cwd=tmp_path)
+    assert done.returncode == 0
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert (tmp_path / "requirements.txt").read_text().splitlines() == wanted
+
+
 def test_the_build_context_holds_everything_the_dockerfile_copies_and_nothing_else() -> None:
     patterns = dockerignore_patterns(ROOT / ".dockerignore")
     sources = [
