@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -85,4 +85,49 @@ class Settings(BaseSettings):
     )
     cancel_lock_timeout_seconds: float = Field(
         default=2.0, description="how long a cancellation waits for the job's row lock before Busy"
+    )
+
+    # -- secure connections (Temporal TLS, mutual TLS, API key; SFTP key passphrase) ---------------------
+    # PostgreSQL TLS needs no setting: libpq reads sslmode, sslrootcert, sslcert and sslkey from
+    # EXPORTS_DATABASE_URL (or the PGSSLMODE/PGSSLROOTCERT environment), for every connection we open.
+    temporal_tls: bool = Field(
+        default=False,
+        description="connect to Temporal over TLS, checking the server against the system's CAs; "
+        "implied by any EXPORTS_TEMPORAL_TLS_* file or an API key",
+    )
+    temporal_tls_ca: Path | None = Field(
+        default=None, description="PEM file of the CA(s) that sign the Temporal frontend's certificate"
+    )
+    temporal_tls_cert: Path | None = Field(
+        default=None, description="PEM client certificate for mutual TLS (with EXPORTS_TEMPORAL_TLS_KEY)"
+    )
+    temporal_tls_key: Path | None = Field(
+        default=None,
+        description="unencrypted PEM private key of EXPORTS_TEMPORAL_TLS_CERT (keep it 0600)",
+    )
+    temporal_tls_server_name: str | None = Field(
+        default=None,
+        description="name the server's certificate must carry, and the TLS SNI, when it differs from the "
+        "address's host",
+    )
+    temporal_api_key: SecretStr | None = Field(
+        default=None,
+        description="Temporal Cloud API key, sent as 'authorization: Bearer'; never logged "
+        "(or use EXPORTS_TEMPORAL_API_KEY_FILE)",
+    )
+    temporal_api_key_file: Path | None = Field(
+        default=None, description="file holding the Temporal API key (a mounted secret), instead of the value"
+    )
+    temporal_connect_timeout_seconds: float = Field(
+        default=10.0, description="how long start-up waits for Temporal before giving up with an error"
+    )
+    sftp_key_passphrase: SecretStr | None = Field(
+        default=None,
+        description="passphrase of encrypted SFTP private keys (credential_ref files); never logged; "
+        "or use EXPORTS_SFTP_KEY_PASSPHRASE_FILE",
+    )
+    sftp_key_passphrase_file: Path | None = Field(
+        default=None,
+        description="secrets file whose first line is the SFTP key passphrase (a mounted secret), "
+        "instead of the value",
     )

@@ -482,7 +482,15 @@ def main(argv: list[str] | None = None) -> int:
         args.principal = settings.principal or getpass.getuser() or "cli"
     if "tenant" in args and args.tenant is None and args.command != "token":
         args.tenant = settings.tenant
-    return args.handler(args, settings)
+    from service.temporal import TemporalConnectError, connect_options
+
+    try:
+        if args.command == "serve":
+            connect_options(settings)  # the Temporal TLS files and API key, checked before serving
+        return args.handler(args, settings)
+    except TemporalConnectError as exc:
+        print(f"starter.py: {exc}", file=sys.stderr)  # one line naming the setting, no traceback
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -37,11 +37,12 @@ from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from db.pool import open_pool
 from db.store import REREAD_TIMEOUT_SECONDS, JobStore
+from partner.client import passphrase_from, set_key_passphrase
 from runtime.dispatcher import OutboxDispatcher
 from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
 from runtime.search_attributes import register_search_attributes
-from service.temporal import connect_client
+from service.temporal import TemporalConnectError, connect_client
 from settings import Settings
 from workflows.export import ExportWorkflow
 from workflows.recovery import RecoveryWorkflow
@@ -252,6 +253,13 @@ def main() -> None:
     settings = Settings()
     if not settings.database_url:
         sys.exit("worker.py: EXPORTS_DATABASE_URL is not set (a PostgreSQL URL of a login that may SET ROLE)")
+    secret = settings.sftp_key_passphrase
+    try:
+        set_key_passphrase(
+            passphrase_from(secret.get_secret_value() if secret else None, settings.sftp_key_passphrase_file)
+        )
+    except ValueError as exc:
+        sys.exit(f"worker.py: EXPORTS_SFTP_KEY_PASSPHRASE_FILE: {exc}")
 
     async def serve() -> None:
         stop = asyncio.Event()
@@ -260,8 +268,14 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_worker(settings, stop=stop)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve())
+    except TemporalConnectError as exc:
+        print(f"worker.py: {exc}", file=sys.stderr, flush=True)  # one line naming the setting
+        # Not sys.exit: a connect abandoned at its timeout leaves SDK threads that panic if they
+        # outlive the interpreter's shutdown. Nothing has started yet, so there is nothing to clean up.
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,18 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import io
+import os
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from paramiko.sftp import SFTP_NO_SUCH_FILE
 
 from domain.destination import Destination
@@ -111,15 +117,27 @@ class PartnerSession:
             self.transport.close()
 
 
-def connect(destination: Destination, *, timeout: float = 15.0, io_timeout: float = 60.0) -> PartnerSession:
+def connect(
+    destination: Destination,
+    *,
+    timeout: float = 15.0,
+    io_timeout: float = 60.0,
+    passphrase: str | None = None,
+) -> PartnerSession:
     """Open an SFTP session to ``destination``, refusing any host key but the pinned one.
 
-    The server's key is checked right after the key exchange, before authentication: a different or
-    unknown key raises :class:`ConnectRefused` with code ``HostKeyMismatch`` and nothing is sent.
-    Every failure before the SFTP session exists raises :class:`ConnectRefused`. ``io_timeout`` bounds
-    every later wait for the server.
+    The private key (``credential_ref``) is loaded first, with ``passphrase`` or else the process's
+    (:func:`set_key_passphrase`); a key file open to group or others, unreadable, or locked raises
+    :class:`ConnectRefused` before any connection is made. The server's key is checked right after the
+    key exchange, before authentication: a different or unknown key raises :class:`ConnectRefused`
+    with code ``HostKeyMismatch`` and nothing is sent. Every failure before the SFTP session exists
+    raises :class:`ConnectRefused`. ``io_timeout`` bounds every later wait for the server.
     """
     pinned = parse_pinned_key(destination.host_key)
+    # The key is read and checked before anything goes to the partner: a refused key sends nothing.
+    client_key = load_private_key(
+        Path(destination.credential_ref), _default_passphrase if passphrase is None else passphrase
+    )
     try:
         sock = socket.create_connection((destination.host, destination.port), timeout=timeout)
     except OSError as exc:
@@ -132,14 +150,13 @@ def connect(destination: Destination, *, timeout: float = 15.0, io_timeout: floa
             transport.start_client(timeout=timeout)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectRefused("HandshakeFailed", type(exc).__name__) from None
-        presented = transport.get_remote_server_key()
+        try:
+            presented = transport.get_remote_server_key()
+        except paramiko.SSHException:  # start_client returns without a session when its timeout passes
+            raise ConnectRefused("HandshakeFailed", "Timeout") from None
         fingerprint = key_fingerprint(presented)
         if presented.get_name() != pinned.get_name() or presented.asbytes() != pinned.asbytes():
             raise ConnectRefused("HostKeyMismatch", f"server presented {fingerprint}")
-        try:
-            client_key = paramiko.PKey.from_path(destination.credential_ref)
-        except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise ConnectRefused("CredentialUnavailable", type(exc).__name__) from None
         try:
             transport.auth_publickey(destination.username, client_key)
         except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -161,13 +178,104 @@ def connect(destination: Destination, *, timeout: float = 15.0, io_timeout: floa
 
 
 @contextlib.contextmanager
-def session(destination: Destination, **kwargs: float) -> Iterator[PartnerSession]:
+def session(destination: Destination, **kwargs: Any) -> Iterator[PartnerSession]:
     """:func:`connect` as a context manager that always closes the session."""
     opened = connect(destination, **kwargs)
     try:
         yield opened
     finally:
         opened.close()
+
+
+# -- the private key: read once, checked, never logged ---------------------------------------------------
+
+_default_passphrase: str | None = None
+
+
+def set_key_passphrase(passphrase: str | None) -> None:
+    """The passphrase :func:`connect` uses for encrypted private keys in this process (worker start-up)."""
+    global _default_passphrase
+    _default_passphrase = passphrase
+
+
+def passphrase_from(value: str | None, file: Path | None) -> str | None:
+    """The key passphrase from a setting's value or from a secrets file (its first line); not both.
+
+    Raises ``ValueError`` (without the passphrase in its message) when both are given or the file
+    cannot be read.
+    """
+    if value is not None and file is not None:
+        raise ValueError("give the key passphrase once: as a value or as a file, not both")
+    if file is None:
+        return value
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the passphrase file {file} ({type(exc).__name__})") from None
+    if not lines or not lines[0]:
+        raise ValueError(f"the passphrase file {file} is empty")
+    return lines[0]
+
+
+def load_private_key(path: Path, passphrase: str | None) -> paramiko.PKey:
+    """Read the private key at ``path`` once and check it, as OpenSSH would, before any connection.
+
+    Refused with :class:`ConnectRefused`: a file with any permission for group or others
+    (``CredentialTooOpen``: OpenSSH's "unprotected private key file" rule, checked on the file
+    descriptor that is then read), a file that cannot be read or is not a private key
+    (``CredentialUnavailable``), an encrypted key without a passphrase or with a wrong one
+    (``CredentialLocked``). A passphrase given for an unencrypted key is not used. Messages carry
+    codes and the file's mode only, never the key or the passphrase.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ConnectRefused("CredentialUnavailable", type(exc).__name__) from None
+    with os.fdopen(fd, "rb") as file:
+        mode = stat.S_IMODE(os.fstat(file.fileno()).st_mode)
+        if mode & 0o077:
+            raise ConnectRefused(
+                "CredentialTooOpen",
+                f"the private key file has mode {mode:04o}; it must not be open to group or others (chmod 600)",
+            )
+        try:
+            data = file.read()
+        except OSError as exc:
+            raise ConnectRefused("CredentialUnavailable", type(exc).__name__) from None
+    loaded, password = _decrypt(data, passphrase)
+    try:
+        if isinstance(loaded, rsa.RSAPrivateKey):
+            return paramiko.RSAKey(key=loaded)
+        if isinstance(loaded, ec.EllipticCurvePrivateKey):
+            return paramiko.ECDSAKey(vals=(loaded, loaded.public_key()))
+        if isinstance(loaded, ed25519.Ed25519PrivateKey):  # paramiko reads these from OpenSSH's format
+            return paramiko.Ed25519Key.from_private_key(io.StringIO(data.decode("ascii")), password=password)
+    except (paramiko.SSHException, ValueError, UnicodeDecodeError) as exc:
+        raise ConnectRefused("CredentialUnavailable", type(exc).__name__) from None
+    raise ConnectRefused("CredentialUnavailable", f"unsupported key type {type(loaded).__name__}")
+
+
+def _decrypt(data: bytes, passphrase: str | None) -> tuple[Any, str | None]:
+    """Load the key without a password, else with the passphrase; returns it and the password used."""
+    for loader in (serialization.load_ssh_private_key, serialization.load_pem_private_key):
+        try:
+            return loader(data, password=None), None
+        except TypeError:  # encrypted: the passphrase is needed
+            if passphrase is None:
+                raise ConnectRefused(
+                    "CredentialLocked", "the private key is encrypted and no passphrase is configured"
+                ) from None
+            try:
+                return loader(data, password=passphrase.encode()), passphrase
+            except (ValueError, TypeError):
+                raise ConnectRefused(
+                    "CredentialLocked", "the passphrase does not open the private key"
+                ) from None
+        except ValueError:
+            continue  # not this format: try the next
+        except Exception as exc:  # cryptography's unsupported-algorithm errors and the like
+            raise ConnectRefused("CredentialUnavailable", type(exc).__name__) from None
+    raise ConnectRefused("CredentialUnavailable", "the file holds no private key")
 
 
 def _tune(transport: paramiko.Transport, pinned: paramiko.PKey) -> None:

@@ -53,6 +53,7 @@ async def test_a_client_key_the_partner_does_not_know_is_refused_before_any_file
 ):
     stranger = tmp_path / "stranger_key"
     asyncssh.generate_private_key("ssh-ed25519").write_private_key(stranger, "openssh")
+    stranger.chmod(0o600)  # a key open to others is refused before connecting (tests/ops/test_sftp_keys.py)
     run = await run_delivery(
         sftp_target.destination(credential_ref=str(stranger)), local_file(tmp_path, b"x")
     )
