@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     build_timeout_seconds: float = Field(default=2 * 3600.0, description="longest a build may run")
     deliver_timeout_seconds: float = Field(default=6 * 3600.0, description="longest an upload may run")
     max_concurrent_deliveries: int = Field(default=8, description="uploads one worker runs at once")
+    max_concurrent_builds: int = Field(
+        default=4, description="builds one worker runs at once, each on its own connection of the build pool"
+    )
     shutdown_grace_seconds: float = Field(
         default=15.0, description="on SIGTERM, how long running activities get to reach their writes"
     )

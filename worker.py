@@ -26,7 +26,8 @@ import signal
 import socket
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -77,18 +78,22 @@ async def open_export_activities(
     write. ``worker_url`` points the worker pool elsewhere (a TCP proxy in tests).
     """
     assert settings.database_url is not None
+    url = worker_url or settings.database_url
+    # The protocol's statements (renewals, cutoff 2, fences, evidence) and the builder's COPY never share
+    # connections: a build holds its connection for the whole COPY, and renewals must not wait behind it.
     worker_pool = await open_pool(
-        worker_url or settings.database_url,
-        "exports_worker",
-        max_size=settings.worker_pool_size,
-        name=f"worker-{worker_id}",
+        url, "exports_worker", max_size=settings.worker_pool_size, name=f"worker-{worker_id}"
     )
     stack.push_async_callback(worker_pool.close)
+    build_pool = await open_pool(
+        url, "exports_worker", min_size=0, max_size=settings.max_concurrent_builds, name=f"build-{worker_id}"
+    )
+    stack.push_async_callback(build_pool.close)
     api_pool = await open_pool(settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}")
     stack.push_async_callback(api_pool.close)
     export = ExportActivities(
         JobStore(worker_pool, lease_seconds=settings.lease_seconds, reread_timeout=reread_timeout),
-        worker_pool,
+        build_pool,
         settings,
         worker_id,
         own_task_queue(settings.task_queue, worker_id),
@@ -100,6 +105,20 @@ async def open_export_activities(
     return export
 
 
+@dataclass
+class HostWorkers:
+    """The three Temporal workers of one host. The shared queue is served by two, so a drain can stop
+    claiming at once (``claims``) while workflow tasks and this host's own queue keep going until the
+    deliveries it authorized reach their terminal writes."""
+
+    workflows: Worker  # shared queue: ExportWorkflow, RecoveryWorkflow, SweeperWorkflow
+    claims: Worker  # shared queue: the claim, a Temporal cancel's record, recovery and the sweeper
+    own: Worker  # this host's queue: the build, cutoff 2 and the delivery
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter((self.workflows, self.claims, self.own))
+
+
 def build_workers(
     client: Client,
     settings: Settings,
@@ -107,9 +126,9 @@ def build_workers(
     *,
     recovery: RecoveryActivities | None = None,
     sweeper: SweeperActivities | None = None,
-) -> tuple[Worker, Worker]:
-    """The two Temporal workers of one host: the shared queue (workflows, the claim, recovery and the
-    sweeper when given) and the host's own queue (the build, cutoff 2 and the delivery)."""
+) -> HostWorkers:
+    """The Temporal workers of one host: the shared queue's workflows, the shared queue's activities (the
+    claim, and recovery and the sweeper when given), and the host's own queue."""
     workflows: list[type] = [ExportWorkflow]
     shared_activities = export.shared_activities()
     if recovery is not None:
@@ -119,22 +138,29 @@ def build_workers(
         workflows.append(SweeperWorkflow)
         shared_activities += sweeper.activities()
     grace = timedelta(seconds=settings.shutdown_grace_seconds)
-    shared = Worker(
-        client,
-        task_queue=settings.task_queue,
-        workflows=workflows,
-        activities=shared_activities,
-        graceful_shutdown_timeout=grace,
-        identity=f"{export.worker_id}@shared",
+    return HostWorkers(
+        workflows=Worker(
+            client,
+            task_queue=settings.task_queue,
+            workflows=workflows,
+            graceful_shutdown_timeout=grace,
+            identity=f"{export.worker_id}@workflows",
+        ),
+        claims=Worker(
+            client,
+            task_queue=settings.task_queue,
+            activities=shared_activities,
+            graceful_shutdown_timeout=grace,
+            identity=f"{export.worker_id}@shared",
+        ),
+        own=Worker(
+            client,
+            task_queue=export.own_task_queue,
+            activities=export.own_activities(),
+            graceful_shutdown_timeout=grace,
+            identity=f"{export.worker_id}@own",
+        ),
     )
-    own = Worker(
-        client,
-        task_queue=export.own_task_queue,
-        activities=export.own_activities(),
-        graceful_shutdown_timeout=grace,
-        identity=f"{export.worker_id}@own",
-    )
-    return shared, own
 
 
 async def run_worker(
@@ -178,7 +204,7 @@ async def run_worker(
             settings.database_url, "exports_recovery", max_size=2, name=f"recovery-{worker_id}"
         )
         resources.push_async_callback(recovery_pool.close)
-        shared, own = build_workers(
+        workers = build_workers(
             client,
             settings,
             export,
@@ -196,25 +222,35 @@ async def run_worker(
             name="scavenger",
         )
         try:
-            await _serve(shared, own, dispatcher, stop=stop, ready=ready)
+            await _serve(workers, dispatcher, export, settings, stop=stop, ready=ready)
         finally:
             scavenger.cancel()
         log.info("worker %s stopped", worker_id)
 
 
 async def _serve(
-    shared: Worker,
-    own: Worker,
+    workers: HostWorkers,
     dispatcher: OutboxDispatcher,
+    export: ExportActivities,
+    settings: Settings,
     *,
     stop: asyncio.Event,
     ready: asyncio.Event | None,
 ) -> None:
-    """Run the two workers and the dispatcher until ``stop`` (or one of them ends), then stop in order."""
+    """Run the workers and the dispatcher until ``stop`` (or one of them ends), then drain:
+
+    1. no new wake-ups (the dispatcher stops) and no new claims (the claim worker shuts down at once);
+    2. builds in progress stop and give their attempts back to the queue, not counted as attempts, and no
+       attempt crosses cutoff 2 any more (``ExportActivities.begin_drain``);
+    3. deliveries this host already authorized run to their terminal write, the workflow and own-queue
+       workers still serving them, for at most ``shutdown_grace_seconds``;
+    4. then everything stops. An attempt still held at the end is left to its lease and recovery.
+    """
     dispatcher_stop = asyncio.Event()
     runs = [
-        asyncio.create_task(shared.run(), name="shared-worker"),
-        asyncio.create_task(own.run(), name="own-worker"),
+        asyncio.create_task(workers.workflows.run(), name="workflow-worker"),
+        asyncio.create_task(workers.claims.run(), name="claim-worker"),
+        asyncio.create_task(workers.own.run(), name="own-worker"),
         asyncio.create_task(dispatcher.run(dispatcher_stop), name="outbox-dispatcher"),
     ]
     stopping = asyncio.create_task(stop.wait())
@@ -226,10 +262,17 @@ async def _serve(
     for waiter in (stopping, listening):
         waiter.cancel()
 
-    # Stop taking work: no new wake-ups, no new tasks; running activities get the grace window.
+    log.info("draining: no new wake-ups or claims; builds give their attempts back; deliveries finish")
     dispatcher_stop.set()
-    log.info("shutting down: no new work, running activities get the grace window")
-    await asyncio.gather(shared.shutdown(), own.shutdown(), return_exceptions=True)
+    export.begin_drain()
+    claims_stopped = asyncio.create_task(workers.claims.shutdown())
+    if not await export.wait_quiet(settings.shutdown_grace_seconds):
+        log.warning(
+            "drain: %d attempt(s) still held after the grace window; their leases decide", export.busy
+        )
+    await asyncio.gather(
+        claims_stopped, workers.workflows.shutdown(), workers.own.shutdown(), return_exceptions=True
+    )
     results = await asyncio.gather(*runs, return_exceptions=True)
     failures = [
         (task.get_name(), outcome)

@@ -5,7 +5,17 @@ claim runs on that queue, so the local file never leaves the host that built it:
 
 - ``prepare_delivery``: build (heartbeats, lease kept, stop watched) then cutoff 2, in one activity;
 - ``confirm_stop``: the ``stop_requested`` signal's check against the row, which also stops the local build;
-- ``deliver``: the upload, evidence and terminal write; never interrupted, never retried.
+- ``deliver``: the upload fence, the upload, the rename fence, evidence and the terminal write; never
+  interrupted, never retried.
+
+One lease keeper per attempt, from the confirmed claim to the attempt's last write (000 "one stop source
+and one lease keeper"): the claim opens it, ``prepare_delivery`` and ``deliver`` hold it, and it keeps
+renewing across the gaps between them. When no activity of the attempt arrives within the schedule-to-start
+bound (its workflow is gone), the keeper stops and the lease expires for recovery.
+
+No activity crosses cutoff 2 once its workflow is gone, it is being cancelled, or its worker is draining:
+the attempt is given back to the queue instead (``release_attempt_if_running``). A drain stops the builds
+the same way; deliveries this host already authorized run to their terminal write.
 
 ``record_temporal_cancel`` (shared queue) records a workflow cancellation from Temporal as a stop request
 through the cancellation transaction. Every write is one of the store's conditional statements; an
@@ -16,11 +26,13 @@ hashes and codes only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,11 +41,12 @@ from uuid import UUID
 from psycopg_pool import AsyncConnectionPool
 from temporalio import activity
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
-from db.errors import StoreError
+from db.errors import StoreError, TransientStoreError
 from db.store import JobStore
 from domain.models import (
     AuthorizationResult,
@@ -42,6 +55,7 @@ from domain.models import (
     DeliveryOutcome,
     ExportJob,
     FailureCode,
+    FenceResult,
     FinishResult,
     JobStatus,
     StopPoint,
@@ -76,25 +90,36 @@ UploadHook = Callable[[UUID, int], Coroutine[Any, Any, None]]
 
 TEMPORAL_REQUESTER = "temporal"
 EVIDENCE_TIMEOUT_SECONDS = 30.0
+FENCE_TIMEOUT_SECONDS = 30.0
+READ_TRIES = 3  # a read before any side effect meets a dead pooled connection: retried, never fatal
 
 
 class StopReason(StrEnum):
     STOP_REQUESTED = "stop requested"  # the keeper's renewal or the signal's confirmation saw a stop request
     OWNERSHIP_LOST = "ownership lost"  # a renewal changed no row: a takeover committed
     CANCELLED = "activity cancelled"  # Temporal cancelled the activity (workflow, timeout, worker shutdown)
+    DRAINING = "worker draining"  # this worker is shutting down: the attempt is given back
 
 
 @dataclass
-class _AttemptControl:
-    """One attempt's stop switch on this host: cancels the build phase, never cutoff 2 or the upload."""
+class _Attempt:
+    """One attempt on this host: its one lease keeper, its stop switch, and who is working for it."""
 
+    job_id: UUID
+    attempt_id: UUID
+    keeper: LeaseKeeper
     build: asyncio.Task[Any] | None = None
     reason: StopReason | None = None
+    stage: str = "claimed"
     rows: int = 0
     bytes: int = 0
     sent: int = 0
+    holders: int = 0
+    idle: asyncio.Task[None] | None = None
+    ended: bool = False
 
     def stop(self, reason: StopReason) -> None:
+        """Stop the build phase (never cutoff 2 or the upload) for ``reason``; the first reason stands."""
         if self.reason is None:
             self.reason = reason
         if self.build is not None and not self.build.done():
@@ -135,13 +160,15 @@ class ExportActivities:
     """The export's activities on one worker host.
 
     ``store`` is a ``JobStore`` over an ``exports_worker`` pool whose ``lease_seconds`` is the lease each
-    claim and renewal sets; ``worker_pool`` (same role) feeds the builder.
+    claim and renewal sets: it serves the protocol's statements (renewals, cutoff 2, fences, evidence,
+    terminal writes). ``build_pool`` (same role) feeds the builder's COPY only, so builds can never hold
+    the connections renewals need; at most ``settings.max_concurrent_builds`` builds run at once.
     ``own_task_queue`` is this host's queue, returned by the claim. ``cancellation_store`` is a ``JobStore``
     over an ``exports_api`` pool for recording a cancellation from Temporal (the worker role may not write
-    cancellation requests). Uploads run on this object's own
-    ``max_concurrent_deliveries`` threads; more wait their turn. ``search_attributes`` says whether the
-    server has the export search attributes registered; ``None`` asks the server (ListSearchAttributes,
-    which the time-skipping test server does not implement, so it then counts as not registered).
+    cancellation requests). Uploads run on this object's own ``max_concurrent_deliveries`` threads; more
+    wait their turn. ``search_attributes`` says whether the server has the export search attributes
+    registered; ``None`` asks the server (ListSearchAttributes, which the time-skipping test server does
+    not implement, so it then counts as not registered).
 
     The plain attributes below are test seams at named points; all default to off.
     """
@@ -149,7 +176,7 @@ class ExportActivities:
     def __init__(
         self,
         store: JobStore,
-        worker_pool: AsyncConnectionPool,
+        build_pool: AsyncConnectionPool[Any],
         settings: Settings,
         worker_id: str,
         own_task_queue: str,
@@ -159,27 +186,34 @@ class ExportActivities:
         max_concurrent_deliveries: int = 8,
     ) -> None:
         self.store = store
-        self.worker_pool = worker_pool
+        self.build_pool = build_pool
         self.settings = settings
         self.worker_id = worker_id
         self.own_task_queue = own_task_queue
         self.cancellation_store = cancellation_store
         self._search_attributes = search_attributes
-        self._attempts: dict[UUID, _AttemptControl] = {}
+        self._attempts: dict[UUID, _Attempt] = {}
+        self._builds = asyncio.Semaphore(max(1, settings.max_concurrent_builds))
         self._delivery_threads = ThreadPoolExecutor(
             max_workers=max_concurrent_deliveries, thread_name_prefix="export-deliver"
         )
+        self.draining = False
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         # Test seams.
         self.after_load: Hook | None = None  # in the claim, after the row is read, before policy and claim
         self.after_build: Hook | None = (
             None  # in the build phase, after the file is written (a stop cancels it)
         )
         self.before_authorize: Hook | None = None  # after the build, before cutoff 2
-        self.before_upload: Hook | None = None  # in deliver, after ownership is confirmed, before the upload
+        self.before_upload: Hook | None = None  # in deliver, after ownership is confirmed, before the fence
         self.during_upload: UploadHook | None = None  # forwarded to DeliveryHooks.during_upload (bytes sent)
+        self.before_rename_fence: Hook | None = None  # after the upload, before the rename fence
+        self.after_rename_fence: Hook | None = None  # the rename fence matched, the rename not yet sent
         self.before_renewal: Callable[[], Awaitable[None]] | None = None  # each lease renewal; may raise
         self.watcher_disabled = False  # stop requests are then caught by cutoff 2 alone
         self.lease_timer_disabled = False  # a paused worker: only on-demand renewals
+        self.workflow_check_disabled = False  # cutoff 2 without asking Temporal about the workflow
 
     def shared_activities(self) -> list[Callable[..., Any]]:
         """Activities for the shared task queue: the claim and the recording of a Temporal cancel."""
@@ -190,8 +224,98 @@ class ExportActivities:
         return [self.prepare_delivery, self.confirm_stop, self.deliver]
 
     async def aclose(self) -> None:
-        """Release the delivery threads (the pools belong to whoever opened them)."""
+        """Stop every keeper still running and release the delivery threads (pools belong to their opener)."""
+        for attempt in list(self._attempts.values()):
+            await self._end(attempt)
         self._delivery_threads.shutdown(wait=False)
+
+    # -- draining -----------------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """Stop claiming work at this host: builds in progress stop and give their attempts back, and no
+        attempt crosses cutoff 2 from now on. Deliveries already authorized run to their terminal write."""
+        self.draining = True
+        for attempt in list(self._attempts.values()):
+            if attempt.stage in ("claimed", "building"):
+                attempt.stop(StopReason.DRAINING)
+
+    async def wait_quiet(self, seconds: float) -> bool:
+        """Wait until this host holds no attempt (every one reached its last write, was given back, or was
+        left to its lease), or ``timeout``; True when quiet. Authorized deliveries are waited for."""
+        try:
+            await asyncio.wait_for(self._quiet.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def busy(self) -> int:
+        """How many attempts have an activity running on this host."""
+        return sum(1 for a in self._attempts.values() if a.holders > 0)
+
+    # -- one keeper per attempt ---------------------------------------------------------------------
+
+    def _open(self, job_id: UUID, attempt_id: UUID) -> tuple[_Attempt, bool]:
+        """This host's record of an attempt, created with its keeper when missing; (attempt, created)."""
+        found = self._attempts.get(attempt_id)
+        if found is not None and not found.ended:
+            return found, False
+        keeper = LeaseKeeper(
+            self.store,
+            job_id,
+            attempt_id,
+            every=self.settings.renew_every_seconds,
+            timer=not self.lease_timer_disabled,
+            before_renewal=self.before_renewal,
+        )
+        attempt = _Attempt(job_id=job_id, attempt_id=attempt_id, keeper=keeper)
+
+        def stop_requested() -> None:
+            if not self.watcher_disabled:  # a test seam: stop requests are then caught by cutoff 2 alone
+                attempt.stop(StopReason.STOP_REQUESTED)
+
+        keeper.on_stop_requested = stop_requested
+        keeper.on_lost = lambda: attempt.stop(StopReason.OWNERSHIP_LOST)
+        self._attempts[attempt_id] = attempt
+        self._quiet.clear()
+        return attempt, True
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, attempt: _Attempt) -> AsyncIterator[_Attempt]:
+        """An activity works for ``attempt``: its keeper keeps renewing, and is not idle."""
+        attempt.holders += 1
+        if attempt.idle is not None:
+            attempt.idle.cancel()
+            attempt.idle = None
+        try:
+            yield attempt
+        finally:
+            attempt.holders -= 1
+            if not attempt.ended and attempt.holders == 0:
+                attempt.idle = asyncio.create_task(self._end_when_idle(attempt))
+
+    async def _end_when_idle(self, attempt: _Attempt) -> None:
+        # Between the claim and the build, or cutoff 2 and the upload, the keeper renews; if the next
+        # activity never comes (its workflow is gone), renewing stops and the lease expires for recovery.
+        await asyncio.sleep(self.settings.schedule_to_start_seconds)
+        if attempt.holders == 0:
+            log.info(
+                "job %s attempt %s: no activity came; its lease is left to expire",
+                attempt.job_id,
+                attempt.attempt_id,
+            )
+            await self._end(attempt)
+
+    async def _end(self, attempt: _Attempt) -> None:
+        """The attempt's last write is behind it (or nothing more will be done here): stop its keeper."""
+        attempt.ended = True
+        if attempt.idle is not None and attempt.idle is not asyncio.current_task():
+            attempt.idle.cancel()
+        await attempt.keeper.finish()
+        if self._attempts.get(attempt.attempt_id) is attempt:
+            del self._attempts[attempt.attempt_id]
+        if not self._attempts:
+            self._quiet.set()
 
     # -- claim (shared queue) -----------------------------------------------------------------------
 
@@ -202,6 +326,7 @@ class ExportActivities:
         The message is only a hint: a row that is not Queued settles it. A denied policy rejects the
         checked version only. A claim whose answer and re-read were both lost raises a retryable
         ``ClaimUnknown``; the retry uses the same attempt ID, so it finds its own claim if it committed.
+        A confirmed claim opens the attempt's lease keeper.
         """
         job = await self.store.get_job(inp.job_id)
         if job is None:
@@ -209,7 +334,7 @@ class ExportActivities:
         registered = await self._search_attributes_registered()
         if job.status == JobStatus.RUNNING and job.attempt_id == inp.attempt_id:
             # A retry of this claim after a lost response: the claim committed.
-            return self._claimed(job, registered)
+            return self._claimed(job, inp.attempt_id, registered)
         if job.status != JobStatus.QUEUED:
             return ClaimOutcome(step=ClaimStep.SETTLED, tenant_id=job.tenant_id, search_attributes=registered)
         if self.after_load is not None:
@@ -231,9 +356,14 @@ class ExportActivities:
             return ClaimOutcome(
                 step=ClaimStep.NOT_CLAIMED, tenant_id=job.tenant_id, search_attributes=registered
             )
-        return self._claimed(job, registered)
+        return self._claimed(job, inp.attempt_id, registered)
 
-    def _claimed(self, job: ExportJob, registered: bool) -> ClaimOutcome:
+    def _claimed(self, job: ExportJob, attempt_id: UUID, registered: bool) -> ClaimOutcome:
+        # From the confirmed claim on, one keeper renews this attempt's lease (the claim has just set it).
+        attempt, created = self._open(job.id, attempt_id)
+        if created:
+            attempt.keeper.start_timer()
+            attempt.idle = asyncio.create_task(self._end_when_idle(attempt))
         return ClaimOutcome(
             step=ClaimStep.CLAIMED,
             tenant_id=job.tenant_id,
@@ -269,110 +399,122 @@ class ExportActivities:
 
         A stop (recorded stop request seen by a renewal or by ``confirm_stop``, or this activity's
         cancellation) cancels the build, whose partial file is removed, then ``finish_stopped`` runs; it
-        writes only if a stop request is recorded. Lost ownership stops at once and writes nothing.
-        Cutoff 2 is never skipped once the file is built, and the file is deleted unless it authorized.
+        writes only if a stop request is recorded. Lost ownership stops at once and writes nothing. A drain,
+        a gone workflow or a transient database failure gives the attempt back to the queue. Cutoff 2 is
+        never skipped once the file is built, and the file is deleted unless it authorized.
         """
-        control = _AttemptControl()
-        work = asyncio.create_task(self._prepare(inp, control))
-        return await _run_to_end(work, lambda: control.stop(StopReason.CANCELLED))
+        attempt, created = self._open(inp.job_id, inp.attempt_id)
+        work = asyncio.create_task(self._prepare(inp, attempt, created))
+        return await _run_to_end(work, lambda: attempt.stop(StopReason.CANCELLED))
 
-    async def _prepare(self, inp: PrepareInput, control: _AttemptControl) -> PrepareResult:
-        job = await self.store.get_job(inp.job_id)
-        if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.RUNNING:
-            return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
-
-        keeper = LeaseKeeper(
-            self.store,
-            job.id,
-            inp.attempt_id,
-            every=self.settings.renew_every_seconds,
-            on_stop_requested=None
-            if self.watcher_disabled
-            else lambda: control.stop(StopReason.STOP_REQUESTED),
-            on_lost=lambda: control.stop(StopReason.OWNERSHIP_LOST),
-            timer=not self.lease_timer_disabled,
-            before_renewal=self.before_renewal,
-        )
-        self._attempts[inp.attempt_id] = control
-        heartbeat = asyncio.create_task(
-            keep_heartbeating(lambda: {"stage": "building", "rows": control.rows, "bytes": control.bytes})
-        )
-        built: BuiltFile | None = None
-        authorized = False
-        try:
-            first = await keeper.start()
-            if first is not None and not first.owned:
+    async def _prepare(self, inp: PrepareInput, attempt: _Attempt, created: bool) -> PrepareResult:
+        async with self._holding(attempt):
+            attempt.stage = "building"
+            job = await self._read_job(inp.job_id)
+            if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.RUNNING:
+                await self._end(attempt)
                 return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
-            if control.reason is None:
-                control.build = asyncio.create_task(self._build(job, inp.attempt_id, control))
-                try:
-                    built = await control.build
-                except asyncio.CancelledError:
-                    if control.reason is None:  # not ours: nothing else cancels the build task
-                        raise
-                except BuildError as exc:
+            if created:
+                # No claim on this host opened it (a restarted host cannot get here): confirm ownership now.
+                first = await attempt.keeper.start()
+                if first is not None and not first.owned:
+                    await self._end(attempt)
+                    return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+            heartbeat = asyncio.create_task(
+                keep_heartbeating(lambda: {"stage": "building", "rows": attempt.rows, "bytes": attempt.bytes})
+            )
+            built: BuiltFile | None = None
+            authorized = False
+            try:
+                if self.draining:
+                    attempt.stop(StopReason.DRAINING)
+                if attempt.reason is None:
+                    attempt.build = asyncio.create_task(self._build(job, attempt))
+                    try:
+                        built = await attempt.build
+                    except asyncio.CancelledError:
+                        if attempt.reason is None:  # not ours: nothing else cancels the build task
+                            raise
+                    except BuildError as exc:
+                        if exc.transient:
+                            # The database could not be reached: nothing is wrong with the export.
+                            return await self._give_back(job, attempt, f"build interrupted: {exc.code}")
+                        finished = await self.store.finish_failed(
+                            job.id, inp.attempt_id, FailureCode.BUILD_FAILED, cause=str(exc)[:200]
+                        )
+                        return PrepareResult(
+                            outcome=after_terminal_write(finished, AttemptOutcome.FAILED),
+                            failure_code=FailureCode.BUILD_FAILED
+                            if finished == FinishResult.WRITTEN
+                            else None,
+                        )
+                if built is None:
+                    return await self._stopped_while_building(job, attempt)
+
+                if self.before_authorize is not None:
+                    await self.before_authorize(job.id)
+                refusal = await self._reason_not_to_authorize(attempt)
+                if refusal is not None:
+                    return await self._give_back(job, attempt, refusal)
+                answers = await self._cutoff_2(job, attempt, built)
+                answer = answers[-1]
+                if answer == AuthorizationResult.AUTHORIZED:
+                    authorized = True
+                    attempt.stage = "authorized"
+                    return PrepareResult(
+                        cutoff_answers=answers,
+                        file=LocalFile(
+                            path=str(built.path),
+                            final_name=built.final_name,
+                            size=built.size,
+                            sha256=built.sha256.hex(),
+                            rows=built.rows,
+                        ),
+                    )
+                if answer == AuthorizationResult.STOP_RECORDED:
+                    finished = await self.store.finish_stopped(
+                        job.id, inp.attempt_id, StopPoint.BEFORE_DELIVERY
+                    )
+                    return PrepareResult(
+                        outcome=after_terminal_write(finished, AttemptOutcome.STOPPED), cutoff_answers=answers
+                    )
+                if answer == AuthorizationResult.ORIGINAL_COMPLETED:
+                    # A replacement whose original was corrected to Completed: nothing has left the host.
                     finished = await self.store.finish_failed(
-                        job.id, inp.attempt_id, FailureCode.BUILD_FAILED, cause=str(exc)[:200]
+                        job.id, inp.attempt_id, FailureCode.ORIGINAL_DELIVERED, cause=None
                     )
                     return PrepareResult(
                         outcome=after_terminal_write(finished, AttemptOutcome.FAILED),
-                        failure_code=FailureCode.BUILD_FAILED if finished == FinishResult.WRITTEN else None,
+                        failure_code=FailureCode.ORIGINAL_DELIVERED
+                        if finished == FinishResult.WRITTEN
+                        else None,
+                        cutoff_answers=answers,
                     )
-            if built is None:
-                return await self._stopped_while_building(job, inp.attempt_id, control)
+                # LeaseLapsed again, NotOwner or Unknown: write nothing; recovery reads the row.
+                return PrepareResult(outcome=after_refused_cutoff(answer), cutoff_answers=answers)
+            finally:
+                heartbeat.cancel()
+                if not authorized:
+                    await self._end(attempt)
+                if built is not None and not authorized:
+                    remove_export_file(built.path)
 
-            answers = await self._cutoff_2(job, inp.attempt_id, built, keeper)
-            answer = answers[-1]
-            if answer == AuthorizationResult.AUTHORIZED:
-                authorized = True
-                return PrepareResult(
-                    cutoff_answers=answers,
-                    file=LocalFile(
-                        path=str(built.path),
-                        final_name=built.final_name,
-                        size=built.size,
-                        sha256=built.sha256.hex(),
-                        rows=built.rows,
-                    ),
-                )
-            if answer == AuthorizationResult.STOP_RECORDED:
-                finished = await self.store.finish_stopped(job.id, inp.attempt_id, StopPoint.BEFORE_DELIVERY)
-                return PrepareResult(
-                    outcome=after_terminal_write(finished, AttemptOutcome.STOPPED), cutoff_answers=answers
-                )
-            if answer == AuthorizationResult.ORIGINAL_COMPLETED:
-                # A replacement whose original was corrected to Completed: nothing has left the host.
-                finished = await self.store.finish_failed(
-                    job.id, inp.attempt_id, FailureCode.ORIGINAL_DELIVERED, cause=None
-                )
-                return PrepareResult(
-                    outcome=after_terminal_write(finished, AttemptOutcome.FAILED),
-                    failure_code=FailureCode.ORIGINAL_DELIVERED if finished == FinishResult.WRITTEN else None,
-                    cutoff_answers=answers,
-                )
-            # LeaseLapsed again, NotOwner or Unknown: write nothing; recovery reads the row.
-            return PrepareResult(outcome=after_refused_cutoff(answer), cutoff_answers=answers)
-        finally:
-            heartbeat.cancel()
-            await keeper.finish()
-            self._attempts.pop(inp.attempt_id, None)
-            if built is not None and not authorized:
-                remove_export_file(built.path)
-
-    async def _build(self, job: ExportJob, attempt_id: UUID, control: _AttemptControl) -> BuiltFile:
+    async def _build(self, job: ExportJob, attempt: _Attempt) -> BuiltFile:
         def progress(rows: int, size: int) -> None:
-            control.rows, control.bytes = rows, size
+            attempt.rows, attempt.bytes = rows, size
 
-        built = await build_export(
-            self.worker_pool,
-            tenant_id=job.tenant_id,
-            list_name=job.list_name,
-            delivery_key=job.delivery_key,
-            attempt_id=attempt_id,
-            work_dir=self.settings.work_dir,
-            progress=progress,
-        )
-        control.rows, control.bytes = built.rows, built.size
+        # At most max_concurrent_builds at once: waiting here holds no connection, and the keeper renews.
+        async with self._builds:
+            built = await build_export(
+                self.build_pool,
+                tenant_id=job.tenant_id,
+                list_name=job.list_name,
+                delivery_key=job.delivery_key,
+                attempt_id=attempt.attempt_id,
+                work_dir=self.settings.work_dir,
+                progress=progress,
+            )
+        attempt.rows, attempt.bytes = built.rows, built.size
         if self.after_build is not None:
             try:
                 await self.after_build(job.id)
@@ -381,33 +523,77 @@ class ExportActivities:
                 raise
         return built
 
-    async def _stopped_while_building(
-        self, job: ExportJob, attempt_id: UUID, control: _AttemptControl
-    ) -> PrepareResult:
-        if control.reason == StopReason.OWNERSHIP_LOST:
+    async def _stopped_while_building(self, job: ExportJob, attempt: _Attempt) -> PrepareResult:
+        if attempt.reason == StopReason.OWNERSHIP_LOST:
             return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
-        # Writes only when a stop request is recorded: a cancellation for any other reason (worker
-        # shutdown, a timed-out heartbeat) matches nothing and leaves the attempt to its lease.
+        if attempt.reason == StopReason.DRAINING:
+            return await self._give_back(job, attempt, "worker draining")
+        # Writes only when a stop request is recorded: a cancellation for any other reason (a timed-out
+        # heartbeat, a gone workflow) matches nothing and leaves the attempt to its lease.
         finished = await self.store.finish_stopped(
-            job.id, attempt_id, StopPoint.WHILE_BUILDING, note=str(control.reason)
+            job.id, attempt.attempt_id, StopPoint.WHILE_BUILDING, note=str(attempt.reason)
         )
         if finished == FinishResult.WRITTEN:
             return PrepareResult(outcome=AttemptOutcome.STOPPED)
-        if finished == FinishResult.NOT_OWNER and control.reason == StopReason.STOP_REQUESTED:
+        if finished == FinishResult.NOT_OWNER and attempt.reason == StopReason.STOP_REQUESTED:
             return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
-    async def _cutoff_2(
-        self, job: ExportJob, attempt_id: UUID, built: BuiltFile, keeper: LeaseKeeper
-    ) -> list[AuthorizationResult]:
-        if self.before_authorize is not None:
-            await self.before_authorize(job.id)
+    async def _give_back(self, job: ExportJob, attempt: _Attempt, reason: str) -> PrepareResult:
+        """Running -> Queued for this attempt, which is not counted against the job's attempts; a recorded
+        stop request is honored instead (Stopped), never released into the queue again."""
+        released = await self.store.release_attempt_if_running(
+            job.id, attempt.attempt_id, self.worker_id, reason
+        )
+        if released == FinishResult.WRITTEN:
+            log.info("job %s attempt %s given back to the queue (%s)", job.id, attempt.attempt_id, reason)
+            return PrepareResult(outcome=AttemptOutcome.RELEASED)
+        if released == FinishResult.NOT_OWNER:
+            finished = await self.store.finish_stopped(
+                job.id, attempt.attempt_id, StopPoint.WHILE_BUILDING, note=reason
+            )
+            if finished == FinishResult.WRITTEN:
+                return PrepareResult(outcome=AttemptOutcome.STOPPED)
+            if finished == FinishResult.NOT_OWNER:
+                return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+        return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
+    async def _reason_not_to_authorize(self, attempt: _Attempt) -> str | None:
+        """Why this attempt must not cross cutoff 2 now, or ``None``: its worker is draining, it is being
+        cancelled, or its workflow is no longer running (terminated, timed out, ended without it)."""
+        if self.draining or attempt.reason == StopReason.DRAINING:
+            return "worker draining"
+        if attempt.reason == StopReason.CANCELLED or activity.is_cancelled():
+            return "activity cancelled"
+        if self.workflow_check_disabled:
+            return None
+        info = activity.info()
+        if info.workflow_id is None:
+            return "workflow not confirmed (no workflow)"
+        try:
+            described = (
+                await activity.client()
+                .get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+                .describe(rpc_timeout=timedelta(seconds=10))
+            )
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return "workflow gone"
+            return f"workflow not confirmed ({exc.status.name})"
+        except (RuntimeError, TimeoutError) as exc:
+            return f"workflow not confirmed ({type(exc).__name__})"
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return f"workflow {described.status.name.lower() if described.status else 'gone'}"
+        return None
+
+    async def _cutoff_2(
+        self, job: ExportJob, attempt: _Attempt, built: BuiltFile
+    ) -> list[AuthorizationResult]:
         async def authorize() -> AuthorizationResult:
             return await self.store.authorize_delivery_if_running(
                 tenant_id=job.tenant_id,
                 job_id=job.id,
-                attempt_id=attempt_id,
+                attempt_id=attempt.attempt_id,
                 replaces_job_id=job.replaces_job_id,
                 final_name=built.final_name,
                 length=built.size,
@@ -418,10 +604,21 @@ class ExportActivities:
         answers = [await authorize()]
         if answers[-1] == AuthorizationResult.LEASE_LAPSED:
             # Still the owner, only late: a renewal succeeds only if no takeover has committed. Retry once.
-            renewal = await keeper.renew_now()
+            renewal = await attempt.keeper.renew_now()
             if renewal is not None and renewal.owned:
                 answers.append(await authorize())
         return answers
+
+    async def _read_job(self, job_id: UUID) -> ExportJob | None:
+        """Read the row before any side effect; a dead pooled connection is retried, not fatal."""
+        for attempt in range(READ_TRIES):
+            try:
+                return await self.store.get_job(job_id)
+            except TransientStoreError:
+                if attempt + 1 == READ_TRIES:
+                    raise
+                await asyncio.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
 
     # -- the signal's confirmation (own queue) ------------------------------------------------------
 
@@ -442,75 +639,108 @@ class ExportActivities:
         if not confirmed or self.watcher_disabled:
             return ConfirmStopResult(confirmed=False)
         assert state is not None
-        control = self._attempts.get(inp.attempt_id)
-        if control is not None:
-            control.stop(StopReason.STOP_REQUESTED)
+        attempt = self._attempts.get(inp.attempt_id)
+        if attempt is not None:
+            attempt.stop(StopReason.STOP_REQUESTED)
         return ConfirmStopResult(confirmed=True, stop_request_id=state.stop_request_id)
 
     # -- deliver (own queue) ------------------------------------------------------------------------
 
     @activity.defn(name="export.deliver")
     async def deliver(self, inp: DeliverInput) -> DeliverResult:
-        """Upload, append evidence as it is observed, and make the attempt's terminal write.
+        """Fence, upload, fence the rename, append evidence as it is observed, and make the terminal write.
 
         Past cutoff 2 nothing stops the upload: this activity's cancellation is noted and the work runs to
         its end; a renewal that changes no row does not stop it either, and the terminal write may then
-        match nothing. An upload is never started for an attempt that cannot first confirm its ownership.
+        match nothing. No byte goes to the partner unless the upload fence matched, and no rename request
+        unless the rename fence matched.
         """
-        control = _AttemptControl()
-        work = asyncio.create_task(self._deliver(inp, control))
+        attempt, created = self._open(inp.job_id, inp.attempt_id)
+        work = asyncio.create_task(self._deliver(inp, attempt, created))
         return await _run_to_end(
             work,
             lambda: log.info("job %s: deliver activity cancelled; the delivery runs to its end", inp.job_id),
         )
 
-    async def _deliver(self, inp: DeliverInput, control: _AttemptControl) -> DeliverResult:
-        heartbeat = asyncio.create_task(
-            keep_heartbeating(lambda: {"stage": "delivering", "bytes_sent": control.sent})
-        )
-        keeper: LeaseKeeper | None = None
-        try:
-            job = await self.store.get_job(inp.job_id)
-            if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.DELIVERING:
-                return DeliverResult(finish=FinishResult.NOT_OWNER)
-            keeper = LeaseKeeper(
-                self.store,
-                job.id,
-                inp.attempt_id,
-                every=self.settings.renew_every_seconds,
-                timer=not self.lease_timer_disabled,
-                before_renewal=self.before_renewal,
+    async def _deliver(self, inp: DeliverInput, attempt: _Attempt, created: bool) -> DeliverResult:
+        async with self._holding(attempt):
+            attempt.stage = "delivering"
+            heartbeat = asyncio.create_task(
+                keep_heartbeating(lambda: {"stage": "delivering", "bytes_sent": attempt.sent})
             )
-            first = await keeper.start()
-            if first is None:
-                first = await keeper.renew_now()
-            if first is None or not first.owned:
-                # Nothing has left the host yet: an attempt that cannot confirm it still owns the job
-                # does not start an irreversible upload; recovery resolves the Delivering row.
-                return DeliverResult(
-                    finish=FinishResult.NOT_OWNER if first is not None else FinishResult.UNKNOWN
-                )
-            if self.before_upload is not None:
-                await self.before_upload(job.id)
-            return await self._upload_and_finish(job, inp, control)
-        finally:
-            heartbeat.cancel()
-            if keeper is not None:
-                await keeper.finish()  # right after the terminal write, so no renewal reports a false loss
-            remove_export_file(Path(inp.file.path))
+            try:
+                job = await self._read_job(inp.job_id)
+                if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.DELIVERING:
+                    return DeliverResult(finish=FinishResult.NOT_OWNER)
+                if created:
+                    first = await attempt.keeper.start()
+                    if first is None:
+                        first = await attempt.keeper.renew_now()
+                    if first is None or not first.owned:
+                        # Nothing has left the host yet: an attempt that cannot confirm it still owns the job
+                        # does not start an irreversible upload; recovery resolves the Delivering row.
+                        return DeliverResult(
+                            finish=FinishResult.NOT_OWNER if first is not None else FinishResult.UNKNOWN
+                        )
+                if self.before_upload is not None:
+                    await self.before_upload(job.id)
+                fenced = await self._fence(attempt, rename=False)
+                if fenced != FenceResult.FENCED:
+                    # Nothing was sent: the partner never heard of this attempt.
+                    log.info(
+                        "job %s attempt %s: upload fence %s; nothing sent", job.id, attempt.attempt_id, fenced
+                    )
+                    await self._append(
+                        job.id, attempt.attempt_id, {"observation": "upload_fence", "result": fenced.value}
+                    )
+                    return DeliverResult(
+                        finish=FinishResult.NOT_OWNER
+                        if fenced == FenceResult.NOT_OWNER
+                        else FinishResult.UNKNOWN
+                    )
+                return await self._upload_and_finish(job, inp, attempt)
+            finally:
+                heartbeat.cancel()
+                await self._end(attempt)  # right after the terminal write, so no renewal reports a false loss
+                remove_export_file(Path(inp.file.path))
 
-    async def _upload_and_finish(
-        self, job: ExportJob, inp: DeliverInput, control: _AttemptControl
-    ) -> DeliverResult:
+    async def _fence(self, attempt: _Attempt, *, rename: bool) -> FenceResult:
+        """Write the upload (or rename) fence for this attempt; renew once and retry when only the lease
+        lapsed (still the owner, only late). Anything but Fenced means: do not touch the partner."""
+        fence = self.store.fence_rename_if_delivering if rename else self.store.fence_upload_if_delivering
+        answer = await fence(attempt.job_id, attempt.attempt_id)
+        if answer == FenceResult.LEASE_LAPSED:
+            renewal = await attempt.keeper.renew_now()
+            if renewal is not None and renewal.owned:
+                answer = await fence(attempt.job_id, attempt.attempt_id)
+        return answer
+
+    async def _append(self, job_id: UUID, attempt_id: UUID, evidence: dict[str, Any]) -> None:
+        with contextlib.suppress(StoreError, OSError, TimeoutError):
+            await self.store.append_delivery_evidence(job_id, attempt_id, self.worker_id, evidence)
+
+    async def _upload_and_finish(self, job: ExportJob, inp: DeliverInput, attempt: _Attempt) -> DeliverResult:
         loop = asyncio.get_running_loop()
         recorder = _EvidenceRecorder(self.store, job.id, inp.attempt_id, self.worker_id, loop)
         destination = await self.store.load_destination(job.tenant_id, job.destination_id)
         original = await self._original_file(job)
 
         def during_upload(sent: int) -> None:
-            control.sent = sent
+            attempt.sent = sent
             if self.during_upload is not None:
                 asyncio.run_coroutine_threadsafe(self.during_upload(job.id, sent), loop).result()
+
+        def authorize_rename() -> bool:
+            # In the delivering thread: the rename fence, on the event loop, bounded.
+            async def fenced() -> bool:
+                if self.before_rename_fence is not None:
+                    await self.before_rename_fence(job.id)
+                answer = await self._fence(attempt, rename=True)
+                if answer == FenceResult.FENCED and self.after_rename_fence is not None:
+                    await self.after_rename_fence(job.id)
+                return answer == FenceResult.FENCED
+
+            return asyncio.run_coroutine_threadsafe(fenced(), loop).result(timeout=FENCE_TIMEOUT_SECONDS)
 
         file = FileToDeliver(
             path=Path(inp.file.path),
@@ -519,8 +749,7 @@ class ExportActivities:
             sha256=bytes.fromhex(inp.file.sha256),
         )
         try:
-            # On this object's own threads: a delivery blocks its thread on evidence appends, which need
-            # pool connections that builders hold while they wait for default-executor threads.
+            # On this object's own threads: a delivery blocks its thread on evidence appends and fences.
             report = await loop.run_in_executor(
                 self._delivery_threads,
                 functools.partial(
@@ -531,7 +760,7 @@ class ExportActivities:
                     original=original,
                     overwrite_agreed=job.overwrite_agreement_ref is not None,
                     on_evidence=recorder.observe_from_thread,
-                    hooks=DeliveryHooks(during_upload=during_upload),
+                    hooks=DeliveryHooks(during_upload=during_upload, authorize_rename=authorize_rename),
                 ),
             )
         except Exception as exc:  # noqa: BLE001 - the seed's classifier: unknown unless proven otherwise

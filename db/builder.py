@@ -30,6 +30,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from db.errors import is_transient
 from db.queries import q
 from domain.models import final_name_for
 
@@ -52,11 +53,16 @@ class BuiltFile:
 
 
 class BuildError(Exception):
-    """The build failed for a reason other than cancellation; ``code`` names it, the message has no data."""
+    """The build failed for a reason other than cancellation; ``code`` names it, the message has no data.
 
-    def __init__(self, code: str, detail: str = "") -> None:
+    ``transient`` says the database could not be reached (a pool timeout, a lost connection): nothing is
+    wrong with the export, so the attempt is given back rather than failed.
+    """
+
+    def __init__(self, code: str, detail: str = "", *, transient: bool = False) -> None:
         super().__init__(f"{code}: {detail}" if detail else code)
         self.code = code
+        self.transient = transient
 
 
 class _Stopped(Exception):
@@ -124,9 +130,9 @@ async def _copy_to_file(
     except BuildError:
         raise
     except PoolTimeout:
-        raise BuildError("DatabaseUnavailable", "PoolTimeout") from None
+        raise BuildError("DatabaseUnavailable", "PoolTimeout", transient=True) from None
     except psycopg.Error as exc:
-        raise BuildError("DatabaseError", _pg_code(exc)) from None
+        raise BuildError("DatabaseError", _pg_code(exc), transient=is_transient(exc)) from None
     except OSError as exc:
         raise BuildError("WriteFailed", _os_code(exc)) from None
     except Exception as exc:  # the seed: every failure but cancellation is one typed build error

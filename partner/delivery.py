@@ -60,6 +60,9 @@ class DeliveryHooks:
     during_upload: Callable[[int], None] | None = None  # bytes sent so far, after each write
     before_rename: Callable[[], None] | None = None
     after_rename: Callable[[], None] | None = None
+    # The rename fence: asked right before the rename request; the rename is sent only when it answers
+    # True. False, or an exception, means this attempt may no longer publish: nothing is renamed.
+    authorize_rename: Callable[[], bool] | None = None
 
 
 def deliver(
@@ -102,6 +105,8 @@ def deliver(
     except Exception as exc:  # closing the session failed after the outcome was known, or a bug
         report = run.report or unknown(f"delivery ended unexpectedly ({type(exc).__name__})")
         run.evidence.record("interrupted", phase=run.phase, rename_sent=run.rename_sent, **error_code(exc))
+    if run.interrupted_before_rename is not None and not run.rename_sent:
+        report = run.confirm_never_renamed(connect_timeout, io_timeout)
     run.evidence.record(
         "outcome",
         outcome=report.outcome.value,
@@ -177,6 +182,8 @@ class _Delivery:
     phase: str = "connect"
     rename_sent: bool = False
     report: DeliveryReport | None = None
+    baseline: Observation | None = None
+    interrupted_before_rename: int | None = None  # bytes sent when an upload was cut before its rename
 
     @property
     def final_path(self) -> str:
@@ -203,6 +210,7 @@ class _Delivery:
                 failed(FailureCode.NOT_DELIVERED, "baseline listing failed; nothing was uploaded")
             )
         self.evidence.record("baseline", final_name=self.file.final_name, **baseline.as_evidence())
+        self.baseline = baseline
         _call(self.hooks.after_listing)
 
         overwrite = False
@@ -265,6 +273,8 @@ class _Delivery:
                 rename_sent=False,
                 **error_code(exc),
             )
+            # Settled after the session closes, by a fresh listing on a new one (confirm_never_renamed).
+            self.interrupted_before_rename = progress["sent"]
             return unknown(f"upload interrupted after {progress['sent']} bytes; the rename was never sent")
         remote_size = remote.st_size if remote is not None else None
         self.evidence.record(
@@ -281,6 +291,13 @@ class _Delivery:
         self.phase = "rename"
         form = "posix_rename" if overwrite else "rename"
         temp_path = self.destination.remote_path(self.temp_name)
+        if not self._rename_authorized():
+            self.evidence.record("rename", form=form, result="not_authorized")
+            return failed(
+                FailureCode.NOT_DELIVERED,
+                "the rename fence was refused: the rename was never sent, so this attempt never wrote the "
+                "final name",
+            )
         try:
             _call(self.hooks.before_rename)
             self.rename_sent = True
@@ -298,6 +315,52 @@ class _Delivery:
         self.evidence.record("rename", form=form, result="ok")
         _call(self.hooks.after_rename)
         return None
+
+    def _rename_authorized(self) -> bool:
+        """The rename fence, asked right before the rename: anything but a plain True means no rename."""
+        if self.hooks.authorize_rename is None:
+            return True
+        try:
+            return self.hooks.authorize_rename() is True
+        except Exception as exc:
+            self.evidence.record("interrupted", phase="rename_fence", rename_sent=False, **error_code(exc))
+            return False
+
+    def confirm_never_renamed(self, connect_timeout: float, io_timeout: float) -> DeliveryReport:
+        """An upload cut before its rename request: this attempt never wrote the final name. A fresh listing
+        on a new session that still matches the baseline confirms it (Failed NotDelivered); a listing that
+        shows a change is OutcomeUnknown, since someone wrote the final name; no listing at all still leaves
+        the fact that the rename was never sent."""
+        self.phase = "fresh_listing"
+        sent = self.interrupted_before_rename
+        if self.baseline is None:
+            return self._end(
+                failed(FailureCode.NOT_DELIVERED, "interrupted before the baseline; nothing was sent")
+            )
+        try:
+            with session(self.destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+                fresh = observe(opened.sftp, self.destination, self.file.final_name)
+        except Exception as exc:
+            self.evidence.record("interrupted", phase=self.phase, rename_sent=False, **error_code(exc))
+            return self._end(
+                failed(
+                    FailureCode.NOT_DELIVERED,
+                    f"upload interrupted after {sent} bytes and the rename was never sent; "
+                    "no fresh listing could be taken",
+                )
+            )
+        self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
+        if fresh.same_as(self.baseline):
+            return self._end(
+                failed(
+                    FailureCode.NOT_DELIVERED,
+                    f"upload interrupted after {sent} bytes, the rename was never sent, and a fresh listing "
+                    "still matches the baseline",
+                )
+            )
+        return self._end(
+            unknown(f"upload interrupted after {sent} bytes; the final name changed since the baseline")
+        )
 
     def _read_back(self, sftp: paramiko.SFTPClient, overwrite: bool) -> DeliveryReport:
         """Read back what the server and the contract can confirm, then classify."""

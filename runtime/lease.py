@@ -69,9 +69,13 @@ class LeaseKeeper:
     async def start(self) -> Renewal | None:
         """Renew once now, then start the timer; returns the first renewal's answer, ``None`` if it threw."""
         first = await self._renew_once("start")
-        if self.timer and not self._finishing.is_set():
-            self._task = asyncio.create_task(self._run(), name=f"lease-keeper-{self.attempt_id}")
+        self.start_timer()
         return first
+
+    def start_timer(self) -> None:
+        """Start renewing every ``every`` seconds (the claim has just set the lease: no renewal now)."""
+        if self.timer and self._task is None and not self._finishing.is_set():
+            self._task = asyncio.create_task(self._run(), name=f"lease-keeper-{self.attempt_id}")
 
     async def renew_now(self, tries: int = 3, backoff: float = 0.2) -> Renewal | None:
         """Renew on demand, serialized with the timer; transient failures are retried with backoff.

@@ -79,7 +79,13 @@ async def dispatcher_store(database: TestDatabase) -> AsyncIterator[JobStore]:
 
 @pytest.fixture(scope="module")
 async def factory(
-    database: TestDatabase, api_store: JobStore, worker_store: JobStore, recovery_store: JobStore
+    database: TestDatabase,
+    api_store: JobStore,
+    worker_store: JobStore,
+    recovery_store: JobStore,
+    reconciler_store: JobStore,
 ) -> Factory:
     """Puts a job in any state through the protocol's own statements; clock helpers act as superuser."""
-    return Factory(database, api=api_store, worker=worker_store, recovery=recovery_store)
+    return Factory(
+        database, api=api_store, worker=worker_store, recovery=recovery_store, reconciler=reconciler_store
+    )

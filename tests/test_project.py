@@ -21,7 +21,7 @@ from settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
-NOT_SHIPPED = {"tests", "bench", "chaos", "build"}
+NOT_SHIPPED = {"tests", "bench", "chaos", "build", "testbed"}  # testbed: real servers for tests only
 
 
 def production_packages() -> list[str]:

@@ -35,7 +35,7 @@ from activities.recovery import RecoveryActivities
 from db.builder import build_dirs
 from db.store import JobStore
 from domain.evidence import temp_name_for
-from domain.models import ExportJob, JobStatus
+from domain.models import ExportJob, FailureCode, JobStatus
 from partner.local_server import LocalSftpServer
 from runtime.scavenger import scavenge_export_files
 from settings import Settings
@@ -303,7 +303,7 @@ async def test_killed_while_building_is_requeued_by_recovery_and_delivered_once_
     assert await outbox_unpublished(factory, job.id) == 0
 
 
-async def test_killed_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_is_never_uploaded(
+async def test_killed_after_cutoff_2_before_the_upload_ends_not_delivered_and_is_never_uploaded(
     ts_env, database, factory, worker_store, partner, task_queue, tmp_path, recovery_store
 ):
     job = await queue_export(factory, partner, contacts=20)
@@ -321,13 +321,18 @@ async def test_killed_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_
         await killed.kill()
 
     await factory.expire_lease(job.id)
-    assert await recover(recovery_store, job.id) == Takeover.OUTCOME_UNKNOWN
+    # Issue 10: killed before its upload fence, the attempt sent nothing; recovery proves it.
+    assert await recover(recovery_store, job.id) == Takeover.NOT_DELIVERED
 
-    unknown = await factory.job(job.id)
-    assert (unknown.status, unknown.attempt_id) == (JobStatus.OUTCOME_UNKNOWN, authorized.attempt_id)
+    ended = await factory.job(job.id)
+    assert (ended.status, ended.failure_reason, ended.attempt_id) == (
+        JobStatus.FAILED,
+        FailureCode.NOT_DELIVERED,
+        authorized.attempt_id,
+    )
     kinds = await factory.event_kinds(job.id)
     assert kinds[:2] == ["Claimed", "DeliveryAuthorized"] and kinds[-1] == "ResolvedByRecovery"
-    assert "Finished" not in kinds
+    assert "Finished" not in kinds and "UploadFenced" not in kinds
     assert partner.files() == {}  # no final name, and not even a temporary file
 
     # Nothing can start a second upload: a healthy worker drains the outbox, and one more wake-up settles.
@@ -336,7 +341,7 @@ async def test_killed_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_
     assert again.outcome == AttemptOutcome.SETTLED
     after = await factory.job(job.id)
     assert (after.status, after.attempt_count, after.attempt_id) == (
-        JobStatus.OUTCOME_UNKNOWN,
+        JobStatus.FAILED,
         1,
         authorized.attempt_id,
     )
@@ -344,7 +349,7 @@ async def test_killed_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_
     assert partner.files() == {}
 
 
-async def test_killed_mid_upload_ends_outcome_unknown_with_the_attempts_temp_file_and_no_second_upload(
+async def test_killed_mid_upload_ends_not_delivered_with_the_attempts_temp_file_and_no_second_upload(
     ts_env, database, factory, worker_store, partner, task_queue, tmp_path, recovery_store
 ):
     job = await queue_export(factory, partner, contacts=UPLOAD_CONTACTS)
@@ -371,19 +376,25 @@ async def test_killed_mid_upload_ends_outcome_unknown_with_the_attempts_temp_fil
     assert str(uploading.attempt_id) in temp_name and left[temp_name] < uploading.expected_file_bytes
 
     await factory.expire_lease(job.id)
-    assert await recover(recovery_store, job.id) == Takeover.OUTCOME_UNKNOWN  # the rename never ran
+    # Issue 10: killed before its rename fence, the attempt never wrote the final name; recovery proves it.
+    assert await recover(recovery_store, job.id) == Takeover.NOT_DELIVERED
     files = tmp_path / "killed" / "files"
     assert await scavenge_export_files(files, worker_store.live_attempts) == [uploading.attempt_id]
 
-    unknown = await factory.job(job.id)
-    assert (unknown.status, unknown.attempt_id) == (JobStatus.OUTCOME_UNKNOWN, uploading.attempt_id)
+    ended = await factory.job(job.id)
+    assert (ended.status, ended.failure_reason, ended.attempt_id) == (
+        JobStatus.FAILED,
+        FailureCode.NOT_DELIVERED,
+        uploading.attempt_id,
+    )
     kinds = await factory.event_kinds(job.id)
     assert kinds[-1] == "ResolvedByRecovery" and "Finished" not in kinds
+    assert "UploadFenced" in kinds and "RenameFenced" not in kinds
 
     async with healthy_worker(ts_env.client, database.app_url, task_queue, tmp_path / "healthy"):
         again = await wake_up_again(ts_env.client, job.id, task_queue)
     assert again.outcome == AttemptOutcome.SETTLED
     after = await factory.job(job.id)
-    assert (after.status, after.attempt_count) == (JobStatus.OUTCOME_UNKNOWN, 1)
+    assert (after.status, after.attempt_count) == (JobStatus.FAILED, 1)
     assert await factory.outbox_count(job.id) == 1 and await outbox_unpublished(factory, job.id) == 0
     assert partner.files() == left  # nothing new, nothing grown: no second upload

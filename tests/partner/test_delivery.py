@@ -114,10 +114,17 @@ async def test_cut_during_upload_never_renames_and_leaves_an_attributable_prefix
 
     run = await run_delivery(destination, file, hooks=DeliveryHooks(during_upload=cut_after_first_write))
 
-    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    # Issue 10: cut before its rename request, the attempt reconnects and a fresh listing still shows the
+    # baseline: this attempt provably never wrote the final name, so Failed NotDelivered, not unknown.
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
     interrupted = run.one("interrupted")
     assert (interrupted["phase"], interrupted["rename_sent"]) == ("upload", False)
     assert "rename" not in run.kinds()  # the rename was never sent
+    fresh = run.one("fresh_listing")
+    assert fresh["present"] is False and run.one("baseline")["present"] is False
     files = sftp_target.files()
     assert file.final_name not in files  # and the final name was never written
     temp = temp_name_for(run.attempt_id, file.final_name)
@@ -419,3 +426,27 @@ async def test_agreed_overwrite_with_only_the_old_ack_is_unknown(sftp_target: Sf
 
     assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
     assert run.one("ack")["tied"] is False
+
+
+async def test_a_refused_rename_fence_sends_no_rename_and_is_not_delivered(sftp_target: SftpTarget, tmp_path):
+    # Issue 10: the rename fence is asked right before the rename request; refused (the attempt lost its
+    # row), the rename is never sent, so this attempt never wrote the final name.
+    data = contact_bytes(100_000)
+    file = local_file(tmp_path, data)
+    asked: list[bool] = []
+
+    def refuse() -> bool:
+        asked.append(True)
+        return False
+
+    run = await run_delivery(sftp_target.destination(), file, hooks=DeliveryHooks(authorize_rename=refuse))
+
+    assert asked == [True]
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
+    assert run.one("rename")["result"] == "not_authorized"
+    files = sftp_target.files()
+    assert file.final_name not in files
+    assert set(files) == {temp_name_for(run.attempt_id, file.final_name)}  # uploaded, never renamed

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from db.embedded import free_port
-from domain.models import DeliveryOutcome, ExportJob, FinishResult, JobStatus
+from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver, observe_final_name
 from testbed.sftp import SftpTarget
 from workflows.models import RecoveryBatchResult, RecoveryInput, Takeover
@@ -37,14 +37,25 @@ async def recover(client, settings) -> RecoveryBatchResult:
 
 
 async def delivering_to(
-    factory, target: SftpTarget, data: bytes, *, job: ExportJob | None = None, **contract
+    factory,
+    target: SftpTarget,
+    data: bytes,
+    *,
+    job: ExportJob | None = None,
+    fenced: str = "rename",
+    **contract,
 ) -> tuple[ExportJob, uuid.UUID]:
-    """A job past cutoff 2 whose expected file is ``data``, to a destination on ``target``."""
+    """A job past cutoff 2 whose expected file is ``data``, to a destination on ``target``, with its
+    fences written up to ``fenced``: "none" (it died before sending a byte), "upload" (it uploaded to its
+    temporary name, no further), "rename" (it was free to rename: only the partner can tell)."""
     if job is None:
         tenant = await factory.tenant()
         destination = await factory.destination(tenant, **target.destination_row(**contract))
         job = await factory.queued(tenant_id=tenant, destination_id=destination)
-    return await factory.delivering(job, size=len(data), sha256=hashlib.sha256(data).digest())
+    job, attempt = await factory.delivering(job, size=len(data), sha256=hashlib.sha256(data).digest())
+    if fenced != "none":
+        await factory.fence(job.id, attempt, rename=fenced == "rename")
+    return job, attempt
 
 
 async def unreachable(factory, job: ExportJob) -> None:
@@ -71,21 +82,43 @@ async def resolution(factory, job_id) -> tuple[JobStatus, str]:
     return job.status, event.detail
 
 
-async def test_a_crash_after_cutoff_2_before_the_upload_ends_outcome_unknown_and_uploads_nothing(
+async def test_a_crash_after_cutoff_2_before_the_upload_fence_ends_not_delivered_and_uploads_nothing(
     client, settings, recovery_worker, factory, sftp_target: SftpTarget
 ):
+    # Issue 10: the upload fence is the proof. An attempt that never wrote it sent nothing (the uploader
+    # sends nothing unless it matched), and recovery's statement refuses a late one: Failed NotDelivered,
+    # not an OutcomeUnknown for a person to settle.
     data = os.urandom(SIZE)
-    job, _ = await delivering_to(factory, sftp_target, data)
+    job, _ = await delivering_to(factory, sftp_target, data, fenced="none")
     await factory.expire_lease(job.id)  # the worker died after cutoff 2 and sent nothing
 
     await recover(client, settings)
 
     status, detail = await resolution(factory, job.id)
-    assert status == JobStatus.OUTCOME_UNKNOWN  # an absent file is never a reason for Failed
-    assert detail.startswith("OutcomeUnknown: final name absent")
+    assert status == JobStatus.FAILED
+    assert (await factory.job(job.id)).failure_reason == FailureCode.NOT_DELIVERED
+    assert detail == "Failed NotDelivered: the attempt never fenced its upload, so it sent nothing"
     assert sftp_target.files() == {}  # recovery never uploads
-    [seen] = await recovery_evidence(factory, job.id)
-    assert (seen["observation"], seen["present"]) == ("recovery_listing", False)
+    assert await factory.worker.fence_upload_if_delivering(job.id, job.attempt_id) == FenceResult.NOT_OWNER
+
+
+async def test_a_crash_after_the_upload_before_the_rename_fence_ends_not_delivered(
+    client, settings, recovery_worker, factory, sftp_target: SftpTarget
+):
+    data = os.urandom(SIZE)
+    job, _ = await delivering_to(factory, sftp_target, data, fenced="upload")
+    sftp_target.put(f".partial-{job.attempt_id}-{job.final_name}", data[: SIZE // 2])  # its temporary file
+    await factory.expire_lease(job.id)
+
+    await recover(client, settings)
+
+    status, detail = await resolution(factory, job.id)
+    assert status == JobStatus.FAILED
+    assert (
+        detail == "Failed NotDelivered: the attempt never fenced its rename, so it never wrote the final name"
+    )
+    assert job.final_name not in sftp_target.files()
+    assert await factory.worker.fence_rename_if_delivering(job.id, job.attempt_id) == FenceResult.NOT_OWNER
 
 
 async def test_a_crash_after_the_rename_before_the_terminal_write_ends_completed_on_destination_evidence(

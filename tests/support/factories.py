@@ -21,6 +21,7 @@ from domain.models import (
     DeliveryOutcome,
     ExportJob,
     FailureCode,
+    FenceResult,
     FinishResult,
     JobStatus,
     StopPoint,
@@ -33,12 +34,19 @@ class Factory:
     """Fresh uuid identifiers every call; nothing shared between tests."""
 
     def __init__(
-        self, database: TestDatabase, *, api: JobStore, worker: JobStore, recovery: JobStore | None = None
+        self,
+        database: TestDatabase,
+        *,
+        api: JobStore,
+        worker: JobStore,
+        recovery: JobStore | None = None,
+        reconciler: JobStore | None = None,
     ) -> None:
         self.db = database
         self.api = api
         self.worker = worker
         self.recovery = recovery or worker  # recovery's takeovers, as exports_recovery
+        self.reconciler = reconciler or api  # reconciliation and corrections, as exports_reconciler
 
     # -- superuser helpers (set-up and clocks only) --------------------------------------------------
 
@@ -174,6 +182,13 @@ class Factory:
             reason="wrong destination",
             **kw,
         )
+
+    async def fence(self, job_id: UUID, attempt_id: UUID, *, rename: bool) -> None:
+        """Write the upload fence (and the rename fence with ``rename``), as a worker does before it sends
+        its first byte and before its rename request."""
+        assert await self.worker.fence_upload_if_delivering(job_id, attempt_id) == FenceResult.FENCED
+        if rename:
+            assert await self.worker.fence_rename_if_delivering(job_id, attempt_id) == FenceResult.FENCED
 
     async def in_status(
         self, status: JobStatus, code: FailureCode = FailureCode.BUILD_FAILED, job: ExportJob | None = None

@@ -101,6 +101,8 @@ class Host:
         a.settings.work_dir = self.work_dir
         a.after_load = a.after_build = a.before_authorize = a.before_upload = None
         a.during_upload = None
+        a.before_rename_fence = a.after_rename_fence = None
+        a.workflow_check_disabled = False
         a.before_renewal = None
         a.watcher_disabled = False
         a.lease_timer_disabled = False

@@ -98,7 +98,12 @@ async def test_a_long_upload_that_outlasts_the_initial_lease_finishes_completed(
     await assert_delivered_once(harness, job)
 
 
-async def test_a_takeover_during_the_upload_keeps_the_late_receipt_as_evidence(harness: Harness) -> None:
+async def test_a_takeover_during_the_upload_refuses_the_rename_and_nothing_is_published(
+    harness: Harness,
+) -> None:
+    # Issue 10: the rename fence. Taken over before it, the attempt never wrote the final name, so
+    # recovery proves NotDelivered and refuses the late fence; the upload finishes into its temporary name
+    # and the rename is never sent.
     harness.host.set_timings(LEASE, RENEW)
     harness.host.activities.lease_timer_disabled = True  # the worker is paused: its lease can expire
     job = await harness.queue_export(contacts=3000)
@@ -110,6 +115,39 @@ async def test_a_takeover_during_the_upload_keeps_the_late_receipt_as_evidence(h
             takeovers.append(await recover(harness, job))
 
     harness.host.activities.during_upload = taken_over_mid_upload
+    result = await harness.run(job)
+
+    assert takeovers == ["NotDelivered"]
+    assert result.outcome == AttemptOutcome.NOT_OWNER  # its terminal write matched nothing
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    assert harness.uploads(job) == []  # no final name: only the attempt's temporary file is left
+    events = await harness.factory.worker.job_events(job.id)
+    assert [e.kind for e in events if e.kind in (EventKind.UPLOAD_FENCED, EventKind.RENAME_FENCED)] == [
+        EventKind.UPLOAD_FENCED
+    ]
+    resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
+    late = [e for e in events[resolved + 1 :] if e.kind == EventKind.DELIVERY_EVIDENCE]
+    assert any('"result": "not_authorized"' in (e.detail or "") for e in late)
+    assert "Finished" not in [e.kind for e in events]
+    assert harness.files_on_disk() == []
+
+
+async def test_a_takeover_after_the_rename_fence_keeps_the_late_receipt_as_evidence(harness: Harness) -> None:
+    # The seed's case "if a takeover does commit during the upload": past its rename fence the attempt may
+    # publish, so recovery cannot prove anything yet (OutcomeUnknown); the rename goes ahead, and its late
+    # receipt is kept as evidence without changing the row.
+    harness.host.set_timings(LEASE, RENEW)
+    harness.host.activities.lease_timer_disabled = True  # the worker is paused: its lease can expire
+    job = await harness.queue_export(contacts=3000)
+    takeovers: list[str] = []
+
+    async def taken_over_before_the_rename(job_id: uuid.UUID) -> None:
+        if not takeovers:
+            await harness.factory.expire_lease(job.id)
+            takeovers.append(await recover(harness, job))
+
+    harness.host.activities.after_rename_fence = taken_over_before_the_rename
     result = await harness.run(job)
 
     assert takeovers == ["OutcomeUnknown"]  # nothing under the final name yet: no evidence of delivery
@@ -182,10 +220,13 @@ async def test_a_crash_after_cutoff_2_before_the_upload_is_never_uploaded_twice(
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []
 
     await harness.factory.expire_lease(job.id)
-    assert await recover(harness, job) == "OutcomeUnknown"  # no evidence: never Completed, never Failed
+    # Issue 10: the attempt never wrote its upload fence, so it sent nothing; recovery proves NotDelivered
+    # (and refuses a late fence) where it used to leave OutcomeUnknown for a person.
+    assert await recover(harness, job) == "NotDelivered"
     again = await harness.run(job)  # a redelivered wake-up
     assert again.outcome == AttemptOutcome.SETTLED
-    assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
     assert harness.partner_files(job) == []
 
 
@@ -250,27 +291,24 @@ async def test_an_attempt_taken_over_between_cutoff_2_and_the_upload_never_start
     harness: Harness,
 ) -> None:
     job = await harness.queue_export(contacts=5)
-    authorized = False
     takeovers: list[str] = []
 
-    async def cutoff_2_is_next(job_id: uuid.UUID) -> None:
-        nonlocal authorized
-        authorized = True
-
-    async def taken_over_before_delivery(job_id: uuid.UUID | None = None) -> None:
-        # With a 20 s renewal interval, the first renewal after cutoff 2 is the deliver activity's own.
-        if authorized and not takeovers:
+    async def taken_over_before_delivery(job_id: uuid.UUID) -> None:
+        # After cutoff 2, before the upload fence: the paused worker's lease expires and recovery acts.
+        if not takeovers:
             await harness.factory.expire_lease(job.id)
             takeovers.append(await recover(harness, job))
 
-    harness.host.activities.before_authorize = cutoff_2_is_next
-    harness.host.activities.before_renewal = taken_over_before_delivery
+    harness.host.activities.before_upload = taken_over_before_delivery
     result = await harness.run(job)
 
-    assert takeovers == ["OutcomeUnknown"]
+    # Recovery proves nothing was sent (no upload fence) and refuses the late fence: the upload never starts.
+    assert takeovers == ["NotDelivered"]
     assert result.cutoff_answers == [AuthorizationResult.AUTHORIZED]
     assert result.outcome == AttemptOutcome.NOT_OWNER
-    assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    assert "UploadFenced" not in await harness.factory.event_kinds(job.id)
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []
 
 

@@ -69,7 +69,7 @@ def takeover_before_the_re_read(
     database: pg.TestDatabase, job_id: uuid.UUID, statement: str
 ) -> Callable[[], None]:
     """Recovery, run by the proxy after the worker's statement committed and before its re-read: the
-    lease is expired on the database clock and the takeover statement runs as ``exports_worker``."""
+    lease is expired on the database clock and the takeover statement runs as ``exports_recovery``."""
 
     def run() -> None:
         with psycopg.connect(database.admin_url, autocommit=True) as admin:
@@ -88,7 +88,7 @@ def takeover_before_the_re_read(
             "evidence_summary": "no evidence",
         }
         with psycopg.connect(database.app_url, autocommit=True) as conn:
-            conn.execute("SET ROLE exports_worker")
+            conn.execute("SET ROLE exports_recovery")
             assert conn.execute(q(statement), params).fetchall()
 
     return run
@@ -202,7 +202,8 @@ async def test_a_cutoff_2_whose_reply_and_re_read_are_lost_sends_nothing_and_rec
     assert await harness.status(job) == JobStatus.DELIVERING  # it had committed; nothing was sent
     assert harness.partner_files(job) == [] and proxied_host.files_on_disk() == []  # the file is gone
     await harness.factory.expire_lease(job.id)
-    assert await recover(harness, job) == "OutcomeUnknown"
+    # Nothing was sent and no fence was written: recovery proves it (issue 10), no person needed.
+    assert await recover(harness, job) == "NotDelivered"
 
 
 async def test_a_cutoff_2_resolved_by_recovery_before_its_re_read_sends_nothing(

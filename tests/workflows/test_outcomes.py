@@ -45,7 +45,7 @@ async def test_a_replacement_whose_original_was_corrected_to_completed_is_refuse
     replacement = await harness.factory.job(created.job_id)
 
     async def original_confirmed_delivered(job_id: uuid.UUID) -> None:
-        assert await harness.factory.api.reconcile_unknown(
+        assert await harness.factory.reconciler.reconcile_unknown(
             tenant_id=original.tenant_id,
             job_id=original.id,
             attempt_id=original_attempt,
