@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
@@ -91,6 +91,7 @@ class DatabaseGauges(Collector):
         unknown_probe: int = 100,
         statement_timeout_ms: int = 2_000,
         connect_timeout_seconds: int = 3,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
         self.role = role
@@ -98,6 +99,7 @@ class DatabaseGauges(Collector):
         self.params = {"cap": count_cap, "unknown_probe": unknown_probe}
         self.statement_timeout_ms = statement_timeout_ms
         self.connect_timeout_seconds = connect_timeout_seconds
+        self.clock = clock
         self.queries = 0  # how many times the database was asked (tests check the cache with it)
         self._lock = threading.Lock()
         self._conn: psycopg.Connection | None = None
@@ -124,7 +126,7 @@ class DatabaseGauges(Collector):
         """The values, from the cache when younger than ``cache_seconds``; ``None`` when the database
         did not answer."""
         with self._lock:
-            if time.monotonic() - self._read_at < self.cache_seconds:
+            if self.clock() - self._read_at < self.cache_seconds:
                 return self._values
             started = time.perf_counter()
             try:
@@ -139,13 +141,19 @@ class DatabaseGauges(Collector):
             except psycopg.Error as exc:
                 log.warning("database gauges: no answer (%s)", type(exc).__name__)
                 self._values = None
-                self.close_connection()
+                self.close()
             self._duration = time.perf_counter() - started
-            self._read_at = time.monotonic()
+            self._read_at = self.clock()
             return self._values
 
-    def close_connection(self) -> None:
-        """Close the connection (the next scrape opens a new one)."""
+    def __enter__(self) -> DatabaseGauges:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (at shutdown; a later scrape would open a new one)."""
         if self._conn is not None:
             try:
                 self._conn.close()
