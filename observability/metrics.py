@@ -105,6 +105,7 @@ class StopPath(StrEnum):
     RECOVERY = "recovery"
 
 
+_DELIVERY_OUTCOMES = ("Completed", "Failed", "OutcomeUnknown")
 _WRITTEN = {"Claimed", "Authorized", "Written"}
 _NOT_OWNER = {"NotOwner"}
 _REFUSED = {"Lost", "StopRecorded", "LeaseLapsed", "OriginalCompleted"}
@@ -262,6 +263,10 @@ class ExportMetrics:
             self.busy.labels("cancel")
         for renewal in RenewalResult:
             self.renewals.labels(renewal.value)
+        for outcome in _DELIVERY_OUTCOMES:
+            self.upload_duration.labels(outcome)
+        for statement in Statement:
+            self.statement_duration.labels(statement.value)
         for path in StopPath:
             self.stop_latency.labels(path.value)
 
@@ -352,7 +357,7 @@ class ExportMetrics:
         ``outcome`` is the delivery outcome (Completed / Failed / OutcomeUnknown); the throughput is
         recorded for Completed uploads only, where every byte was sent.
         """
-        if outcome not in ("Completed", "Failed", "OutcomeUnknown"):
+        if outcome not in _DELIVERY_OUTCOMES:
             raise ValueError(f"{outcome!r} is not a delivery outcome")
         self.upload_duration.labels(outcome).observe(seconds)
         if outcome == "Completed" and seconds > 0:

@@ -27,6 +27,7 @@ from observability.metrics import (
 from service.temporal import DATA_CONVERTER
 from testbed.temporal import venv_binary
 from tests.conftest import require
+from tests.observability.test_dashboard import TEMPORAL_METRICS
 from tests.observability.traced_workflow import StepInput, TracedWorkflow, traced_step
 
 QUERIES = Path(__file__).resolve().parents[2] / "db" / "queries.sql"
@@ -205,3 +206,9 @@ async def test_the_runtime_helper_serves_the_sdks_worker_metrics():
     )
     assert "temporal_activity_execution_latency_seconds" in found
     assert "temporal_worker_task_slots_available" in found
+    # What the dashboard reads of them, with the labels it groups by.
+    samples = {s.name: s for family in found.values() for s in family.samples}
+    assert TEMPORAL_METRICS <= set(samples)
+    assert "activity_type" in samples["temporal_activity_execution_latency_seconds_bucket"].labels
+    assert "worker_type" in samples["temporal_worker_task_slots_available"].labels
+    assert "operation" in samples["temporal_request_total"].labels
