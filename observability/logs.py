@@ -139,6 +139,8 @@ def log_transition(statement: str, result: str, **values: Any) -> None:
 
     ``observe_statement`` calls it for every transition statement; ``values`` are extra IDs/codes.
     """
+    if not transition_log.isEnabledFor(logging.INFO):
+        return
     extra = fields.clean_all({"statement": statement, "result": result, **values})
     transition_log.info("%s: %s", extra["statement"], extra["result"], extra=extra)
 

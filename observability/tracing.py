@@ -43,6 +43,7 @@ TRACER_NAME = "fenced_exports"
 ATTRIBUTE_PREFIX = "fenced_exports."
 
 _provider: TracerProvider | None = None
+_tracer: trace.Tracer | None = None  # the provider's, made once: get_tracer is not cheap
 _propagator = TraceContextTextMapPropagator()
 
 
@@ -113,20 +114,21 @@ def setup_tracing(
     to it synchronously (tests and the in-process benchmark pass an ``InMemorySpanExporter``). With
     ``set_global`` the provider also becomes OpenTelemetry's global one (once per process).
     """
-    global _provider
+    global _provider, _tracer
     env = os.environ if environ is None else environ
     if exporter is not None:
         processor: Any = SimpleSpanProcessor(exporter)
     else:
         kind = requested_exporter(env)
         if kind is None:
-            _provider = None
+            _provider = _tracer = None
             return None
         processor = BatchSpanProcessor(_otlp_exporter(env) if kind == "otlp" else ConsoleSpanExporter())
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
     provider = TracerProvider(resource=Resource.create({} if named else {SERVICE_NAME: service_name}))
     provider.add_span_processor(processor)
     _provider = provider
+    _tracer = provider.get_tracer(TRACER_NAME)
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
@@ -134,10 +136,10 @@ def setup_tracing(
 
 def shutdown_tracing() -> None:
     """Flush and stop the exporter (at the end of ``main()``); tracing is off afterwards."""
-    global _provider
+    global _provider, _tracer
     if _provider is not None:
         _provider.shutdown()
-    _provider = None
+    _provider = _tracer = None
 
 
 def tracing_enabled() -> bool:
@@ -147,8 +149,8 @@ def tracing_enabled() -> bool:
 
 def tracer() -> trace.Tracer:
     """The project's tracer: the configured provider's, else the global (non-recording when unset)."""
-    if _provider is not None:
-        return _provider.get_tracer(TRACER_NAME)
+    if _tracer is not None:
+        return _tracer
     return trace.get_tracer(TRACER_NAME)
 
 
@@ -184,7 +186,7 @@ def _attributes(values: Mapping[str, Any]) -> dict[str, fields.Value]:
 
 
 def set_attributes(span: Span, **values: Any) -> None:
-    """Add allowed attributes (IDs, sizes, codes) to ``span``; ``ValueError`` for anything else."""
+    """Add allowed attributes (IDs, sizes, codes) to a recording ``span``; ``ValueError`` for anything else."""
     if span.is_recording():
         span.set_attributes(_attributes(values))
 
@@ -208,13 +210,24 @@ def statement_span(statement: str, **values: Any) -> Iterator[Span]:
     """One span named after a protocol statement (``claim_if_queued``), around its round trip.
 
     Called by ``JobStore._all`` (every named statement; pass ``**fields.from_params(params)``).
-    ``values`` are IDs, sizes and codes (``observability.fields``); set the answer afterwards with
-    ``set_attributes(span, result=...)``.
+    ``values`` are IDs, sizes and codes (``observability.fields``, checked when tracing is on); set the
+    answer afterwards with ``set_attributes(span, result=...)``. Off, it yields a non-recording span and
+    does nothing else.
     """
+    if _provider is None:  # off: no attribute work, no context change
+        yield trace.INVALID_SPAN
+        return
+    with _statement_span(statement, fields.clean_all(values)) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def _statement_span(statement: str, cleaned: Mapping[str, fields.Value]) -> Iterator[Span]:
     attributes = {
         "db.system.name": "postgresql",
         "db.operation.name": statement,
-        **_attributes({"statement": statement, **values}),
+        ATTRIBUTE_PREFIX + "statement": fields.clean("statement", statement),
+        **{ATTRIBUTE_PREFIX + k: v for k, v in cleaned.items()},
     }
     with _span(statement, SpanKind.CLIENT, attributes) as span:
         yield span
@@ -229,6 +242,9 @@ def sftp_span(step: SftpStep | str, **values: Any) -> Iterator[Span]:
     trace context there).
     """
     step = SftpStep(step)
+    if _provider is None:
+        yield trace.INVALID_SPAN
+        return
     attributes = {"rpc.system": "sftp", **_attributes({"step": step.value, **values})}
     with _span(f"sftp {step.value}", SpanKind.CLIENT, attributes) as span:
         yield span

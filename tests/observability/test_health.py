@@ -20,6 +20,8 @@ from db.migrate import ensure_app_login, migrate
 from db.pool import open_pool
 from observability.health import MetricsServer, Readiness, expected_migrations, standard_readiness
 from observability.metrics import ExportMetrics
+from observability.setup import start_worker_endpoints
+from settings import Settings
 from testbed.pg import APP_LOGIN
 from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
@@ -135,3 +137,36 @@ async def test_a_check_that_hangs_is_a_timeout_not_a_hang():
 
     report = await Readiness({"slow": hangs}, timeout_seconds=0.1).report()
     assert report.checks == {"slow": "timeout"} and not report.ready
+
+
+async def test_the_worker_endpoints_from_the_settings_serve_gauges_config_and_readiness(postgres, temporal):
+    await ready_postgres(postgres)
+    url = postgres.url_for("postgres", APP_LOGIN)
+    settings = Settings(database_url=url, metrics_port=free_port(), recovery_every_seconds=45)
+    pool = await open_pool(url, "exports_worker", min_size=1, max_size=2)
+    registry = CollectorRegistry()
+    metrics = ExportMetrics(registry)
+    server, gauges = await start_worker_endpoints(settings, metrics, pool, temporal.client, registry=registry)
+    assert server is not None and gauges is not None
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{settings.metrics_port}", timeout=10
+        ) as http:
+            text = (await http.get("/metrics")).text
+            assert "fenced_exports_db_gauges_up 1.0" in text
+            assert 'fenced_exports_jobs{status="Queued"}' in text
+            assert 'fenced_exports_config_seconds{setting="recovery_every_seconds"} 45.0' in text
+            await ready_within(http, 200, 10)
+    finally:
+        await server.stop()
+        gauges.close()
+        await pool.close()
+
+
+async def ready_postgres(postgres: EmbeddedPostgres) -> None:
+    """Start the module's server again if an earlier test left it stopped."""
+    try:
+        async with await psycopg.AsyncConnection.connect(postgres.url, connect_timeout=2):
+            return
+    except psycopg.OperationalError:
+        EmbeddedPostgres.start(data_dir=postgres.data_dir, port=postgres.port, keep=True)
