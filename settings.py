@@ -7,6 +7,7 @@ settings is checked against this class by a test, so a new field is documented o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from uuid import UUID
 
 from pydantic import Field, SecretStr
@@ -133,4 +134,31 @@ class Settings(BaseSettings):
         default=None,
         description="secrets file whose first line is the SFTP key passphrase (a mounted secret), "
         "instead of the value",
+    )
+
+    # -- observability (issue 11) -----------------------------------------------------------------------
+    log_format: Literal["text", "json", "auto"] = Field(
+        default="text",
+        description="log lines: readable text, one JSON object per line, or auto (JSON unless a terminal)",
+    )
+    log_level: str = Field(default="INFO", description="the root logger's level")
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="address of the worker's /metrics, /healthz and /readyz (0.0.0.0 for a remote Prometheus)",
+    )
+    metrics_port: int = Field(
+        default=9464, description="port of the worker's /metrics, /healthz and /readyz (0: not served)"
+    )
+    temporal_metrics_port: int = Field(
+        default=9465, description="port where the Temporal SDK serves its own worker metrics (0: off)"
+    )
+    metrics_tenant_labels: bool = Field(
+        default=False,
+        description="label transition, cancellation and Busy counters with the tenant ID (one series per tenant)",
+    )
+    metrics_db_gauges: bool = Field(
+        default=True, description="serve the database gauges (jobs by status, ages, outbox) from this worker"
+    )
+    metrics_db_cache_seconds: float = Field(
+        default=5.0, description="how long one answer of the database gauges query is reused by scrapes"
     )

@@ -1,0 +1,240 @@
+"""Gauges read from PostgreSQL at scrape time: a prometheus-client collector running one bounded query.
+
+What it reports (all on the database clock, ages 0 when nothing waits):
+
+- ``fenced_exports_jobs{status}``: jobs Queued, Running, Delivering and OutcomeUnknown (awaiting
+  reconciliation). Terminal statuses are not counted here: their rows are the whole history, and an
+  exact count of a million rows costs ~75 ms on this machine; ``fenced_exports_transitions_total``
+  counts how jobs end.
+- ``fenced_exports_queued_job_oldest_age_seconds`` (by ``created_at``) and
+  ``fenced_exports_queued_wake_up_oldest_age_seconds`` (by ``woken_at``: what the sweeper acts on);
+  ``fenced_exports_queued_job_sweep_count_max``: the highest ``sweep_count`` among Queued jobs.
+- ``fenced_exports_outbox_unpublished_messages`` and ``fenced_exports_outbox_unpublished_oldest_age_seconds``.
+- ``fenced_exports_expired_leases{status}`` (Running / Delivering rows whose lease has expired) and
+  ``fenced_exports_expired_lease_oldest_age_seconds{status}``: how long ago the oldest one expired.
+- ``fenced_exports_outcome_unknown_oldest_age_seconds``: since the oldest OutcomeUnknown was recorded.
+- ``fenced_exports_db_gauges_up`` (1 when the last query answered) and
+  ``fenced_exports_db_gauges_query_duration_seconds``.
+
+Cost: ``gauges.sql`` reads only partial indexes whose size is the work in flight (migration 0004), each
+count stops at ``count_cap`` rows, and the OutcomeUnknown wait looks at ``unknown_probe`` jobs at most;
+the result is cached for ``cache_seconds`` so any number of scrapes make one query per interval; a
+``statement_timeout`` bounds the rest. It connects as the worker's login and acts as ``exports_worker``
+(SELECT on export_jobs and export_attempt_events; ``SELECT (created_at, published_at)`` on the outbox
+from 0004).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
+from importlib import resources
+from typing import Any
+
+import psycopg
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from psycopg import sql
+from psycopg.rows import dict_row
+
+log = logging.getLogger(__name__)
+
+QUERY = (resources.files("observability") / "gauges.sql").read_text(encoding="utf-8")
+
+LIVE_STATUSES = ("Queued", "Running", "Delivering", "OutcomeUnknown")
+LEASED_STATUSES = ("Running", "Delivering")
+
+
+@dataclass(frozen=True)
+class GaugeValues:
+    """One answer of ``gauges.sql``; counts stop at the collector's ``count_cap``."""
+
+    queued: int
+    running: int
+    delivering: int
+    outcome_unknown: int
+    running_expired: int
+    delivering_expired: int
+    running_expired_oldest_age: float
+    delivering_expired_oldest_age: float
+    queued_oldest_age: float
+    queued_oldest_wake_up_age: float
+    queued_max_sweep_count: int
+    outbox_unpublished: int
+    outbox_oldest_age: float
+    outcome_unknown_oldest_age: float
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> GaugeValues:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+class DatabaseGauges(Collector):
+    """Register with ``registry.register(DatabaseGauges(url))`` in the worker (one per process).
+
+    ``url`` is the worker's database URL (a login that may ``SET ROLE exports_worker``). Nothing
+    connects until the first scrape; a database that does not answer gives ``fenced_exports_db_gauges_up
+    0`` and no values (never stale ones), and is asked again after ``cache_seconds``. Safe to call from
+    the metrics server's threads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        role: str = "exports_worker",
+        cache_seconds: float = 5.0,
+        count_cap: int = 100_000,
+        unknown_probe: int = 100,
+        statement_timeout_ms: int = 2_000,
+        connect_timeout_seconds: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url
+        self.role = role
+        self.cache_seconds = cache_seconds
+        self.params = {"cap": count_cap, "unknown_probe": unknown_probe}
+        self.statement_timeout_ms = statement_timeout_ms
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.clock = clock
+        self.queries = 0  # how many times the database was asked (tests check the cache with it)
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection | None = None
+        self._read_at = float("-inf")
+        self._values: GaugeValues | None = None
+        self._duration = 0.0
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(
+            self.url,
+            autocommit=True,
+            connect_timeout=self.connect_timeout_seconds,
+            application_name="fenced-exports:metrics",
+        )
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
+        conn.execute(
+            sql.SQL("SET statement_timeout = {}").format(sql.Literal(f"{int(self.statement_timeout_ms)}ms"))
+        )
+        return conn
+
+    def read(self) -> GaugeValues | None:
+        """The values, from the cache when younger than ``cache_seconds``; ``None`` when the database
+        did not answer."""
+        with self._lock:
+            if self.clock() - self._read_at < self.cache_seconds:
+                return self._values
+            started = time.perf_counter()
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = self._connect()
+                self.queries += 1
+                with self._conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute(QUERY, self.params)
+                    row = cur.fetchone()
+                assert row is not None
+                self._values = GaugeValues.from_row(row)
+            except psycopg.Error as exc:
+                log.warning("database gauges: no answer (%s)", type(exc).__name__)
+                self._values = None
+                self.close()
+            self._duration = time.perf_counter() - started
+            self._read_at = self.clock()
+            return self._values
+
+    def __enter__(self) -> DatabaseGauges:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (at shutdown; a later scrape would open a new one)."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+    # -- the collector protocol -------------------------------------------------------------------------
+
+    def describe(self) -> Iterable[Metric]:
+        """The families without values, so registering does not query the database."""
+        return list(self._families(None))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(self.read(), scraped=True))
+
+    def _families(self, v: GaugeValues | None, scraped: bool = False) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "fenced_exports_db_gauges_up", "1 when the database answered the gauges query, else 0."
+        )
+        if scraped:
+            up.add_metric([], 1.0 if v is not None else 0.0)
+        yield up
+        duration = GaugeMetricFamily(
+            "fenced_exports_db_gauges_query_duration_seconds", "How long the last gauges query took."
+        )
+        if scraped:
+            duration.add_metric([], self._duration)
+        yield duration
+
+        jobs = GaugeMetricFamily(
+            "fenced_exports_jobs",
+            "Jobs in a non-terminal status (OutcomeUnknown: awaiting reconciliation).",
+            labels=["status"],
+        )
+        expired = GaugeMetricFamily(
+            "fenced_exports_expired_leases",
+            "Running or Delivering jobs whose lease has expired (recovery has not taken them over yet).",
+            labels=["status"],
+        )
+        expired_age = GaugeMetricFamily(
+            "fenced_exports_expired_lease_oldest_age_seconds",
+            "How long ago the oldest expired lease expired, by status.",
+            labels=["status"],
+        )
+        scalars = {
+            "queued_oldest_age": GaugeMetricFamily(
+                "fenced_exports_queued_job_oldest_age_seconds", "Age of the oldest Queued job (created_at)."
+            ),
+            "queued_oldest_wake_up_age": GaugeMetricFamily(
+                "fenced_exports_queued_wake_up_oldest_age_seconds",
+                "Age of the oldest last wake-up among Queued jobs (woken_at; the sweeper re-wakes old ones).",
+            ),
+            "queued_max_sweep_count": GaugeMetricFamily(
+                "fenced_exports_queued_job_sweep_count_max",
+                "The highest sweep_count among Queued jobs (times the sweeper re-woke one job).",
+            ),
+            "outbox_unpublished": GaugeMetricFamily(
+                "fenced_exports_outbox_unpublished_messages", "Outbox rows not yet published."
+            ),
+            "outbox_oldest_age": GaugeMetricFamily(
+                "fenced_exports_outbox_unpublished_oldest_age_seconds",
+                "Age of the oldest unpublished outbox row.",
+            ),
+            "outcome_unknown_oldest_age": GaugeMetricFamily(
+                "fenced_exports_outcome_unknown_oldest_age_seconds",
+                "How long the oldest OutcomeUnknown job has waited for reconciliation.",
+            ),
+        }
+        if v is not None:
+            for status, count in zip(
+                LIVE_STATUSES, (v.queued, v.running, v.delivering, v.outcome_unknown), strict=True
+            ):
+                jobs.add_metric([status], float(count))
+            expired.add_metric(["Running"], float(v.running_expired))
+            expired.add_metric(["Delivering"], float(v.delivering_expired))
+            expired_age.add_metric(["Running"], v.running_expired_oldest_age)
+            expired_age.add_metric(["Delivering"], v.delivering_expired_oldest_age)
+            for attr, family in scalars.items():
+                family.add_metric([], float(getattr(v, attr)))
+        yield jobs
+        yield expired
+        yield expired_age
+        yield from scalars.values()

@@ -1,0 +1,443 @@
+"""The project's Prometheus metrics (prometheus-client), with a small typed API for the code that moves jobs.
+
+Names follow Prometheus conventions: ``fenced_exports_`` prefix, ``_total`` on counters, base units
+(``_seconds``, ``_bytes``). Every label is bounded: statement names, results, outcomes and sources are
+enumerations fixed in this module, and a value outside them raises ``ValueError`` rather than minting a
+series. Job, attempt and request IDs never become labels; tenant IDs only when the process was built
+with ``tenant_labels=True`` (``EXPORTS_METRICS_TENANT_LABELS``), and then only on the transition,
+cancellation and Busy counters.
+
+One ``ExportMetrics`` per process: ``main()`` builds it from the settings and installs it with
+``set_metrics``; code that records calls ``get_metrics()``. Tests build their own over a fresh
+``CollectorRegistry``.
+
+The Temporal SDK's own worker metrics (task slots, poll latencies, schedule-to-start, ...) come from its
+Rust core, not from here: ``temporal_runtime`` builds the ``Runtime`` that serves them on their own port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+PREFIX = "fenced_exports"
+
+
+class Statement(StrEnum):
+    """The statements on the edges of the state diagram (db/queries.sql), the ``statement`` label."""
+
+    CLAIM_IF_QUEUED = "claim_if_queued"
+    AUTHORIZE_DELIVERY_IF_RUNNING = "authorize_delivery_if_running"
+    FINISH_STOPPED = "finish_stopped"
+    FINISH_FAILED = "finish_failed"
+    FINISH_DELIVERY = "finish_delivery"
+    REQUEUE_EXPIRED_ATTEMPT = "requeue_expired_attempt"
+    STOP_EXPIRED_ATTEMPT = "stop_expired_attempt"
+    EXHAUST_EXPIRED_ATTEMPT = "exhaust_expired_attempt"
+    RESOLVE_EXPIRED_DELIVERY = "resolve_expired_delivery"
+    RECONCILE_UNKNOWN = "reconcile_unknown"
+    CORRECT_OUTCOME = "correct_outcome"
+    CANCEL_IF_QUEUED = "cancel_if_queued"
+    REQUEST_STOP_IF_RUNNING = "request_stop_if_running"
+    REJECT_IF_QUEUED = "reject_if_queued"
+
+
+class TransitionResult(StrEnum):
+    """What a transition statement did, the ``result`` label.
+
+    ``written``: it changed the row (or a lost response is found to have). ``not_owner``: the attempt no
+    longer owns the row (a takeover or another terminal write came first). ``refused``: a condition of
+    the statement did not hold (not Queued any more, a stop recorded, the lease lapsed, the original
+    Completed, a renewal beat recovery). ``unknown``: neither the write nor the re-read answered; the row
+    will say later (an exception is not a "no").
+    """
+
+    WRITTEN = "written"
+    NOT_OWNER = "not_owner"
+    REFUSED = "refused"
+    UNKNOWN = "unknown"
+
+
+class CancellationKind(StrEnum):
+    """The nine answers to a cancellation request (001), spelled as the seeds spell them."""
+
+    CANCELED_WHILE_QUEUED = "CanceledWhileQueued"
+    STOP_REQUESTED = "StopRequested"
+    STOP_ALREADY_REQUESTED = "StopAlreadyRequested"
+    ALREADY_CANCELED = "AlreadyCanceled"
+    ALREADY_ENDED = "AlreadyEnded"
+    TOO_LATE = "TooLate"
+    REQUEST_ID_REUSED = "RequestIdReused"
+    NOT_FOUND = "NotFound"
+    BUSY = "Busy"
+
+
+class CancellationSource(StrEnum):
+    """Who asked: the HTTP API (and console), the command line, or a Temporal workflow cancel."""
+
+    API = "api"
+    CLI = "cli"
+    TEMPORAL = "temporal"
+
+
+class RenewalResult(StrEnum):
+    """A lease renewal's answer: renewed (still owned), lost (a takeover or terminal write ended the
+    attempt), error (the database did not answer; the keeper tries again next interval)."""
+
+    RENEWED = "renewed"
+    LOST = "lost"
+    ERROR = "error"
+
+
+class StopPath(StrEnum):
+    """Who wrote Stopped: the attempt's own worker (finish_stopped) or recovery (stop_expired_attempt)."""
+
+    WORKER = "worker"
+    RECOVERY = "recovery"
+
+
+_DELIVERY_OUTCOMES = ("Completed", "Failed", "OutcomeUnknown")
+_WRITTEN = {"Claimed", "Authorized", "Written"}
+_NOT_OWNER = {"NotOwner"}
+_REFUSED = {"Lost", "StopRecorded", "LeaseLapsed", "OriginalCompleted"}
+
+
+def transition_result(answer: Any) -> TransitionResult:
+    """Map a store answer to the ``result`` label.
+
+    Accepts ``ClaimResult``, ``AuthorizationResult``, ``FinishResult`` (or their string values), a bool
+    (a conditional write that matched or not: recovery's takeovers, reject, cancel, request-stop,
+    reconcile, correct) and ``None`` (no answer). Anything else is a programming error.
+    """
+    if answer is None:
+        return TransitionResult.UNKNOWN
+    if isinstance(answer, bool):
+        return TransitionResult.WRITTEN if answer else TransitionResult.REFUSED
+    value = str(answer)
+    if value in _WRITTEN:
+        return TransitionResult.WRITTEN
+    if value in _NOT_OWNER:
+        return TransitionResult.NOT_OWNER
+    if value in _REFUSED:
+        return TransitionResult.REFUSED
+    if value == "Unknown":
+        return TransitionResult.UNKNOWN
+    raise ValueError(f"no transition result for {value!r}")
+
+
+# Any statement of db/queries.sql may be timed; its name is a code identifier, never input.
+_STATEMENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_LONG = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0)
+_ROWS = (100.0, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8)
+_BYTES = (1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11)
+_THROUGHPUT = (1e5, 1e6, 5e6, 1e7, 5e7, 1e8, 2e8, 5e8, 1e9)
+_STOP = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_LAG = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+
+
+@dataclass
+class Stopwatch:
+    """Elapsed wall time of a ``timer()`` block, in seconds (``perf_counter``)."""
+
+    started: float
+    seconds: float = 0.0
+
+
+class ExportMetrics:
+    """Every metric this project records, registered in ``registry`` (the process default unless given).
+
+    Each method says where it is called; none of them does I/O or raises for a value it was given
+    except a label outside its enumeration.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, tenant_labels: bool = False) -> None:
+        self.registry = REGISTRY if registry is None else registry
+        self.tenant_labels = tenant_labels
+        tenant = ("tenant",) if tenant_labels else ()
+        r = self.registry
+        self.transitions = Counter(
+            f"{PREFIX}_transitions_total",
+            "Transition statements of the state diagram by statement and result.",
+            ("statement", "result", *tenant),
+            registry=r,
+        )
+        self.cancellations = Counter(
+            f"{PREFIX}_cancellations_total",
+            "Answers to cancellation requests by outcome (the nine kinds) and who asked.",
+            ("outcome", "source", *tenant),
+            registry=r,
+        )
+        self.busy = Counter(
+            f"{PREFIX}_busy_answers_total",
+            "Requests answered Busy: the job row's lock was held longer than the lock timeout; nothing recorded.",
+            ("operation", *tenant),
+            registry=r,
+        )
+        self.statement_duration = Histogram(
+            f"{PREFIX}_statement_duration_seconds",
+            "Latency of one protocol statement (one round trip), by statement name.",
+            ("statement",),
+            buckets=_FAST,
+            registry=r,
+        )
+        self.build_duration = Histogram(
+            f"{PREFIX}_build_duration_seconds",
+            "Duration of a build that produced its file.",
+            buckets=_LONG,
+            registry=r,
+        )
+        self.build_rows = Histogram(
+            f"{PREFIX}_build_file_rows", "Contacts in a built file.", buckets=_ROWS, registry=r
+        )
+        self.build_bytes = Histogram(
+            f"{PREFIX}_build_file_bytes", "Size of a built file.", buckets=_BYTES, registry=r
+        )
+        self.upload_duration = Histogram(
+            f"{PREFIX}_upload_duration_seconds",
+            "Duration of an upload to a partner, from session open to the classified outcome.",
+            ("outcome",),
+            buckets=_LONG,
+            registry=r,
+        )
+        self.upload_throughput = Histogram(
+            f"{PREFIX}_upload_throughput_bytes_per_second",
+            "Bytes sent per second of a completed upload.",
+            buckets=_THROUGHPUT,
+            registry=r,
+        )
+        self.stop_latency = Histogram(
+            f"{PREFIX}_stop_latency_seconds",
+            "From a stop request recorded to the job written Stopped, by who wrote it.",
+            ("path",),
+            buckets=_STOP,
+            registry=r,
+        )
+        self.renewal_duration = Histogram(
+            f"{PREFIX}_lease_renewal_duration_seconds",
+            "Latency of one lease renewal round trip.",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.renewals = Counter(
+            f"{PREFIX}_lease_renewals_total",
+            "Lease renewals by result (renewed, lost, error).",
+            ("result",),
+            registry=r,
+        )
+        self.leases_held = Gauge(
+            f"{PREFIX}_leases_held",
+            "Attempts whose lease this process is renewing now.",
+            registry=r,
+        )
+        self.outbox_lag = Histogram(
+            f"{PREFIX}_outbox_publish_lag_seconds",
+            "From an outbox row's creation to its workflow started (database clock at both ends).",
+            buckets=_LAG,
+            registry=r,
+        )
+        self.config = Gauge(
+            f"{PREFIX}_config_seconds",
+            "This process's intervals and timeouts, for alert thresholds that follow the configuration.",
+            ("setting",),
+            registry=r,
+        )
+        if not tenant_labels:
+            # Every bounded series exists from the start at 0, so rate() and absence alerts see them.
+            for statement in Statement:
+                for result in TransitionResult:
+                    self.transitions.labels(statement.value, result.value)
+            for kind in CancellationKind:
+                for source in CancellationSource:
+                    self.cancellations.labels(kind.value, source.value)
+            self.busy.labels("cancel")
+        for renewal in RenewalResult:
+            self.renewals.labels(renewal.value)
+        for outcome in _DELIVERY_OUTCOMES:
+            self.upload_duration.labels(outcome)
+        for statement in Statement:
+            self.statement_duration.labels(statement.value)
+        for path in StopPath:
+            self.stop_latency.labels(path.value)
+
+    # -- helpers ----------------------------------------------------------------------------------------
+
+    def _tenant(self, tenant_id: UUID | str | None) -> tuple[str, ...]:
+        if not self.tenant_labels:
+            return ()
+        return (str(tenant_id) if tenant_id is not None else "",)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def timer() -> Iterator[Stopwatch]:
+        """Measure a block: ``with metrics.timer() as t: ...`` then ``t.seconds``."""
+        watch = Stopwatch(started=time.perf_counter())
+        try:
+            yield watch
+        finally:
+            watch.seconds = time.perf_counter() - watch.started
+
+    # -- the row protocol -------------------------------------------------------------------------------
+
+    def observe_transition(
+        self,
+        statement: Statement | str,
+        result: TransitionResult | str,
+        *,
+        tenant_id: UUID | str | None = None,
+    ) -> None:
+        """Count one transition statement's answer.
+
+        Called by ``JobStore`` once per call of a transition method (claim_if_queued, cutoff 2, the
+        terminal writes, recovery's takeovers, reconcile, correct, reject, and inside the cancellation
+        transaction for cancel_if_queued / request_stop_if_running), after the lost-response re-read has
+        decided; ``transition_result()`` maps the store's answer.
+        """
+        labels = (Statement(statement).value, TransitionResult(result).value, *self._tenant(tenant_id))
+        self.transitions.labels(*labels).inc()
+
+    def observe_statement_duration(self, statement: str, seconds: float) -> None:
+        """Record one statement round trip; called by ``JobStore._all`` for every named statement."""
+        if not _STATEMENT_NAME.match(statement):
+            raise ValueError(f"{statement!r} is not a statement name")
+        self.statement_duration.labels(statement).observe(seconds)
+
+    @contextlib.contextmanager
+    def time_statement(self, statement: str) -> Iterator[None]:
+        """``with metrics.time_statement("claim_if_queued"): ...``: the block's duration, even if it raises."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.observe_statement_duration(statement, time.perf_counter() - started)
+
+    # -- cancellation -----------------------------------------------------------------------------------
+
+    def observe_cancellation(
+        self,
+        outcome: CancellationKind | str,
+        *,
+        source: CancellationSource | str = CancellationSource.API,
+        tenant_id: UUID | str | None = None,
+    ) -> None:
+        """Count one answer to a cancellation request (all nine kinds, replays included).
+
+        Called where the answer leaves the system: the API route (``source="api"``), ``starter.py
+        cancel`` (``"cli"``) and the ``record_temporal_cancel`` activity (``"temporal"``). A Busy answer
+        also counts in ``fenced_exports_busy_answers_total{operation="cancel"}``.
+        """
+        kind = CancellationKind(outcome)
+        tenant = self._tenant(tenant_id)
+        self.cancellations.labels(kind.value, CancellationSource(source).value, *tenant).inc()
+        if kind == CancellationKind.BUSY:
+            self.busy.labels("cancel", *tenant).inc()
+
+    # -- the build and the upload -----------------------------------------------------------------------
+
+    def observe_build(self, seconds: float, rows: int, size_bytes: int) -> None:
+        """A build that produced its file; called by the build activity after the file is closed and
+        hashed, before cutoff 2."""
+        self.build_duration.observe(seconds)
+        self.build_rows.observe(rows)
+        self.build_bytes.observe(size_bytes)
+
+    def observe_upload(self, seconds: float, size_bytes: int, outcome: str) -> None:
+        """One delivery, classified; called by the deliver activity when ``partner.deliver`` returns.
+
+        ``outcome`` is the delivery outcome (Completed / Failed / OutcomeUnknown); the throughput is
+        recorded for Completed uploads only, where every byte was sent.
+        """
+        if outcome not in _DELIVERY_OUTCOMES:
+            raise ValueError(f"{outcome!r} is not a delivery outcome")
+        self.upload_duration.labels(outcome).observe(seconds)
+        if outcome == "Completed" and seconds > 0:
+            self.upload_throughput.observe(size_bytes / seconds)
+
+    # -- stops, leases, the outbox ----------------------------------------------------------------------
+
+    def observe_stop_latency(self, seconds: float, *, path: StopPath | str = StopPath.WORKER) -> None:
+        """From the stop request's ``recorded_at`` to the Stopped write, both on the database clock.
+
+        Called after ``finish_stopped`` (path ``worker``) or ``stop_expired_attempt`` (``recovery``)
+        wrote; the statement can return the difference (see the report for the RETURNING column).
+        """
+        self.stop_latency.labels(StopPath(path).value).observe(max(0.0, seconds))
+
+    def observe_lease_renewal(self, seconds: float, result: RenewalResult | str) -> None:
+        """One renewal round trip; called by ``LeaseKeeper._renew_once`` after each ``renew_lease``."""
+        self.renewals.labels(RenewalResult(result).value).inc()
+        self.renewal_duration.observe(seconds)
+
+    @contextlib.contextmanager
+    def holding_lease(self) -> Iterator[None]:
+        """Around the life of one ``LeaseKeeper`` (from its start to its finish): the leases this process
+        is responsible for renewing. The "worker without renewals" alert compares it with renewals."""
+        self.leases_held.inc()
+        try:
+            yield
+        finally:
+            self.leases_held.dec()
+
+    def observe_outbox_lag(self, seconds: float) -> None:
+        """One wake-up published; called by the dispatcher after the workflow start was accepted (or
+        found already started), with ``mark_published``'s ``clock_timestamp() - created_at``."""
+        self.outbox_lag.observe(max(0.0, seconds))
+
+    def describe_settings(self, **seconds: float) -> None:
+        """Publish intervals the alerts compare with, e.g. ``recovery_every_seconds=30``; called once at
+        start by worker.py with the settings' values."""
+        for name, value in seconds.items():
+            if not _STATEMENT_NAME.match(name):
+                raise ValueError(f"{name!r} is not a setting name")
+            self.config.labels(name).set(value)
+
+
+_current: ExportMetrics | None = None
+
+
+def get_metrics() -> ExportMetrics:
+    """The process's metrics; built on the default registry without tenant labels on first use."""
+    global _current
+    if _current is None:
+        _current = ExportMetrics()
+    return _current
+
+
+def set_metrics(metrics: ExportMetrics) -> ExportMetrics:
+    """Install ``metrics`` as the process's (in ``main()``, before anything records); returns it."""
+    global _current
+    _current = metrics
+    return metrics
+
+
+def temporal_runtime(bind_address: str, *, service: str = "worker") -> Runtime:
+    """A Temporal ``Runtime`` whose core serves the SDK's own metrics for Prometheus at ``bind_address``
+    (``host:port``, path ``/metrics``): worker task slots, poll and schedule-to-start latencies, activity
+    and workflow task outcomes, sticky cache, request failures. Names start ``temporal_``, counters end
+    ``_total`` and durations are in seconds, as ours.
+
+    Build it once per process in ``main()`` and pass it to ``Client.connect(runtime=...)``; every worker
+    made from that client reports through it. It opens its own listener: give it a port other than
+    ``EXPORTS_METRICS_PORT``.
+    """
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(
+                bind_address=bind_address,
+                counters_total_suffix=True,
+                unit_suffix=True,
+                durations_as_seconds=True,
+            ),
+            global_tags={"service": service},
+        )
+    )

@@ -1,0 +1,70 @@
+"""One call per protocol statement that feeds all three signals: a span, the latency histogram and, for
+a transition, the counter and a log line with the statement and its result.
+
+The store wires it at two points:
+
+- ``JobStore._all(name, params)``, the one place every named statement runs::
+
+      with observe_statement(name, params):
+          async with self.pool.connection() as conn:
+              return await fetch_all(conn, name, params)
+
+  gives every statement a span (IDs from its parameters) and its latency;
+
+- each transition method, once its lost-response re-read has decided, calls
+  ``record_transition(Statement.CLAIM_IF_QUEUED, result, job_id=..., attempt_id=...)`` with the answer it
+  returns (``ClaimResult``, ``AuthorizationResult``, ``FinishResult`` or the bool of a conditional
+  write), which counts it and logs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+from uuid import UUID
+
+from opentelemetry.trace import INVALID_SPAN, Span
+
+from observability import fields, logs, tracing
+from observability.metrics import Statement, TransitionResult, get_metrics, transition_result
+
+
+@contextlib.contextmanager
+def observe_statement(name: str, params: Mapping[str, Any] | None = None, **values: Any) -> Iterator[Span]:
+    """A span named ``name`` around the block and its duration in
+    ``fenced_exports_statement_duration_seconds{statement=name}``, raised or not.
+
+    ``params`` (the statement's parameters) contribute only their IDs, sizes and codes
+    (``fields.from_params``); ``values`` add more of the same.
+    """
+    started = time.perf_counter()
+    try:
+        if not tracing.tracing_enabled():  # the fast path: a timer and a histogram
+            yield INVALID_SPAN
+        else:
+            carried = {**(fields.from_params(params) if params else {}), **fields.clean_all(values)}
+            with tracing._statement_span(name, carried) as span:
+                yield span
+    finally:
+        get_metrics().observe_statement_duration(name, time.perf_counter() - started)
+
+
+def record_transition(
+    statement: Statement | str,
+    answer: Any,
+    *,
+    tenant_id: UUID | str | None = None,
+    **values: Any,
+) -> TransitionResult:
+    """Count and log one transition's answer; returns the ``result`` label it was counted under.
+
+    ``answer`` is what the store method returns (see ``metrics.transition_result``); ``tenant_id`` is
+    used as a label only where tenant labels are enabled, and is logged either way.
+    """
+    statement = Statement(statement)
+    result = answer if isinstance(answer, TransitionResult) else transition_result(answer)
+    get_metrics().observe_transition(statement, result, tenant_id=tenant_id)
+    logs.log_transition(statement.value, result.value, tenant_id=tenant_id, **values)
+    return result

@@ -1,0 +1,286 @@
+"""OpenTelemetry traces: set up from the standard ``OTEL_*`` variables, off when none asks for them.
+
+Tracing is on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set, or
+``OTEL_TRACES_EXPORTER`` is ``otlp`` or ``console``; ``OTEL_SDK_DISABLED=true`` or
+``OTEL_TRACES_EXPORTER=none`` turn it off. Off means no provider, no exporter, no interceptor: the
+helpers below return the API's non-recording spans, which cost a few hundred nanoseconds. The rest of the
+configuration is the SDK's own: ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``,
+``OTEL_TRACES_SAMPLER(_ARG)``, ``OTEL_BSP_*``, ``OTEL_EXPORTER_OTLP_(TRACES_)HEADERS/TIMEOUT/PROTOCOL``
+(``http/protobuf``, the default here, or ``grpc`` when ``opentelemetry-exporter-otlp-proto-grpc`` is
+installed).
+
+One trace per export: the FastAPI instrumentation opens it at ``POST /exports``; the store writes the
+request's ``traceparent`` into the outbox row; the dispatcher continues that trace around its workflow
+start (``continue_trace``); the temporalio ``TracingInterceptor`` carries it through the workflow into
+every activity; inside them, ``statement_span`` and ``sftp_span`` add one span per protocol statement and
+SFTP step. Span attributes go through ``observability.fields``: IDs, sizes, codes, never contact data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from enum import StrEnum
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from observability import fields
+
+TRACER_NAME = "fenced_exports"
+ATTRIBUTE_PREFIX = "fenced_exports."
+
+_provider: TracerProvider | None = None
+_tracer: trace.Tracer | None = None  # the provider's, made once: get_tracer is not cheap
+_propagator = TraceContextTextMapPropagator()
+
+
+class SftpStep(StrEnum):
+    """The SFTP steps of one delivery (partner/delivery.py), each one span."""
+
+    CONNECT = "connect"
+    LIST = "list"
+    UPLOAD = "upload"
+    RENAME = "rename"
+    READ_BACK = "read_back"
+    ACK_WAIT = "ack_wait"
+    OBSERVE = "observe"
+
+
+def requested_exporter(environ: Mapping[str, str] | None = None) -> str | None:
+    """Which exporter the ``OTEL_*`` variables ask for: ``"otlp"``, ``"console"`` or ``None`` (off)."""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    chosen = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if chosen == "none":
+        return None
+    if chosen in ("otlp", "console"):
+        return chosen
+    if chosen:
+        raise ValueError(f"OTEL_TRACES_EXPORTER={chosen!r} is not supported here (otlp, console or none)")
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return "otlp"
+    return None
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
+    protocol = (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError as exc:
+            raise RuntimeError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc installed;"
+                " or use http/protobuf (port 4318)"
+            ) from exc
+        return GrpcExporter()
+    raise ValueError(f"OTLP protocol {protocol!r} is not supported here (http/protobuf or grpc)")
+
+
+def setup_tracing(
+    service_name: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    exporter: SpanExporter | None = None,
+    set_global: bool = True,
+) -> TracerProvider | None:
+    """Build this process's tracer provider from the environment; ``None`` (tracing off) when nothing asks.
+
+    Called once in ``main()`` of worker.py and ``starter.py serve`` (``service_name`` "fenced-exports-worker"
+    / "fenced-exports-api"; ``OTEL_SERVICE_NAME`` wins). ``exporter`` bypasses the environment: spans go
+    to it synchronously (tests and the in-process benchmark pass an ``InMemorySpanExporter``). With
+    ``set_global`` the provider also becomes OpenTelemetry's global one (once per process).
+    """
+    global _provider, _tracer
+    env = os.environ if environ is None else environ
+    if exporter is not None:
+        processor: Any = SimpleSpanProcessor(exporter)
+    else:
+        kind = requested_exporter(env)
+        if kind is None:
+            _provider = _tracer = None
+            return None
+        processor = BatchSpanProcessor(_otlp_exporter(env) if kind == "otlp" else ConsoleSpanExporter())
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    provider = TracerProvider(resource=Resource.create({} if named else {SERVICE_NAME: service_name}))
+    provider.add_span_processor(processor)
+    _provider = provider
+    _tracer = provider.get_tracer(TRACER_NAME)
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def shutdown_tracing() -> None:
+    """Flush and stop the exporter (at the end of ``main()``); tracing is off afterwards."""
+    global _provider, _tracer
+    if _provider is not None:
+        _provider.shutdown()
+    _provider = _tracer = None
+
+
+def tracing_enabled() -> bool:
+    """True when ``setup_tracing`` built a provider."""
+    return _provider is not None
+
+
+def tracer() -> trace.Tracer:
+    """The project's tracer: the configured provider's, else the global (non-recording when unset)."""
+    if _tracer is not None:
+        return _tracer
+    return trace.get_tracer(TRACER_NAME)
+
+
+def temporal_interceptors() -> list[Any]:
+    """``[TracingInterceptor]`` when tracing is on, else ``[]``: pass to ``Client.connect(interceptors=...)``
+    in ``service/temporal.connect_client``; the workers made from that client inherit it, so a client's
+    start, the workflow and its activities share one trace."""
+    if _provider is None:
+        return []
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
+    return [TracingInterceptor(_provider.get_tracer("temporalio"))]
+
+
+def instrument_fastapi(app: Any) -> bool:
+    """Instrument the API (``api/app.create_app``, after the routes are added) when tracing is on: one
+    server span per request, health and metrics routes excluded. Returns whether it instrumented."""
+    if _provider is None:
+        return False
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(
+        app,
+        tracer_provider=_provider,
+        excluded_urls="/healthz,/readyz,/metrics,/static",
+        exclude_spans=["receive", "send"],
+    )
+    return True
+
+
+def _attributes(values: Mapping[str, Any]) -> dict[str, fields.Value]:
+    return {ATTRIBUTE_PREFIX + k: v for k, v in fields.clean_all(values).items()}
+
+
+def set_attributes(span: Span, **values: Any) -> None:
+    """Add allowed attributes (IDs, sizes, codes) to a recording ``span``; ``ValueError`` for anything else."""
+    if span.is_recording():
+        span.set_attributes(_attributes(values))
+
+
+@contextlib.contextmanager
+def _span(name: str, kind: SpanKind, attributes: dict[str, Any]) -> Iterator[Span]:
+    # Exceptions are recorded by type only: a driver's message can quote a row's values.
+    with tracer().start_as_current_span(
+        name, kind=kind, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield span
+        except Exception as exc:
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            span.set_attribute("error.type", type(exc).__qualname__)
+            raise
+
+
+@contextlib.contextmanager
+def statement_span(statement: str, **values: Any) -> Iterator[Span]:
+    """One span named after a protocol statement (``claim_if_queued``), around its round trip.
+
+    Called by ``JobStore._all`` (every named statement; pass ``**fields.from_params(params)``).
+    ``values`` are IDs, sizes and codes (``observability.fields``, checked when tracing is on); set the
+    answer afterwards with ``set_attributes(span, result=...)``. Off, it yields a non-recording span and
+    does nothing else.
+    """
+    if _provider is None:  # off: no attribute work, no context change
+        yield trace.INVALID_SPAN
+        return
+    with _statement_span(statement, fields.clean_all(values)) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def _statement_span(statement: str, cleaned: Mapping[str, fields.Value]) -> Iterator[Span]:
+    attributes = {
+        "db.system.name": "postgresql",
+        "db.operation.name": statement,
+        ATTRIBUTE_PREFIX + "statement": fields.clean("statement", statement),
+        **{ATTRIBUTE_PREFIX + k: v for k, v in cleaned.items()},
+    }
+    with _span(statement, SpanKind.CLIENT, attributes) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def sftp_span(step: SftpStep | str, **values: Any) -> Iterator[Span]:
+    """One span per SFTP step of a delivery (``sftp upload``), with byte counts and status codes.
+
+    Called in partner/delivery.py around connect, the baseline listing, the upload, the rename, the
+    read-back and the acknowledgment wait (it runs in a thread: ``asyncio.to_thread`` carries the
+    trace context there).
+    """
+    step = SftpStep(step)
+    if _provider is None:
+        yield trace.INVALID_SPAN
+        return
+    attributes = {"rpc.system": "sftp", **_attributes({"step": step.value, **values})}
+    with _span(f"sftp {step.value}", SpanKind.CLIENT, attributes) as span:
+        yield span
+
+
+def current_traceparent() -> str | None:
+    """The W3C ``traceparent`` of the current span, or ``None`` when there is no sampled trace.
+
+    The store passes it as the outbox row's ``traceparent`` where a wake-up is written (create_original,
+    create_replacement, edit_terms_if_queued, requeue_expired_attempt, sweep_stale_queued).
+    """
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier.get("traceparent")
+
+
+@contextlib.contextmanager
+def continue_trace(traceparent: str | None) -> Iterator[None]:
+    """Make ``traceparent`` (read from an outbox row) the current trace context for the block.
+
+    The dispatcher wraps each workflow start in it, so the workflow joins the trace of the request that
+    wrote the wake-up. ``None`` or a malformed value leaves the context as it was.
+    """
+    if not traceparent:
+        yield
+        return
+    token = otel_context.attach(_propagator.extract({"traceparent": traceparent}))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def current_trace_ids() -> tuple[str, str] | None:
+    """``(trace_id, span_id)`` in hex of the current recording span, for log lines; ``None`` otherwise."""
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")

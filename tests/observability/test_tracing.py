@@ -1,0 +1,282 @@
+"""Traces: off unless an OTEL_* variable asks; when on, one trace runs from the API's span through the
+outbox hop and a real Temporal workflow into the activity's statement and SFTP spans; attributes carry
+IDs, sizes and codes only."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+from prometheus_client import CollectorRegistry
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from observability import logs, tracing
+from observability.metrics import ExportMetrics, get_metrics, set_metrics
+from observability.statements import observe_statement
+from testbed.temporal import start_time_skipping, venv_binary
+from tests.conftest import require
+from tests.observability.traced_workflow import StepInput, TracedWorkflow, traced_step
+
+
+@pytest.fixture
+def metrics() -> Iterator[ExportMetrics]:
+    previous = get_metrics()
+    yield set_metrics(ExportMetrics(CollectorRegistry()))
+    set_metrics(previous)
+
+
+@pytest.fixture
+def spans(metrics) -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    tracing.setup_tracing("fenced-exports-test", exporter=exporter, set_global=False)
+    yield exporter
+    tracing.shutdown_tracing()
+
+
+@pytest.fixture(scope="module")
+async def temporal() -> AsyncIterator[WorkflowEnvironment]:
+    require(venv_binary("temporal-test-server") is not None, "temporal-test-server")
+    env = await start_time_skipping()
+    yield env
+    await env.shutdown()
+
+
+def by_name(exporter: InMemorySpanExporter) -> dict[str, object]:
+    return {s.name: s for s in exporter.get_finished_spans()}
+
+
+# -- on and off -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, None),
+        ({"OTEL_SERVICE_NAME": "x"}, None),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, "otlp"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, "otlp"),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "console"),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, None),
+    ],
+)
+def test_tracing_is_on_only_when_an_otel_variable_asks(environ, expected):
+    assert tracing.requested_exporter(environ) == expected
+
+
+def test_off_means_no_provider_no_interceptor_and_non_recording_spans(metrics):
+    assert tracing.setup_tracing("fenced-exports-test", environ={}, set_global=False) is None
+    assert not tracing.tracing_enabled()
+    assert tracing.temporal_interceptors() == []
+    assert tracing.instrument_fastapi(FastAPI()) is False
+    with observe_statement("claim_if_queued", {"job_id": uuid.uuid4()}) as span:
+        assert not span.is_recording()
+    assert tracing.current_traceparent() is None
+    # Negligible: the whole per-statement helper (span, histogram) with tracing off.
+    started = time.perf_counter()
+    for _ in range(10_000):
+        with observe_statement("claim_if_queued"):
+            pass
+    per_call = (time.perf_counter() - started) / 10_000
+    print(f"observe_statement with tracing off: {per_call * 1e6:.1f} us per call")
+    assert per_call < 100e-6
+
+
+class _Collector(BaseHTTPRequestHandler):
+    received: list[ExportTraceServiceRequest] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        type(self).received.append(request)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_otlp_endpoint_from_the_environment_receives_the_spans(monkeypatch, metrics):
+    # A real OTLP/HTTP receiver on loopback, configured only through OTEL_* variables.
+    _Collector.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "fenced-exports-otlp-test")
+        assert tracing.setup_tracing("fenced-exports-worker", set_global=False) is not None
+        job_id = uuid.uuid4()
+        with observe_statement("authorize_delivery_if_running", {"job_id": job_id, "length": 5}):
+            pass
+        tracing.shutdown_tracing()  # flushes the batch
+    finally:
+        server.shutdown()
+        server.server_close()
+    exported = [
+        (resource, span)
+        for request in _Collector.received
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    assert [span.name for _, span in exported] == ["authorize_delivery_if_running"]
+    resource, span = exported[0]
+    service = {a.key: a.value.string_value for a in resource.resource.attributes}["service.name"]
+    assert service == "fenced-exports-otlp-test"  # OTEL_SERVICE_NAME wins over the default
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["fenced_exports.job_id"].string_value == str(job_id)
+    assert attributes["fenced_exports.bytes"].int_value == 5
+
+
+# -- what a span may carry --------------------------------------------------------------------------------
+
+
+def test_statement_and_sftp_spans_nest_and_carry_ids_sizes_and_codes(spans):
+    job_id, attempt_id = uuid.uuid4(), uuid.uuid4()
+    params = {"job_id": job_id, "attempt_id": attempt_id, "reason": "alice@example.com", "sha256": b"\x01"}
+    with tracing.tracer().start_as_current_span("RunActivity:deliver") as parent:
+        with observe_statement("finish_delivery", {**params, "outcome": "Completed"}) as span:
+            tracing.set_attributes(span, result="written")
+        with tracing.sftp_span("upload", bytes=1_000_000, error_code=4):
+            pass
+    found = by_name(spans)
+    statement, upload = found["finish_delivery"], found["sftp upload"]
+    for child in (statement, upload):
+        assert child.parent.span_id == parent.get_span_context().span_id
+        assert child.context.trace_id == parent.get_span_context().trace_id
+    assert statement.attributes["fenced_exports.statement"] == "finish_delivery"
+    assert statement.attributes["fenced_exports.job_id"] == str(job_id)
+    assert statement.attributes["fenced_exports.attempt_id"] == str(attempt_id)
+    assert statement.attributes["fenced_exports.outcome"] == "Completed"
+    assert statement.attributes["fenced_exports.result"] == "written"
+    assert upload.attributes["fenced_exports.bytes"] == 1_000_000
+    everything = json.dumps([dict(s.attributes) for s in spans.get_finished_spans()], default=str)
+    assert "alice" not in everything and "reason" not in everything and "sha256" not in everything
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"email": "alice@example.com"},
+        {"job_id": "alice@example.com"},
+        {"outcome": "alice@example.com"},
+        {"rows": "12"},
+    ],
+)
+def test_anything_but_ids_sizes_and_codes_is_refused(spans, values):
+    with pytest.raises(ValueError):
+        with tracing.statement_span("claim_if_queued", **values):
+            pass
+
+
+def test_an_exception_is_recorded_by_type_never_by_message(spans):
+    class UniqueViolation(Exception):
+        pass
+
+    with pytest.raises(UniqueViolation):
+        with observe_statement("create_original"):
+            raise UniqueViolation("Key (email)=(alice@example.com) already exists")
+    (span,) = spans.get_finished_spans()
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.status.description == "UniqueViolation"
+    assert not span.events
+    assert "alice" not in json.dumps(dict(span.attributes))
+
+
+async def test_fastapi_requests_are_server_spans_around_their_statements(spans):
+    app = FastAPI()
+
+    @app.get("/exports/{export_id}")
+    async def read(export_id: uuid.UUID) -> dict[str, str]:
+        with observe_statement("get_tenant_job", {"job_id": export_id}):
+            pass
+        return {"id": str(export_id)}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    assert tracing.instrument_fastapi(app)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http:
+        assert (await http.get(f"/exports/{uuid.uuid4()}")).status_code == 200
+        assert (await http.get("/healthz")).status_code == 200
+    found = by_name(spans)
+    server, statement = found["GET /exports/{export_id}"], found["get_tenant_job"]
+    assert statement.parent.span_id == server.context.span_id
+    assert not [name for name in found if "healthz" in name]
+
+
+# -- one trace through the outbox and Temporal ---------------------------------------------------------
+
+
+async def test_one_trace_from_the_api_through_the_outbox_and_temporal_into_the_activity(spans, temporal):
+    job_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
+    # The API: a request span; the store would write this traceparent into the outbox row.
+    with tracing.tracer().start_as_current_span("POST /exports") as api:
+        traceparent = tracing.current_traceparent()
+    assert traceparent is not None
+
+    stream = io.StringIO()
+    handler = logs.configure_logging("json", stream=stream)
+    try:
+        # The dispatcher, later and elsewhere: continues the trace read from the row around the start.
+        client = Client(**{**temporal.client.config(), "interceptors": tracing.temporal_interceptors()})
+        queue = f"traced-{uuid.uuid4()}"
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[TracedWorkflow],
+            activities=[traced_step],
+            interceptors=[logs.LogContextInterceptor()],
+        ):
+            with tracing.continue_trace(traceparent):
+                handle = await client.start_workflow(
+                    TracedWorkflow.run,
+                    StepInput(job_id=job_id, attempt_id=attempt_id),
+                    id=f"export-{job_id}",
+                    task_queue=queue,
+                )
+            assert await handle.result() == 1234
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+    found = by_name(spans)
+    # The temporalio interceptor parents the workflow's own spans to the client's StartWorkflow.
+    parents = {
+        "StartWorkflow:TracedWorkflow": "POST /exports",
+        "RunWorkflow:TracedWorkflow": "StartWorkflow:TracedWorkflow",
+        "StartActivity:traced_step": "StartWorkflow:TracedWorkflow",
+        "RunActivity:traced_step": "StartActivity:traced_step",
+        "claim_if_queued": "RunActivity:traced_step",
+        "sftp upload": "RunActivity:traced_step",
+    }
+    for child, parent in parents.items():
+        assert found[child].parent.span_id == found[parent].context.span_id, (child, parent)
+    trace_id = api.get_span_context().trace_id
+    assert {s.context.trace_id for s in spans.get_finished_spans()} == {trace_id}
+
+    # The activity's log lines carry the export's IDs, the workflow and the trace.
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    step = next(line for line in lines if line["message"] == "step done")
+    assert step["job_id"] == job_id and step["attempt_id"] == attempt_id
+    assert step["workflow_id"] == f"export-{job_id}"
+    assert step["trace_id"] == format(trace_id, "032x")
+    transition = next(line for line in lines if line.get("statement") == "claim_if_queued")
+    assert transition["result"] == "written" and transition["job_id"] == job_id
