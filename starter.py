@@ -45,6 +45,7 @@ EXIT_CODES: dict[Kind, int] = {
     Kind.PRECONDITION_REQUIRED: EXIT_USAGE,
     Kind.INVALID: EXIT_USAGE,
     Kind.BUSY: EXIT_BUSY,
+    Kind.PARTIAL: EXIT_BUSY,
 }
 
 

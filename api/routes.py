@@ -54,6 +54,7 @@ HTTP_STATUS: dict[Kind, int] = {
     Kind.INVALID: 422,
     Kind.PRECONDITION_REQUIRED: 428,
     Kind.BUSY: 503,
+    Kind.PARTIAL: 202,
 }
 
 

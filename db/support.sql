@@ -89,3 +89,52 @@ SET ROLE exports_dispatcher;
 -- name: listen_outbox
 -- Wake-ups: the outbox's insert trigger sends a NOTIFY on this channel after each committed insert.
 LISTEN outbox;
+
+-- name: record_cancellation_batch
+-- Records a bulk cancel (who, the filter, why) and the live exports of the tenant it covers, fixed now,
+-- in one statement; nothing when the batch ID is already recorded in this tenant (the caller reads it).
+-- Each covered export then gets its own request through cancel_and_record.
+WITH live AS (
+    SELECT id FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
+      AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+      AND status IN ('Queued', 'Running', 'Delivering')),
+batch AS (
+    INSERT INTO cancellation_batches (tenant_id, id, requested_by, reason, destination_id, list_name, matched)
+    SELECT %(tenant_id)s, %(batch_id)s, %(requested_by)s, %(reason)s, %(destination_id)s, %(list_name)s::text,
+           (SELECT count(*) FROM live)
+    ON CONFLICT ON CONSTRAINT pk_cancellation_batches DO NOTHING
+    RETURNING *),
+covered AS (
+    INSERT INTO cancellation_batch_jobs (tenant_id, batch_id, job_id)
+    SELECT b.tenant_id, b.id, live.id FROM batch b, live)
+SELECT * FROM batch;
+
+-- name: find_cancellation_batch
+-- A recorded bulk cancel of this tenant.
+SELECT * FROM cancellation_batches WHERE tenant_id = %(tenant_id)s AND id = %(batch_id)s;
+
+-- name: batch_jobs_without_request
+-- The exports a bulk cancel covers that have no request of that batch recorded yet: the ones that were
+-- Busy, or never reached. A retry of the batch decides these and only these.
+SELECT m.job_id FROM cancellation_batch_jobs m
+JOIN export_jobs j ON j.tenant_id = m.tenant_id AND j.id = m.job_id
+WHERE m.tenant_id = %(tenant_id)s AND m.batch_id = %(batch_id)s
+  AND NOT EXISTS (SELECT 1 FROM cancellation_requests r
+                  WHERE r.tenant_id = m.tenant_id AND r.batch_id = m.batch_id AND r.job_id = m.job_id)
+ORDER BY j.created_at, j.id;
+
+-- name: batch_outcomes
+-- How many requests of a bulk cancel were recorded with each outcome.
+SELECT outcome, count(*)::int AS n FROM cancellation_requests
+WHERE tenant_id = %(tenant_id)s AND batch_id = %(batch_id)s
+GROUP BY outcome;
+
+-- name: count_live_exports
+-- The live exports of a tenant that a bulk cancel with this filter would cover, by status: what the
+-- console's confirmation shows before the operator commits to it.
+SELECT status, count(*)::int AS n FROM export_jobs
+WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
+  AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+  AND status IN ('Queued', 'Running', 'Delivering')
+GROUP BY status;

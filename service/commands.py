@@ -96,3 +96,16 @@ class CorrectExport(Body):
         if (self.corrected_status == "Failed") != (self.failure_reason is not None):
             raise ValueError("failure_reason is required for Failed and only for Failed")
         return self
+
+
+class BulkCancel(Body):
+    """POST /cancellation-batches: cancel every live export of a destination (optionally of one list).
+
+    ``batch_id`` is the client's, reused on retry: the same batch ID replays the outcomes recorded and
+    decides only the exports that were Busy.
+    """
+
+    batch_id: UUID
+    destination_id: UUID
+    list_name: Name | None = None
+    reason: Reason

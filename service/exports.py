@@ -31,7 +31,9 @@ from domain.models import (
     JobStatus,
 )
 from service.auth import Caller
+from service.bulk import BulkCancels
 from service.commands import (
+    BulkCancel,
     CancelExport,
     CorrectExport,
     CreateExport,
@@ -137,6 +139,7 @@ class Exports:
         self.temporal_ui_url = temporal_ui_url
         self.namespace = namespace
         self.cancel_lock_timeout = cancel_lock_timeout
+        self.bulk = BulkCancels(api_store, self.signaller, lock_timeout=cancel_lock_timeout)
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -373,6 +376,23 @@ class Exports:
                 body["failure_reason"] = job.failure_reason.value if job.failure_reason else None
                 body["status_url"] = status_url
                 return Answer(Kind.REFUSED, body)
+
+    # -- bulk cancel ------------------------------------------------------------------------------------
+
+    async def bulk_cancel(self, caller: Caller, body: BulkCancel) -> Answer:
+        """Cancel every live export of a destination (or of one of its lists), each through its own
+        request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones."""
+        return await self.bulk.submit(caller, body)
+
+    async def bulk_cancel_preview(
+        self, caller: Caller, destination_id: UUID, list_name: str | None
+    ) -> Answer:
+        """How many live exports a bulk cancel with this filter would cover now."""
+        return await self.bulk.preview(caller, destination_id, list_name)
+
+    async def cancellation_batch(self, caller: Caller, batch_id: UUID) -> Answer:
+        """A recorded bulk cancel: its counts and the exports still without a request."""
+        return await self.bulk.read(caller, batch_id)
 
     # -- replacement, reconciliation, correction --------------------------------------------------------
 
