@@ -205,7 +205,7 @@ def cmd_edit(args: argparse.Namespace, settings: Settings) -> int:
 
     async def call(ops: Any, caller: Any) -> Any:
         body = EditTerms(destination_id=args.destination, list_name=args.list_name)
-        return await ops.edit(caller, args.export, body, str(args.version))
+        return await ops.edit(caller, args.export, body, f'"{args.version}"')
 
     def render(answer: Any) -> str:
         export = answer.body["export"]

@@ -116,3 +116,7 @@ class OutcomeCount(Row):
 class StatusCount(Row):
     status: JobStatus
     n: int
+
+
+class ExpiryRow(Row):
+    expires_at: datetime

@@ -16,6 +16,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -42,6 +43,7 @@ from db.rows import (
     CutoffAnswer,
     DestinationName,
     EventIdRow,
+    ExpiryRow,
     IdempotencyRow,
     JobIdRow,
     LedgerAnswer,
@@ -76,6 +78,10 @@ from domain.models import (
 from rules.cutoff import authorization_from
 
 log = logging.getLogger(__name__)
+
+# The keyset bound of a first page: after every real row.
+_NO_BOUND_TIME = datetime.max.replace(tzinfo=UTC)
+_NO_BOUND_ID = UUID(int=(1 << 128) - 1)
 
 Hook = Callable[[], Awaitable[None]]
 Row = TypeVar("Row")
@@ -855,6 +861,57 @@ class JobStore:
     async def tenant_destinations(self, tenant_id: UUID) -> list[DestinationName]:
         """The tenant's destinations for display (never their credential references)."""
         return await self._rows("tenant_destinations", {"tenant_id": tenant_id}, DestinationName)
+
+    async def page_tenant_jobs(
+        self,
+        tenant_id: UUID,
+        *,
+        limit: int,
+        before: tuple[datetime, UUID] | None = None,
+        statuses: list[JobStatus] | None = None,
+        destination_id: UUID | None = None,
+        list_name: str | None = None,
+        id_prefix: str | None = None,
+    ) -> list[ExportJob]:
+        """One page of a tenant's exports, newest first, strictly after the keyset bound ``before``
+        (the last row of the previous page), with optional filters."""
+        created_at, last_id = before or (_NO_BOUND_TIME, _NO_BOUND_ID)
+        return await self._rows(
+            "page_tenant_jobs",
+            {
+                "tenant_id": tenant_id,
+                "before_created_at": created_at,
+                "before_id": last_id,
+                "statuses": [s.value for s in statuses] if statuses else None,
+                "destination_id": destination_id,
+                "list_name": list_name,
+                "id_prefix": id_prefix,
+                "limit": limit,
+            },
+            ExportJob,
+        )
+
+    async def tenant_list_names(self, tenant_id: UUID) -> list[str]:
+        """The list names a tenant's exports use (at most 200), for the console's filter."""
+        return [r.name for r in await self._rows("tenant_list_names", {"tenant_id": tenant_id}, NameRow)]
+
+    async def open_console_session(
+        self, session_sha256: bytes, token_sha256: bytes, ttl_seconds: float
+    ) -> None:
+        """Store a console session's hash, bound to a token's hash, until ``ttl_seconds`` from now."""
+        await self._rows(
+            "open_console_session",
+            {"session_sha256": session_sha256, "token_sha256": token_sha256, "ttl_seconds": ttl_seconds},
+            ExpiryRow,
+        )
+
+    async def find_console_session(self, session_sha256: bytes) -> TokenRow | None:
+        """The tenant, principal and role a live console session is bound to, or ``None``."""
+        return await self._row("find_console_session", {"session_sha256": session_sha256}, TokenRow)
+
+    async def close_console_session(self, session_sha256: bytes) -> bool:
+        """Delete a console session (sign-out); whether there was one."""
+        return await self._matched("close_console_session", session_sha256=session_sha256)
 
     async def find_token(self, token_sha256: bytes) -> TokenRow | None:
         """The tenant, principal and role a token's hash is bound to, or ``None``."""

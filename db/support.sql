@@ -138,3 +138,41 @@ WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
   AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
   AND status IN ('Queued', 'Running', 'Delivering')
 GROUP BY status;
+
+-- name: open_console_session
+-- Opens a console session for a known token: stores the session ID's hash and its expiry, never the ID.
+-- Expired sessions are removed on the way, so the table does not grow with abandoned sign-ins.
+WITH expired AS (
+    DELETE FROM console_sessions WHERE expires_at < clock_timestamp())
+INSERT INTO console_sessions (session_sha256, token_sha256, expires_at)
+VALUES (%(session_sha256)s, %(token_sha256)s, clock_timestamp() + make_interval(secs => %(ttl_seconds)s))
+RETURNING expires_at;
+
+-- name: find_console_session
+-- The tenant, principal and role a live (unexpired) console session is bound to, through its token.
+SELECT t.tenant_id, t.principal, t.role
+FROM console_sessions s JOIN api_tokens t ON t.token_sha256 = s.token_sha256
+WHERE s.session_sha256 = %(session_sha256)s AND s.expires_at > clock_timestamp();
+
+-- name: close_console_session
+-- Sign-out: the session is deleted, so its cookie no longer authenticates anything.
+DELETE FROM console_sessions WHERE session_sha256 = %(session_sha256)s
+RETURNING session_sha256;
+
+-- name: page_tenant_jobs
+-- One page of a tenant's exports, newest first, after a keyset bound (created_at, id): the row comparison
+-- seeks on ix_export_jobs_tenant_created_id instead of counting past an offset. Optional filters: statuses,
+-- destination, list, and an export ID prefix (the console's search).
+SELECT * FROM export_jobs
+WHERE tenant_id = %(tenant_id)s
+  AND (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
+  AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+  AND (%(id_prefix)s::text IS NULL OR starts_with(id::text, %(id_prefix)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: tenant_list_names
+-- The list names a tenant's exports use, for the console's filter.
+SELECT DISTINCT list_name AS name FROM export_jobs WHERE tenant_id = %(tenant_id)s ORDER BY 1 LIMIT 200;

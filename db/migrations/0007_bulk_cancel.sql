@@ -51,3 +51,20 @@ CREATE INDEX ix_export_jobs_tenant_created_id ON export_jobs (tenant_id, created
 -- DELETE for anyone: a batch, like every request, is history). The worker, the dispatcher and the
 -- reconciler get nothing here: none of them reads or writes a batch.
 GRANT SELECT, INSERT ON cancellation_batches, cancellation_batch_jobs TO exports_api;
+
+-- The console's sign-in sessions (issue 9, part 5): the browser's cookie holds a random session ID, never
+-- the bearer token. Only the SHA-256 of the session ID is stored, bound to the token it was opened with
+-- (by that token's hash), with an expiry; signing out deletes the row, and a revoked token's sessions go
+-- with it.
+CREATE TABLE console_sessions (
+    session_sha256  bytea PRIMARY KEY CHECK (length(session_sha256) = 32),
+    token_sha256    bytea NOT NULL REFERENCES api_tokens (token_sha256) ON DELETE CASCADE,
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    expires_at      timestamptz NOT NULL,
+    CONSTRAINT ck_console_sessions_expiry CHECK (expires_at > created_at)
+);
+CREATE INDEX ix_console_sessions_expires ON console_sessions (expires_at);
+
+-- The API opens, reads and ends sessions; nobody else touches them. DELETE here is sign-out (and the
+-- removal of expired sessions), not history: a session is a credential, not a record.
+GRANT SELECT, INSERT, DELETE ON console_sessions TO exports_api;
