@@ -930,15 +930,15 @@ async def _cancellation_ledger(
     to its pool idle.
     """
     try:
-        async with conn.pipeline() as pipeline:
+        # Leaving the pipeline block sends the Sync and reads every result: the one round trip.
+        async with conn.pipeline():
             await send(conn, "begin_transaction", {})
             await send(conn, "set_lock_timeout", {"timeout": lock_timeout})
             await send(conn, "lock_job_for_cancel", params)
             decided = await send(conn, "cancel_and_record", params, LedgerAnswer)
             if before_commit is None:
                 await send(conn, "commit_transaction", {})
-            await pipeline.sync()
-            answers: list[LedgerAnswer] = await decided.fetchall()
+        answers: list[LedgerAnswer] = await decided.fetchall()
         if before_commit is not None:
             await before_commit()
             await execute(conn, "commit_transaction", {})
