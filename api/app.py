@@ -135,6 +135,7 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(routes.batches)
+    app.include_router(routes.destinations)
     app.include_router(console.router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
     return app

@@ -33,6 +33,7 @@ from service.exports import (
 from service.outcomes import Answer, Kind
 
 router = APIRouter(prefix="/exports", tags=["exports"])
+destinations = APIRouter(prefix="/destinations", tags=["exports"])
 batches = APIRouter(prefix="/cancellation-batches", tags=["bulk cancel"])
 
 CallerDep = Annotated[Caller, Depends(authenticate)]
@@ -47,6 +48,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     },
 }
 _BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "The body is not JSON"},
     **_ERRORS,
     413: {"description": f"Request body over {MAX_BODY_BYTES} bytes"},
 }
@@ -76,6 +78,8 @@ IfMatch = Annotated[
 
 _EXPORT_ID = "$response.body#/export/id"
 _CREATED_LINKS = {
+    "ReplaceExport": {"operationId": "replace_export", "parameters": {"export_id": _EXPORT_ID}},
+    "ReconcileExport": {"operationId": "reconcile_export", "parameters": {"export_id": _EXPORT_ID}},
     "GetExport": {"operationId": "get_export", "parameters": {"export_id": _EXPORT_ID}},
     "EditExport": {
         "operationId": "edit_export",
@@ -132,7 +136,7 @@ def respond(answer: Answer) -> JSONResponse:
     responses={
         200: {"description": "Replay: the first job for this key and request", "links": _CREATED_LINKS},
         201: {"description": "Created, Queued; ETag is its version", "links": _CREATED_LINKS},
-        400: {"description": "Idempotency-Key missing or malformed"},
+        400: {"description": "Idempotency-Key missing or malformed, or the body is not JSON"},
         409: {"description": "Key used for a different request"},
         422: {"description": "Invalid body, or a destination_id that is not your tenant's"},
         **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
@@ -192,7 +196,7 @@ async def get_export(export_id: UUID, caller: CallerDep, ops: ExportsDep) -> JSO
     operation_id="edit_export",
     summary="Edit a queued export's terms (If-Match: the ETag you read)",
     responses={
-        400: {"description": "If-Match unquoted or unterminated"},
+        400: {"description": "If-Match unquoted or unterminated, or the body is not JSON"},
         409: {"description": "No longer queued"},
         412: {"description": "If-Match names another version, or only weak tags"},
         428: {"description": "If-Match missing"},
@@ -218,7 +222,9 @@ async def edit_export(
         202: {
             "description": "StopRequested / StopAlreadyRequested; poll the Location for the attempt's ending"
         },
-        400: {"description": "RequestIdReused: the ID belongs to a different request"},
+        400: {
+            "description": "RequestIdReused: the ID belongs to a different request; or the body is not JSON"
+        },
         404: {"description": "NotFound"},
         409: {"description": "AlreadyEnded, or TooLate (delivery was already authorized)"},
         503: {
@@ -283,6 +289,35 @@ async def correct_export(
     return respond(await ops.correct(caller, export_id, body))
 
 
+@destinations.get(
+    "",
+    operation_id="list_destinations",
+    summary="Your tenant's destinations: the destination_id an export or a bulk cancel names",
+    responses={
+        200: {
+            "description": "The destinations, by ID and name",
+            "links": {
+                "CreateExport": {
+                    "operationId": "create_export",
+                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
+                },
+                "PreviewBulkCancel": {
+                    "operationId": "preview_bulk_cancel",
+                    "parameters": {"destination_id": "$response.body#/destinations/0/id"},
+                },
+                "BulkCancel": {
+                    "operationId": "bulk_cancel",
+                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
+                },
+            },
+        },
+        **_ERRORS,
+    },
+)
+async def list_destinations(caller: CallerDep, ops: ExportsDep) -> JSONResponse:
+    return respond(await ops.destinations(caller))
+
+
 # -- bulk cancel ----------------------------------------------------------------------------------------
 
 
@@ -310,14 +345,22 @@ async def preview_bulk_cancel(
         200: {
             "description": "A replay: this batch ID was recorded before and every export it covers is decided"
         },
-        201: {"description": "Recorded, and every export it covers decided: the counts of each outcome"},
+        201: {
+            "description": "Recorded, and every export it covers decided: the counts of each outcome",
+            "links": {
+                "GetBatch": {
+                    "operationId": "get_cancellation_batch",
+                    "parameters": {"batch_id": "$response.body#/batch_id"},
+                }
+            },
+        },
         202: {
             "description": (
                 "Recorded, but some exports were Busy (listed with their request IDs; nothing recorded for "
                 "them): retry with the same batch ID after Retry-After; nothing is recorded twice"
             )
         },
-        400: {"description": "This batch ID belongs to a different bulk cancel"},
+        400: {"description": "This batch ID belongs to a different bulk cancel, or the body is not JSON"},
         422: {"description": "Invalid body, or a destination_id that is not your tenant's"},
         **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
     },

@@ -17,8 +17,11 @@ MAX_REASON = 1000
 # The published constraints, as JSON Schema patterns the server enforces as written (so the OpenAPI document
 # says exactly what is refused): no control characters (a reason may hold tabs and line breaks), no
 # leading or trailing whitespace, at least one character. A name is one line.
-NAME_PATTERN = r"^[^\s\x00-\x1f\x7f](?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f])?$"
-REASON_PATTERN = r"^[^\s\x00-\x1f\x7f](?:[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*[^\s\x00-\x1f\x7f])?$"
+# Whitespace is spelled out (ASCII and Unicode White_Space, and the BOM) rather than written \s, whose
+# meaning differs between regex engines (the server's, and a client's that reads the schema).
+_BLANK = r"\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NAME_PATTERN = rf"^[^{_BLANK}](?:[^\x00-\x1f\x7f]*[^{_BLANK}])?$"
+REASON_PATTERN = rf"^[^{_BLANK}](?:[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*[^{_BLANK}])?$"
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)]
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON, pattern=REASON_PATTERN)]
