@@ -672,7 +672,8 @@ class JobStore:
             # Another tenant's job looks exactly like a missing one; nothing is recorded.
             return CancellationResult(request_id=request_id, outcome=CancellationOutcome.NOT_FOUND)
         answer = answers[0]
-        found = ExportJob.model_validate(answer.model_dump(exclude={"request", "replayed"}))
+        # Already validated as part of the answer: construct, do not validate again.
+        found = ExportJob.model_construct(**{f: getattr(answer, f) for f in ExportJob.model_fields})
         if answer.request is None:
             # The guarded change matched nothing under the row lock, so nothing was recorded: impossible
             # while the row is locked, and if it happens the outcome is not true.
