@@ -335,11 +335,16 @@ BEGIN;
 COMMIT;
 
 -- name: lock_job_for_cancel
--- The cancellation transaction's locking read: this tenant's job row, until commit. It is its own
--- statement, sent in the same pipeline as cancel_and_record, so that statement's snapshot is taken after
--- any wait for the lock: under READ COMMITTED a single statement that waited would still read the other
--- rows (an earlier request, the job's own row for its UPDATE) as they were before the wait.
-SELECT id FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s FOR UPDATE;
+-- The cancellation transaction's locking read: bounds this transaction's lock waits (SET LOCAL
+-- lock_timeout: a wait past it is Busy), then locks this tenant's job row until commit. The row lock is
+-- taken above the join, after set_config has run. It is its own statement, sent in the same pipeline as
+-- cancel_and_record, so that statement's snapshot is taken after any wait for the lock: under READ
+-- COMMITTED a single statement that waited would still read the other rows (an earlier request, the job's
+-- own row for its UPDATE) as they were before the wait.
+SELECT j.id
+FROM (SELECT set_config('lock_timeout', %(timeout)s, true)) AS bounded, export_jobs j
+WHERE j.id = %(job_id)s AND j.tenant_id = %(tenant_id)s
+FOR UPDATE OF j;
 
 -- name: cancel_and_record
 -- The cancellation ledger's decision for one request in one statement (000 "Recording Cancellation
@@ -440,7 +445,3 @@ RETURNING message_id;
 -- attempt. An attempt that is not live never becomes live again (a requeue clears it; a claim mints a new one).
 SELECT attempt_id FROM export_jobs
 WHERE attempt_id = ANY(%(attempt_ids)s::uuid[]) AND status IN ('Running', 'Delivering');
-
--- name: set_lock_timeout
--- Bounds each lock wait of the current transaction only (SET LOCAL): the cancellation transaction's Busy.
-SELECT set_config('lock_timeout', %(timeout)s, true);

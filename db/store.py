@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import uuid
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg_pool import AsyncConnectionPool
 
 from db.errors import (
@@ -85,6 +86,9 @@ _NO_BOUND_ID = UUID(int=(1 << 128) - 1)
 
 Hook = Callable[[], Awaitable[None]]
 Row = TypeVar("Row")
+
+# Exports whose ledger transactions a bulk cancel queues in one pipeline (one round trip for all).
+PIPELINE_SEGMENT = 16
 
 # Bounded: a worker must not hang in a re-read during shutdown with the database unreachable.
 REREAD_TIMEOUT_SECONDS = 5.0
@@ -668,21 +672,7 @@ class JobStore:
             if earlier is None:
                 raise
             return _from_earlier(earlier, job_id, requested_by)
-        if not answers:
-            # Another tenant's job looks exactly like a missing one; nothing is recorded.
-            return CancellationResult(request_id=request_id, outcome=CancellationOutcome.NOT_FOUND)
-        answer = answers[0]
-        # Already validated as part of the answer: construct, do not validate again.
-        found = ExportJob.model_construct(**{f: getattr(answer, f) for f in ExportJob.model_fields})
-        if answer.request is None:
-            # The guarded change matched nothing under the row lock, so nothing was recorded: impossible
-            # while the row is locked, and if it happens the outcome is not true.
-            log.critical("export %s changed under its row lock; nothing recorded", job_id)
-            raise InvariantViolation(f"export {job_id} changed under its row lock")
-        request = CancellationRequest.model_validate(answer.request)
-        if answer.replayed:
-            return _from_earlier(request, job_id, requested_by, found)
-        return CancellationResult(request_id=request_id, outcome=request.outcome, request=request, job=found)
+        return _ledger_result(answers, job_id, request_id, requested_by)
 
     # -- bulk cancel ---------------------------------------------------------------------------------
 
@@ -742,6 +732,78 @@ class JobStore:
         )
         return {r.outcome: r.n for r in rows}
 
+    async def _cancel_segment(
+        self,
+        conn: AsyncConnection[Any],
+        segment: list[int],
+        requests: list[tuple[UUID, UUID]],
+        results: list[CancellationResult],
+        tenant_id: UUID,
+        batch_id: UUID,
+        requested_by: str,
+        reason: str,
+        lock_timeout: str,
+    ) -> None:
+        """Several exports' ledger transactions, each exactly as ``request_cancellation`` runs it (its own
+        BEGIN ... COMMIT), queued in one pipeline: one round trip for the segment. The server runs them
+        one after the other, each holding its row lock for its own transaction only. When one fails, the
+        server skips the rest of the pipeline: those before it committed, it is decided on its own (Busy
+        on lock_timeout), and those after it go round again."""
+        pending = list(segment)
+        while pending:
+            sent: list[tuple[int, AsyncCursor[LedgerAnswer], AsyncCursor[Any]]] = []
+            try:
+                async with translated():
+                    async with conn.pipeline():
+                        for i in pending:
+                            job_id, request_id = requests[i]
+                            params = {
+                                "tenant_id": tenant_id,
+                                "job_id": job_id,
+                                "request_id": request_id,
+                                "requested_by": requested_by,
+                                "reason": reason,
+                                "batch_id": batch_id,
+                                "timeout": lock_timeout,
+                            }
+                            await send(conn, "begin_transaction", {})
+                            await send(conn, "lock_job_for_cancel", params)
+                            decided = await send(conn, "cancel_and_record", params, LedgerAnswer)
+                            committed = await send(conn, "commit_transaction", {})
+                            sent.append((i, decided, committed))
+                failed_at = None
+                busy = False
+            except StoreError as exc:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()
+                failed_at = next((k for k, (_, _, c) in enumerate(sent) if c.pgresult is None), None)
+                if failed_at is None or not isinstance(exc, LockTimeout | ConstraintRefused):
+                    raise
+                busy = isinstance(exc, LockTimeout)
+            done = sent if failed_at is None else sent[:failed_at]
+            for i, decided, _ in done:
+                job_id, request_id = requests[i]
+                results[i] = _ledger_result(await decided.fetchall(), job_id, request_id, requested_by)
+            if failed_at is None:
+                return
+            failed = sent[failed_at][0]
+            job_id, request_id = requests[failed]
+            if busy:
+                results[failed] = CancellationResult(request_id=request_id, outcome=CancellationOutcome.BUSY)
+            else:  # decided on its own, with the single request's handling of a reused request ID
+                results[failed] = await self._request_cancellation_on(
+                    conn,
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    request_id=request_id,
+                    requested_by=requested_by,
+                    reason=reason,
+                    lock_timeout=lock_timeout,
+                    batch_id=batch_id,
+                )
+            handled = {i for i, _, _ in done} | {failed}
+            pending = [i for i in pending if i not in handled]  # skipped by the server, or never sent
+
     async def count_live_exports(
         self, tenant_id: UUID, destination_id: UUID, list_name: str | None
     ) -> dict[JobStatus, int]:
@@ -779,25 +841,28 @@ class JobStore:
         async def lane() -> None:
             try:
                 async with translated(), self.pool.connection() as conn:
-                    for i in todo:
-                        if failures:
+                    while not failures:
+                        segment = list(itertools.islice(todo, PIPELINE_SEGMENT))
+                        if not segment:
                             return
-                        job_id, request_id = requests[i]
                         try:
-                            results[i] = await self._request_cancellation_on(
+                            await self._cancel_segment(
                                 conn,
-                                tenant_id=tenant_id,
-                                job_id=job_id,
-                                request_id=request_id,
-                                requested_by=requested_by,
-                                reason=reason,
-                                lock_timeout=lock_timeout,
-                                batch_id=batch_id,
+                                segment,
+                                requests,
+                                results,
+                                tenant_id,
+                                batch_id,
+                                requested_by,
+                                reason,
+                                lock_timeout,
                             )
                         except TransientStoreError as exc:
-                            # Its fate is unknown, like a Busy one's is not: either way a retry of the same
-                            # batch decides it, or returns what was recorded. This lane's connection is gone.
-                            log.warning("batch %s: export %s got no answer (%s)", batch_id, job_id, exc)
+                            # Their fate is unknown, like a Busy one's is not: either way a retry of the same
+                            # batch decides them, or returns what was recorded. This lane's connection is gone.
+                            log.warning(
+                                "batch %s: %d exports got no answer (%s)", batch_id, len(segment), exc
+                            )
                             return
             except TransientStoreError as exc:
                 log.warning("batch %s: a lane got no connection (%s)", batch_id, exc)
@@ -922,9 +987,9 @@ class JobStore:
 async def _cancellation_ledger(
     conn: AsyncConnection[Any], params: dict[str, Any], lock_timeout: str, before_commit: Hook | None
 ) -> list[LedgerAnswer]:
-    """The ledger transaction of one cancellation request in one round trip: BEGIN; SET LOCAL
-    lock_timeout; the locking read; the statement that classifies, updates and records; COMMIT, sent
-    together in pipeline mode. The server runs them in order, so the decision's snapshot is taken after
+    """The ledger transaction of one cancellation request in one round trip: BEGIN; the locking read
+    (which first sets this transaction's lock_timeout); the statement that classifies, updates and records;
+    COMMIT, sent together in pipeline mode. The server runs them in order, so the decision's snapshot is taken after
     the lock wait. With ``before_commit`` (a test seam) the COMMIT waits for it, in a second round trip.
 
     On any error the transaction is rolled back before the error propagates, so the connection goes back
@@ -934,8 +999,7 @@ async def _cancellation_ledger(
         # Leaving the pipeline block sends the Sync and reads every result: the one round trip.
         async with conn.pipeline():
             await send(conn, "begin_transaction", {})
-            await send(conn, "set_lock_timeout", {"timeout": lock_timeout})
-            await send(conn, "lock_job_for_cancel", params)
+            await send(conn, "lock_job_for_cancel", {**params, "timeout": lock_timeout})
             decided = await send(conn, "cancel_and_record", params, LedgerAnswer)
             if before_commit is None:
                 await send(conn, "commit_transaction", {})
@@ -948,6 +1012,27 @@ async def _cancellation_ledger(
         with contextlib.suppress(psycopg.Error):
             await conn.rollback()
         raise
+
+
+def _ledger_result(
+    answers: list[LedgerAnswer], job_id: UUID, request_id: UUID, requested_by: str
+) -> CancellationResult:
+    """What one ledger transaction's answer means for its caller."""
+    if not answers:
+        # Another tenant's job looks exactly like a missing one; nothing is recorded.
+        return CancellationResult(request_id=request_id, outcome=CancellationOutcome.NOT_FOUND)
+    answer = answers[0]
+    # Already validated as part of the answer: construct, do not validate again.
+    found = ExportJob.model_construct(**{f: getattr(answer, f) for f in ExportJob.model_fields})
+    if answer.request is None:
+        # The guarded change matched nothing under the row lock, so nothing was recorded: impossible
+        # while the row is locked, and if it happens the outcome is not true.
+        log.critical("export %s changed under its row lock; nothing recorded", job_id)
+        raise InvariantViolation(f"export {job_id} changed under its row lock")
+    request = CancellationRequest.model_validate(answer.request)
+    if answer.replayed:
+        return _from_earlier(request, job_id, requested_by, found)
+    return CancellationResult(request_id=request_id, outcome=request.outcome, request=request, job=found)
 
 
 def _from_earlier(

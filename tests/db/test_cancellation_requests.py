@@ -462,6 +462,7 @@ async def test_a_busy_export_of_a_batch_records_nothing_and_a_retry_decides_only
 
     free = await factory.queued()
     held = await factory.queued(free.tenant_id, free.destination_id)
+    after = await factory.queued(free.tenant_id, free.destination_id)  # queued behind the Busy one
     batch, _ = await _batch(api_store, free, uuid.uuid4())
     claim = await kit.hold("exports_worker")
     assert await claim.run("claim_if_queued", claim_params(held, uuid.uuid4()))
@@ -480,6 +481,7 @@ async def test_a_busy_export_of_a_batch_records_nothing_and_a_retry_decides_only
     outcomes = {r.request_id: r.outcome for r in first}
     assert outcomes[request_id_for(batch.id, held.id)] == CancellationOutcome.BUSY
     assert outcomes[request_id_for(batch.id, free.id)] == CancellationOutcome.CANCELED_WHILE_QUEUED
+    assert outcomes[request_id_for(batch.id, after.id)] == CancellationOutcome.CANCELED_WHILE_QUEUED
     assert await recorded_with_id(factory, request_id_for(batch.id, held.id)) == 0
     assert await api_store.batch_jobs_without_request(free.tenant_id, batch.id) == [held.id]
 
@@ -496,7 +498,7 @@ async def test_a_busy_export_of_a_batch_records_nothing_and_a_retry_decides_only
     again = await api_store.request_cancellations(
         tenant_id=free.tenant_id,
         batch_id=batch.id,
-        requests=pairs([free.id, held.id]),
+        requests=pairs([free.id, held.id, after.id]),
         requested_by="sam.ops",
         reason="contract ended",
     )
@@ -504,4 +506,4 @@ async def test_a_busy_export_of_a_batch_records_nothing_and_a_retry_decides_only
     rows = await factory.admin(
         "SELECT count(*) AS n FROM cancellation_requests WHERE batch_id = %(b)s", {"b": batch.id}
     )
-    assert rows[0]["n"] == 2
+    assert rows[0]["n"] == 3
