@@ -253,6 +253,23 @@ async def test_cancel_shows_only_where_a_cancel_can_still_matter(page, site, fac
         assert await page.locator("#no-cancel").count() == (0 if shown else 1), status
 
 
+async def test_a_running_export_whose_stop_is_requested_shows_no_cancel_and_is_followed_to_its_end(
+    page, site, factory, worker_store
+):
+    from playwright.async_api import expect
+
+    job, attempt = await factory.running(await factory.queued(site.tenant_id, site.destination_id))
+    assert (await factory.cancel(job)).outcome.value == "StopRequested"
+    await open_export(page, site, job.id)
+
+    assert await page.locator("#cancel").count() == 0
+    await expect(page.locator("#no-cancel")).to_contain_text("A stop is already requested")
+    assert (
+        await worker_store.finish_stopped(job.id, attempt, StopPoint.WHILE_BUILDING) == FinishResult.WRITTEN
+    )
+    await expect(page.locator("#status")).to_have_text("Stopped", timeout=15_000)  # followed, no reload
+
+
 async def test_the_list_filters_by_status_destination_and_list_and_searches_by_id(page, site, factory):
     destination = await factory.destination(site.tenant_id, name="partner-filter")
     queued = await factory.queued(site.tenant_id, destination, list_name="vip")
