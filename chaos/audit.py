@@ -29,6 +29,7 @@ from chaos.faults import FaultRecord
 from chaos.stack import PRINCIPAL, Exit
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
 
+DRAIN_MARGIN_SECONDS = 10.0
 NEVER_DELIVERS = frozenset({"Canceled", "Stopped", "Rejected"})
 OPEN = frozenset({"Queued", "Running", "Delivering"})
 STATUS_FOR_OUTCOME = {
@@ -82,6 +83,7 @@ class AuditInput:
     temporal_address: str
     logs: dict[str, Path]
     settled_at: float
+    shutdown_grace_seconds: float = 15.0
 
 
 @dataclass
@@ -126,19 +128,30 @@ class Auditor:
         client = await _connect(self.inp.temporal_address)
         if client is not None:
             self.open_workflow_jobs = await _open_export_jobs(client)
-        self._watch_health()
-        self._partner_files()
-        self._completed_files()
-        self._stranded()
-        self._cancellations()
-        self._client_answers()
-        self._idempotency_and_edits()
-        self._events_agree_with_status()
-        self._http_5xx()
-        self._outcomes()
-        self._process_exits()
-        self._logs_free_of_contacts()
-        await self._histories(client)
+        steps = [
+            self._watch_health,
+            self._partner_files,
+            self._completed_files,
+            self._stranded,
+            self._cancellations,
+            self._client_answers,
+            self._idempotency_and_edits,
+            self._events_agree_with_status,
+            self._http_5xx,
+            self._outcomes,
+            self._process_exits,
+            self._drains,
+            self._logs_free_of_contacts,
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
+                self.violate("audit_incomplete", None, f"{step.__name__} failed: {type(exc).__name__}: {exc}")
+        try:
+            await self._histories(client)
+        except Exception as exc:  # noqa: BLE001 - reported as a gap in the audit
+            self.violate("audit_incomplete", None, f"_histories failed: {type(exc).__name__}: {exc}")
         self.result.counts["violations_by_invariant"] = dict(
             Counter(v.invariant for v in self.result.violations).most_common()
         )
@@ -635,15 +648,19 @@ class Auditor:
                 "route": rec.route,
                 "status": rec.status,
                 "outcome": rec.outcome,
-                "detail": rec.detail,
+                "answer": rec.detail,
                 "retry_after": rec.retry_after,
                 "job_id": rec.job_id,
                 "traceback": cause,
             }
             answered_5xx.append(entry)
             if not allowed:
-                self.violate("http_5xx", rec.job_id, f"{rec.method} {rec.route} answered {rec.status}"
-                             + (f" ({cause})" if cause else ""), **entry)  # fmt: skip
+                self.violate(
+                    "http_5xx",
+                    rec.job_id,
+                    f"{rec.method} {rec.route} answered {rec.status}" + (f" ({cause})" if cause else ""),
+                    **{k: v for k, v in entry.items() if k != "job_id"},
+                )
         self.result.findings["http_5xx"] = answered_5xx
         self.result.counts["http_5xx_by_route"] = dict(
             Counter(f"{e['route']} {e['status']}" for e in answered_5xx)
@@ -758,6 +775,18 @@ class Auditor:
             {"t": round(e.t, 3), "process": e.name, "code": e.code, "log_tail": e.log_tail[-1500:]}
             for e in self.inp.exits
         ]
+
+    def _drains(self) -> None:
+        """A worker told to stop (SIGTERM) exits within its shutdown grace and a margin."""
+        limit = self.inp.shutdown_grace_seconds + DRAIN_MARGIN_SECONDS
+        for fault in self.inp.faults:
+            took = fault.extra.get("exit_seconds")
+            if fault.kind == "worker_drain" and (took is None and not fault.ok or (took or 0) > limit):
+                self.violate(
+                    "drain_overran",
+                    None,
+                    f"{fault.target}: {fault.detail} (grace {self.inp.shutdown_grace_seconds:.0f}s)",
+                )
 
     def _logs_free_of_contacts(self) -> None:
         marker = self.inp.marker.encode()

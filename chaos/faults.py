@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,8 @@ from temporalio.client import Client
 
 from chaos.plan import FaultPlan
 from chaos.stack import Managed, Stack
+
+TARGET_WAIT = 10.0  # seconds a targeted fault waits for something to act on
 
 
 @dataclass
@@ -44,12 +47,22 @@ class FaultRecord:
 class FaultInjector:
     """Runs the plan's faults against ``stack``, starting at monotonic time ``t0``."""
 
-    def __init__(self, stack: Stack, faults: list[FaultPlan], *, t0: float, client: Client | None) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        faults: list[FaultPlan],
+        *,
+        t0: float,
+        client: Client | None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.say = say or (lambda _text: None)
         self.stack = stack
         self.faults = faults
         self.t0 = t0
         self.client = client
         self.records: list[FaultRecord] = []
+        self.t0_wall = time.time() - (time.monotonic() - t0)
         self._locks: dict[str, asyncio.Lock] = {}
 
     def _lock(self, name: str) -> asyncio.Lock:
@@ -70,16 +83,22 @@ class FaultInjector:
                 record.ok = False
                 record.detail += f" failed: {type(exc).__name__}: {exc}"[:400]
             record.ended = time.time()
+        late = record.started - (self.t0_wall + fault.at)
+        self.say(
+            f"fault #{fault.index} {fault.kind} {record.target}: {record.detail.strip()}"
+            + (f" (started {late:.1f}s late: its resource was busy)" if late > 1 else "")
+            + ("" if record.ok else " [FAILED]")
+        )
 
     async def _execute(self, fault: FaultPlan, record: FaultRecord) -> None:
         stack = self.stack
         match fault.kind:
             case "worker_kill":
-                await self._worker_down(stack.workers[fault.target], signal.SIGKILL, fault.hold, record)
+                await self._worker_down(await self._worker(fault, record), signal.SIGKILL, fault.hold, record)
             case "worker_drain":
-                await self._worker_down(stack.workers[fault.target], signal.SIGTERM, fault.hold, record)
+                await self._worker_down(await self._worker(fault, record), signal.SIGTERM, fault.hold, record)
             case "worker_pause":
-                await self._worker_pause(stack.workers[fault.target], fault.hold, record)
+                await self._worker_pause(await self._worker(fault, record), fault.hold, record)
             case "pg_sever":
                 assert stack.pg_proxy is not None
                 record.target = "workers->postgres proxy"
@@ -109,6 +128,39 @@ class FaultInjector:
                 await self._api_restart(fault.hold, record)
             case _:
                 raise ValueError(f"unknown fault kind {fault.kind}")
+
+    async def _worker(self, fault: FaultPlan, record: FaultRecord) -> Managed:
+        """The planned slot, or (mode building/delivering) a worker holding an attempt in that state, waited
+        for up to ``TARGET_WAIT`` seconds; ties and misses fall back to the planned slot."""
+        workers = self.stack.workers
+        if fault.mode == "planned":
+            return workers[fault.target]
+        wanted = "Running" if fault.mode == "building" else "Delivering"
+        deadline = time.monotonic() + TARGET_WAIT
+        while True:
+            holders = await self._attempt_holders(wanted)
+            current = {f"{m.name}.{m.generation}": m for m in workers if not m.held}
+            busy = [current[h] for h in holders if h in current]
+            if busy:
+                record.extra["chosen_for"] = f"holds a {wanted} attempt"
+                return busy[int(fault.pick * len(busy)) % len(busy)]
+            if time.monotonic() > deadline:
+                record.extra["chosen_for"] = f"no worker held a {wanted} attempt; planned slot"
+                return workers[fault.target]
+            await asyncio.sleep(0.2)
+
+    async def _attempt_holders(self, status: str) -> list[str]:
+        """Worker IDs holding an attempt in ``status`` now, sorted (empty when the database does not answer)."""
+        try:
+            async with await psycopg.AsyncConnection.connect(self.stack.admin_url, connect_timeout=3) as conn:
+                cur = await conn.execute(
+                    "SELECT DISTINCT claimed_by FROM export_jobs WHERE status = %(s)s AND claimed_by IS NOT NULL"
+                    " ORDER BY claimed_by",
+                    {"s": status},
+                )
+                return [row[0] for row in await cur.fetchall()]
+        except psycopg.Error:
+            return []
 
     async def _worker_down(
         self, managed: Managed, sig: signal.Signals, hold: float, record: FaultRecord
@@ -170,9 +222,14 @@ class FaultInjector:
         assert stack.temporal is not None
         verb = "terminate" if fault.kind == "workflow_terminate" else "cancel"
         record.target = f"an open export workflow ({fault.mode})"
-        candidates = await self._candidates(fault.mode)
-        if not candidates and fault.mode != "any":
-            candidates = await self._candidates("any")
+        deadline = time.monotonic() + TARGET_WAIT
+        while True:
+            candidates = await self._candidates(fault.mode)
+            if not candidates and fault.mode != "any":
+                candidates = await self._candidates("any")
+            if candidates or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)  # nothing open right now: wait a little for the next export
         if not candidates:
             record.skipped = True
             record.detail = "no open export workflow to act on"

@@ -141,6 +141,9 @@ def _hold(rng: random.Random, kind: str, config: SoakConfig) -> float:
 
 def _mode(rng: random.Random, kind: str) -> str:
     match kind:
+        case "worker_kill" | "worker_pause" | "worker_drain":
+            # Which worker: the planned slot, or the one holding an attempt that is building/delivering.
+            return rng.choices(("planned", "building", "delivering"), weights=(0.3, 0.4, 0.3))[0]
         case "temporal_restart":
             return rng.choice(("term", "kill"))
         case "workflow_terminate" | "workflow_cancel":

@@ -66,7 +66,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         driver = Driver(
             api, board, str(stack.destination_id), plan.exports, t0=t0, hard_deadline=hard_deadline
         )
-        injector = FaultInjector(stack, plan.faults, t0=t0, client=client)
+        injector = FaultInjector(stack, plan.faults, t0=t0, client=client, say=say)
         say("load and faults begin")
         drive = asyncio.create_task(driver.run(), name="driver")
         reporter = asyncio.create_task(_report_progress(say, driver, board, injector, api, len(plan.exports)))
@@ -114,6 +114,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 temporal_address=stack.temporal.address,
                 logs=logs,
                 settled_at=time.time(),
+                shutdown_grace_seconds=config.shutdown_grace_seconds,
             )
         ).run()
         timings["audit"] = time.monotonic() - audit_started
