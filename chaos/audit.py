@@ -639,9 +639,11 @@ class Auditor:
         answered_5xx = []
         for rec in fivexx:
             allowed = rec.status == 503 and rec.retry_after is not None
+            # The traceback of this answer: same route, logged after the request began, the nearest.
             near = [
-                tb for tb in tracebacks if abs(tb["t"] - rec.t) < 35 and tb.get("route") in (None, rec.route)
+                tb for tb in tracebacks if 0 <= tb["t"] - rec.t < 35 and tb.get("route") in (None, rec.route)
             ]
+            near.sort(key=lambda tb: (tb.get("route") is None, tb["t"] - rec.t))
             cause = near[0]["summary"] if near else None
             entry = {
                 "t": round(rec.t, 3),
@@ -658,7 +660,7 @@ class Auditor:
                 self.violate(
                     "http_5xx",
                     rec.job_id,
-                    f"{rec.method} {rec.route} answered {rec.status}" + (f" ({cause})" if cause else ""),
+                    f"{rec.route} answered {rec.status}" + (f" ({cause})" if cause else ""),
                     **{k: v for k, v in entry.items() if k != "job_id"},
                 )
         self.result.findings["http_5xx"] = answered_5xx
@@ -691,7 +693,7 @@ class Auditor:
             detail = (last[-1]["detail"] or "") if last else ""
             failed[f"{job['failure_reason']}: {_normalize(detail)}"].append(job_id)
         self.result.findings["failed"] = {
-            cause: {"count": len(ids), "examples": ids[:5]}
+            cause: {"count": len(ids), "examples": ids[:5], "events": self._summary(ids[0])}
             for cause, ids in sorted(failed.items(), key=lambda kv: -len(kv[1]))
         }
         requeued = Counter()
@@ -729,6 +731,7 @@ class Auditor:
             "final_name_written": bool(wrote),
             "worker": job["claimed_by"],
             "faults_near": self._faults_near(job, t_auth, t_end),
+            "events": self._summary(job_id),
         }
         if wrote:
             file = self.inp.upload_dir / (job["expected_file_name"] or "")
@@ -930,7 +933,9 @@ def parse_api_log(path: Path | None) -> list[dict[str, Any]]:
                 block[-1] if block else "",
             )
             frames = [
-                b.strip() for b in block if b.strip().startswith('File "') and "/site-packages/" not in b
+                re.sub(r'^File ".*?/([a-z_]+/[^/"]+\.py)", line (\d+), in (\S+)$', r"\1:\2 \3", b.strip())
+                for b in block
+                if b.strip().startswith('File "') and "/site-packages/" not in b and "/lib/python" not in b
             ]
             route = None
             for k in range(max(0, start - 3), min(len(lines), j + 3)):
@@ -942,7 +947,7 @@ def parse_api_log(path: Path | None) -> list[dict[str, Any]]:
                 t = float(stamp)
             except ValueError:
                 t = 0.0
-            found.append({"t": t, "summary": f"{exception.strip()[:200]} at {frames[-1][:160] if frames else '?'}",
+            found.append({"t": t, "summary": f"{exception.strip()[:200]} at {' < '.join(reversed(frames[-3:])) or '?'}",
                           "route": route, "text": "\n".join(block)[-4000:]})  # fmt: skip
             i = j
             continue

@@ -101,10 +101,12 @@ class StatusBoard:
     """Follows the tenant's exports through ``GET /exports`` every ``every`` seconds; tasks wait on it
     for a job to reach a status. Jobs that fall off the list's page are read one by one."""
 
-    def __init__(self, api: ApiClient, every: float = 0.2, page: int = 500) -> None:
+    def __init__(self, api: ApiClient, every: float = 0.25, page: int = 100, singles: int = 5) -> None:
         self.api = api
         self.every = every
         self.page = page
+        self.singles = singles
+        self._turn = 0
         self.jobs: dict[str, dict[str, Any]] = {}
         self.watched: set[str] = set()
         self.history: dict[str, list[str]] = {}  # statuses each job was seen in, in order
@@ -140,16 +142,21 @@ class StatusBoard:
     async def _run(self) -> None:
         while True:
             started = time.monotonic()
-            limit = max(1, min(self.page, len(self.watched) + 20))
-            response, _ = await self.api.request("GET", "GET /exports", "/exports", params={"limit": limit})
+            response, _ = await self.api.request(
+                "GET", "GET /exports", "/exports", params={"limit": self.page}
+            )
             listed: set[str] = set()
             if response is not None and response.status_code == 200:
                 rows = response.json().get("exports", [])
                 listed = {row["id"] for row in rows}
                 await self._update(rows)
-            # Watched jobs beyond the page (old ones still open) are read one by one, less often.
-            missing = [j for j in self.watched if j not in listed and self.status(j) not in TERMINAL]
-            for job_id in missing[:20]:
+            # Watched jobs beyond the page (older ones still open) are read one by one, a few per pass.
+            missing = sorted(j for j in self.watched if j not in listed and self.status(j) not in TERMINAL)
+            if missing:
+                start = self._turn % len(missing)
+                missing = (missing[start:] + missing[:start])[: self.singles]
+                self._turn += self.singles
+            for job_id in missing:
                 single, _ = await self.api.request(
                     "GET", "GET /exports/{id}", f"/exports/{job_id}", job_id=job_id
                 )
