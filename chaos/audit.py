@@ -30,6 +30,9 @@ from chaos.stack import PRINCIPAL, Exit
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
 
 DRAIN_MARGIN_SECONDS = 10.0
+SLOW_SETTLE_SECONDS = 20.0  # a job still moving this long after the faults stopped is listed
+STALL_FACTOR = 5  # recovery not starting for this many intervals is reported as a stall
+MAX_LISTED = 10
 NEVER_DELIVERS = frozenset({"Canceled", "Stopped", "Rejected"})
 OPEN = frozenset({"Queued", "Running", "Delivering"})
 STATUS_FOR_OUTCOME = {
@@ -83,7 +86,9 @@ class AuditInput:
     temporal_address: str
     logs: dict[str, Path]
     settled_at: float
+    load_ended_at: float = 0.0
     shutdown_grace_seconds: float = 15.0
+    recovery_every_seconds: float = 30.0
 
 
 @dataclass
@@ -139,6 +144,7 @@ class Auditor:
             self._events_agree_with_status,
             self._http_5xx,
             self._outcomes,
+            self._slow_to_settle,
             self._process_exits,
             self._drains,
             self._logs_free_of_contacts,
@@ -672,6 +678,7 @@ class Auditor:
 
     def _outcomes(self) -> None:
         unknown: dict[str, list[str]] = defaultdict(list)
+        likely: dict[str, Counter[str]] = defaultdict(Counter)
         legit = {"rename sent, answer lost"}
         details: list[dict[str, Any]] = []
         for job_id, job in self.jobs.items():
@@ -679,9 +686,17 @@ class Auditor:
                 continue
             cause, info = self._unknown_cause(job_id, job)
             unknown[cause].append(job_id)
+            likely[cause][
+                info["faults_near"][0].split(" ")[0] if info["faults_near"] else "no fault nearby"
+            ] += 1
             details.append({"job_id": job_id, "cause": cause, **info})
         self.result.findings["outcome_unknown"] = {
-            cause: {"count": len(ids), "expected": cause in legit, "examples": ids[:5]}
+            cause: {
+                "count": len(ids),
+                "expected": cause in legit,
+                "likely_faults": dict(likely[cause].most_common()),
+                "examples": ids[:5],
+            }
             for cause, ids in sorted(unknown.items(), key=lambda kv: -len(kv[1]))
         }
         self.result.findings["outcome_unknown_jobs"] = details
@@ -744,6 +759,17 @@ class Auditor:
             i.get("rename_sent") for i in interrupted
         ):
             return "rename sent, answer lost", info
+        after = [
+            e for e in self._job_events(job_id, attempt, "DeliveryEvidence")
+            if end is not None and e["id"] > end["id"] and not (e["observed_by"] or "").startswith("recovery")
+        ]  # fmt: skip
+        if after:
+            seen = ", ".join(sorted({_evidence_word(e) for e in after}))
+            return (f"resolved by {end['kind'] if end else '?'} while the attempt was still alive; it went on "
+                    f"to the partner afterwards ({seen})"), info  # fmt: skip
+        connect = [e for e in evidence if e.get("observation") == "connect" and e.get("result") == "refused"]
+        if connect:
+            return "nothing sent (the SFTP connection was refused), yet OutcomeUnknown", info
         if interrupted:
             phase = interrupted[-1].get("phase")
             return f"interrupted before the rename request (phase {phase}); final name never written", info
@@ -771,6 +797,8 @@ class Auditor:
             if fault.kind.startswith("workflow_") and fault.job_id != str(job["id"]):
                 continue
             near.append(f"{fault.kind} {fault.target}".strip())
+        # The faults on this attempt's own worker or workflow first: the likely cause.
+        near.sort(key=lambda text: not text.startswith(("worker_", "workflow_")))
         return near
 
     def _process_exits(self) -> None:
@@ -841,11 +869,63 @@ class Auditor:
             if marker in raw or b"contacts.invalid" in raw:
                 self.violate("contact_data_in_history", _job_from_workflow(execution.id),
                              f"workflow {execution.id} run {execution.run_id} holds contact data")  # fmt: skip
+            if execution.workflow_type == "RecoveryWorkflow":
+                recovery_runs.append(_recovery_run(execution, history))
 
+        recovery_runs: list[dict[str, Any]] = []
         await asyncio.gather(*(check(e) for e in executions))
+        self._recovery_runs(recovery_runs)
         self.result.counts["histories_checked"] = checked
         self.result.counts["workflows_by_status"] = dict(sorted(statuses.items()))
         self.result.counts["export_workflow_results"] = dict(results.most_common())
+
+    def _recovery_runs(self, runs: list[dict[str, Any]]) -> None:
+        """Recovery must run every interval: the longest gap between runs, and runs that took long (with
+        the activity timeouts and failures their histories show)."""
+        runs.sort(key=lambda r: r["start"])
+        gaps = [(b["start"] - a["start"], a, b) for a, b in zip(runs, runs[1:], strict=False)]
+        longest = max(gaps, key=lambda g: g[0], default=None)
+        interval = self.inp.recovery_every_seconds
+        slow = [r for r in runs if (r["duration"] or 0) > 3 * interval]
+        self.result.findings["recovery"] = {
+            "runs": len(runs),
+            "interval_seconds": interval,
+            "longest_gap_seconds": round(longest[0], 1) if longest else None,
+            "longest_gap_after_run": longest[1]["workflow_id"] if longest else None,
+            "slow_runs": [
+                {k: r[k] for k in ("workflow_id", "status", "duration", "problems")}
+                for r in slow[:MAX_LISTED]
+            ],
+        }
+        # Not a violation (no invariant breaks), but every lease that expires meanwhile waits it out.
+        self.result.findings["recovery_stalls"] = [
+            f"no recovery run started for {gap:.0f}s (interval {interval:.0f}s) after {a['workflow_id']}, which "
+            f"took {a['duration'] or 0:.0f}s: {'; '.join(a['problems'][:3]) or 'no activity failure recorded'}"
+            for gap, a, _ in sorted(gaps, key=lambda g: -g[0])
+            if gap > STALL_FACTOR * interval
+        ][:MAX_LISTED]
+
+    def _slow_to_settle(self) -> None:
+        """Jobs whose last transition came long after the faults stopped: what held them."""
+        limit = self.inp.load_ended_at + SLOW_SETTLE_SECONDS
+        slow = []
+        for job_id, job in self.jobs.items():
+            transitions = [e for e in self.events.get(job_id, []) if e["kind"] in TRANSITIONS]
+            if transitions and transitions[-1]["recorded_at"].timestamp() > limit:
+                slow.append(
+                    (transitions[-1]["recorded_at"].timestamp() - self.inp.load_ended_at, job_id, job)
+                )
+        slow.sort(key=lambda s: -s[0])
+        self.result.findings["slow_to_settle"] = [
+            {
+                "job_id": job_id,
+                "seconds_after_faults": round(late, 1),
+                "status": job["status"],
+                "events": self._summary(job_id),
+            }
+            for late, job_id, job in slow[:MAX_LISTED]
+        ]
+        self.result.counts["slow_to_settle"] = len(slow)
 
     def _summary(self, job_id: str) -> list[str]:
         """The job's events in order, short: kind, attempt prefix, who, detail."""
@@ -965,3 +1045,43 @@ def _group_tracebacks(tracebacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         group["count"] += 1
         group["routes"][tb["route"] or "?"] += 1
     return [{**g, "routes": dict(g["routes"])} for g in sorted(groups.values(), key=lambda g: -g["count"])]
+
+
+def _recovery_run(execution: Any, history: Any) -> dict[str, Any]:
+    """A RecoveryWorkflow run: when, how long, and what went wrong with its activities."""
+    start = execution.start_time.timestamp() if execution.start_time else 0.0
+    close = execution.close_time.timestamp() if execution.close_time else None
+    problems: list[str] = []
+    for event in history.events:
+        if event.HasField("activity_task_timed_out_event_attributes"):
+            attrs = event.activity_task_timed_out_event_attributes
+            problems.append(
+                f"activity timed out: {attrs.failure.message or attrs.failure.timeout_failure_info}"[:160]
+            )
+        elif event.HasField("activity_task_failed_event_attributes"):
+            problems.append(
+                f"activity failed: {event.activity_task_failed_event_attributes.failure.message}"[:160]
+            )
+        elif event.HasField("activity_task_started_event_attributes"):
+            attrs = event.activity_task_started_event_attributes
+            if attrs.attempt > 1:
+                problems.append(f"activity attempt {attrs.attempt} started by {attrs.identity}"[:160])
+    return {
+        "workflow_id": f"{execution.id}/{execution.run_id}",
+        "status": execution.status.name if execution.status is not None else "?",
+        "start": start,
+        "duration": round(close - start, 1) if close else None,
+        "problems": problems,
+    }
+
+
+def _evidence_word(event: dict[str, Any]) -> str:
+    try:
+        detail = json.loads(event["detail"] or "{}")
+    except ValueError:
+        return "?"
+    words = [str(detail.get("observation", "?"))]
+    for key in ("result", "phase", "outcome", "error"):
+        if detail.get(key) is not None:
+            words.append(str(detail[key]))
+    return " ".join(words)

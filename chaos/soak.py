@@ -73,6 +73,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         await injector.run()
         await asyncio.sleep(max(0.0, t0 + load - time.monotonic()))
         timings["load"] = time.monotonic() - t0
+        load_ended_at = time.time()
 
         settle_started = time.monotonic()
         say("faults stopped; every process resumed; waiting for recovery to settle")
@@ -115,6 +116,8 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 logs=logs,
                 settled_at=time.time(),
                 shutdown_grace_seconds=config.shutdown_grace_seconds,
+                recovery_every_seconds=config.recovery_every_seconds,
+                load_ended_at=load_ended_at,
             )
         ).run()
         timings["audit"] = time.monotonic() - audit_started
