@@ -102,14 +102,30 @@ def render(report: dict[str, Any]) -> str:
     add("")
     add(f"OutcomeUnknown: {sum(v['count'] for v in unknown.values())}")
     for cause, info in unknown.items():
+        add(f"  {info['count']:4}  {cause}{'  (expected)' if info['expected'] else ''}")
         add(
-            f"  {info['count']:4}  {cause}{'  (expected)' if info['expected'] else ''}  e.g. {', '.join(info['examples'][:3])}"
+            f"        faults on its worker/workflow or nearby: {info.get('likely_faults', {})}; e.g. {', '.join(info['examples'][:3])}"
         )
     failed = findings.get("failed", {})
     if failed:
         add(f"Failed: {sum(v['count'] for v in failed.values())}")
         for cause, info in failed.items():
             add(f"  {info['count']:4}  {cause}  e.g. {', '.join(info['examples'][:3])}")
+    recovery = findings.get("recovery", {})
+    if recovery:
+        add(f"recovery: {recovery.get('runs')} runs every {recovery.get('interval_seconds')}s; longest gap "
+            f"{recovery.get('longest_gap_seconds')}s; {len(recovery.get('slow_runs', []))} slow runs")  # fmt: skip
+    for stall in findings.get("recovery_stalls", []):
+        add(f"  STALL: {stall}")
+    slow = findings.get("slow_to_settle", [])
+    if slow:
+        add(
+            f"slow to settle (last transition > 20s after the faults stopped): {c.get('slow_to_settle', 0)} jobs, e.g."
+        )
+        for item in slow[:3]:
+            add(
+                f"  {item['job_id']} {item['status']} +{item['seconds_after_faults']}s: {' | '.join(item['events'][-4:])}"
+            )
     exits = findings.get("unexpected_exits", [])
     if exits:
         add(f"processes that exited by themselves (restarted by the soak): {len(exits)}")
