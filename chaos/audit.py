@@ -249,6 +249,10 @@ class Auditor:
         for write in self.writes:
             writes_by_name[write.name].append(write)
         self.result.counts["final_name_writes"] = len(self.writes)
+        self.result.counts["final_name_writes_by"] = dict(Counter(w.how for w in self.writes))
+        self.result.counts["final_name_writes_unattributed"] = sum(
+            1 for w in self.writes if w.attempt_id is None
+        )
         self.result.counts["temporary_files_created"] = sum(len(v) for v in self.temps.values())
         for name, writes in writes_by_name.items():
             jobs = by_name.get(name, [])

