@@ -875,10 +875,20 @@ class Auditor:
                              f"workflow {execution.id} run {execution.run_id} holds contact data")  # fmt: skip
             if execution.workflow_type == "RecoveryWorkflow":
                 recovery_runs.append(_recovery_run(execution, history))
+            job = _job_from_workflow(execution.id)
+            if job in interesting:
+                timelines[job].append(
+                    (history.events[0].event_time.ToDatetime().timestamp(), _timeline(history))
+                )
 
         recovery_runs: list[dict[str, Any]] = []
+        interesting = {d["job_id"]: d for d in self.result.findings.get("outcome_unknown_jobs", [])}
+        timelines: dict[str, list[tuple[float, list[str]]]] = defaultdict(list)
         await asyncio.gather(*(check(e) for e in executions))
         self._recovery_runs(recovery_runs)
+        for job, runs in timelines.items():
+            # Each wake-up's workflow: which activities it scheduled, when they started and how they ended.
+            interesting[job]["workflows"] = [lines for _, lines in sorted(runs)]
         self.result.counts["histories_checked"] = checked
         self.result.counts["workflows_by_status"] = dict(sorted(statuses.items()))
         self.result.counts["export_workflow_results"] = dict(results.most_common())
@@ -1089,3 +1099,66 @@ def _evidence_word(event: dict[str, Any]) -> str:
         if detail.get(key) is not None:
             words.append(str(detail[key]))
     return " ".join(words)
+
+
+def _timeline(history: Any) -> list[str]:
+    """One workflow run, short: when each activity was scheduled, started (by whom) and how it ended."""
+    names: dict[int, str] = {}
+    first = history.events[0].event_time.ToDatetime() if history.events else None
+    lines = [f"{history.workflow_id} started {first.strftime('%H:%M:%S.%f')[:-3] if first else '?'}"]
+    for event in history.events:
+        t = event.event_time.ToDatetime().strftime("%H:%M:%S.%f")[:-3]
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attrs = event.activity_task_scheduled_event_attributes
+            names[event.event_id] = attrs.activity_type.name.removeprefix("export.")
+            lines.append(f"{t} {names[event.event_id]} scheduled on {attrs.task_queue.name}")
+        elif event.HasField("activity_task_started_event_attributes"):
+            attrs = event.activity_task_started_event_attributes
+            lines.append(
+                f"{t} {names.get(attrs.scheduled_event_id, '?')} started (attempt {attrs.attempt}) by {attrs.identity}"
+            )
+        elif event.HasField("activity_task_completed_event_attributes"):
+            attrs = event.activity_task_completed_event_attributes
+            result = ""
+            if attrs.result.payloads:
+                try:
+                    data = json.loads(attrs.result.payloads[0].data)
+                    result = " ".join(
+                        f"{k}={data[k]}" for k in ("step", "outcome", "finish", "delivery") if data.get(k)
+                    )
+                except ValueError:
+                    result = ""
+            lines.append(f"{t} {names.get(attrs.scheduled_event_id, '?')} completed {result}".rstrip())
+        elif event.HasField("activity_task_failed_event_attributes"):
+            attrs = event.activity_task_failed_event_attributes
+            lines.append(
+                f"{t} {names.get(attrs.scheduled_event_id, '?')} failed: {attrs.failure.message[:120]}"
+            )
+        elif event.HasField("activity_task_timed_out_event_attributes"):
+            attrs = event.activity_task_timed_out_event_attributes
+            kind = attrs.failure.timeout_failure_info.timeout_type
+            lines.append(
+                f"{t} {names.get(attrs.scheduled_event_id, '?')} timed out (type {kind}): {attrs.failure.message[:80]}"
+            )
+        elif event.HasField("workflow_execution_cancel_requested_event_attributes"):
+            lines.append(f"{t} workflow cancel requested")
+        elif event.HasField("workflow_execution_terminated_event_attributes"):
+            lines.append(
+                f"{t} workflow terminated: {event.workflow_execution_terminated_event_attributes.reason}"
+            )
+        elif event.HasField("workflow_execution_completed_event_attributes"):
+            payloads = event.workflow_execution_completed_event_attributes.result.payloads
+            outcome = ""
+            if payloads:
+                try:
+                    outcome = json.loads(payloads[0].data).get("outcome", "")
+                except ValueError:
+                    outcome = ""
+            lines.append(f"{t} workflow completed: {outcome}")
+        elif event.HasField("workflow_execution_failed_event_attributes"):
+            lines.append(
+                f"{t} workflow failed: {event.workflow_execution_failed_event_attributes.failure.message[:120]}"
+            )
+        elif event.HasField("workflow_execution_timed_out_event_attributes"):
+            lines.append(f"{t} workflow timed out")
+    return lines

@@ -196,6 +196,13 @@ class Stack:
         assert self.pg is not None
         with psycopg.connect(self.pg.url, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+            # The embedded server is tuned for tests (synchronous_commit=off on its command line): a crash
+            # stop would then lose commits the clients were told about, and the audit would see a harness
+            # artefact. Every session of this database commits synchronously (fsync may stay off: the
+            # operating system does not crash, only PostgreSQL stops).
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(sql.Identifier(DATABASE))
+            )
         migrate(self.admin_url)
         ensure_app_login(self.pg.url, APP_LOGIN)
 
