@@ -102,11 +102,21 @@ def render(report: dict[str, Any]) -> str:
     unknown = findings.get("outcome_unknown", {})
     add("")
     add(f"OutcomeUnknown: {sum(v['count'] for v in unknown.values())}")
+    jobs = {j["job_id"]: j for j in findings.get("outcome_unknown_jobs", [])}
     for cause, info in unknown.items():
         add(f"  {info['count']:4}  {cause}{'  (expected)' if info['expected'] else ''}")
         add(
             f"        faults on its worker/workflow or nearby: {info.get('likely_faults', {})}; e.g. {', '.join(info['examples'][:3])}"
         )
+        example = jobs.get(info["examples"][0]) if info["examples"] else None
+        if example:
+            add(
+                f"        example {example['job_id']} (worker {example['worker']}; faults {example['faults_near'][:3]}):"
+            )
+            for line in example["events"][-6:]:
+                add(f"          {line}")
+            for line in (example.get("workflows") or [[]])[-1][-8:]:
+                add(f"          | {line}")
     failed = findings.get("failed", {})
     if failed:
         add(f"Failed: {sum(v['count'] for v in failed.values())}")
