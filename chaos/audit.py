@@ -749,6 +749,7 @@ class Auditor:
             "temp_file_created": temp,
             "final_name_written": bool(wrote),
             "worker": job["claimed_by"],
+            "workflow_id": job["workflow_id"],
             "faults_near": self._faults_near(job, t_auth, t_end),
             "events": self._summary(job_id),
         }
@@ -877,9 +878,7 @@ class Auditor:
                 recovery_runs.append(_recovery_run(execution, history))
             job = _job_from_workflow(execution.id)
             if job in interesting:
-                timelines[job].append(
-                    (history.events[0].event_time.ToDatetime().timestamp(), _timeline(history))
-                )
+                timelines[job].append((execution.id, _timeline(history)))
 
         recovery_runs: list[dict[str, Any]] = []
         interesting = {d["job_id"]: d for d in self.result.findings.get("outcome_unknown_jobs", [])}
@@ -888,7 +887,9 @@ class Auditor:
         self._recovery_runs(recovery_runs)
         for job, runs in timelines.items():
             # Each wake-up's workflow: which activities it scheduled, when they started and how they ended.
-            interesting[job]["workflows"] = [lines for _, lines in sorted(runs)]
+            interesting[job]["workflows"] = [lines for _, lines in sorted(runs, key=lambda r: r[1][0])]
+            own = [lines for workflow_id, lines in runs if workflow_id == interesting[job].get("workflow_id")]
+            interesting[job]["attempt_workflow"] = own[0] if own else None
         self.result.counts["histories_checked"] = checked
         self.result.counts["workflows_by_status"] = dict(sorted(statuses.items()))
         self.result.counts["export_workflow_results"] = dict(results.most_common())
@@ -914,10 +915,18 @@ class Auditor:
         # Not a violation (no invariant breaks), but every lease that expires meanwhile waits it out.
         self.result.findings["recovery_stalls"] = [
             f"no recovery run started for {gap:.0f}s (interval {interval:.0f}s) after {a['workflow_id']}, which "
-            f"took {a['duration'] or 0:.0f}s: {'; '.join(a['problems'][:3]) or 'no activity failure recorded'}"
-            for gap, a, _ in sorted(gaps, key=lambda g: -g[0])
+            f"took {a['duration'] or 0:.0f}s: {'; '.join(a['problems'][:3]) or 'no activity failure recorded'}; "
+            f"faults meanwhile: {self._faults_between(a['start'], b['start']) or 'none'}"
+            for gap, a, b in sorted(gaps, key=lambda g: -g[0])
             if gap > STALL_FACTOR * interval
         ][:MAX_LISTED]
+
+    def _faults_between(self, t_from: float, t_to: float) -> list[str]:
+        return [
+            f"{f.kind} {f.target} at +{f.started - t_from:.0f}s"
+            for f in self.inp.faults
+            if f.started < t_to and f.ended > t_from - 1
+        ]
 
     def _slow_to_settle(self) -> None:
         """Jobs whose last transition came long after the faults stopped: what held them."""

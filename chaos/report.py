@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -115,7 +116,7 @@ def render(report: dict[str, Any]) -> str:
             )
             for line in example["events"][-6:]:
                 add(f"          {line}")
-            for line in (example.get("workflows") or [[]])[-1][-8:]:
+            for line in (example.get("attempt_workflow") or (example.get("workflows") or [[]])[-1])[-10:]:
                 add(f"          | {line}")
     failed = findings.get("failed", {})
     if failed:
@@ -141,8 +142,9 @@ def render(report: dict[str, Any]) -> str:
     if exits:
         add(f"processes that exited by themselves (restarted by the soak): {len(exits)}")
         for e in exits[:MAX_EXAMPLES]:
-            last = [ln for ln in e["log_tail"].splitlines() if ln.strip()][-1:] or [""]
-            add(f"  {e['process']} code {e['code']}: {last[0][:200]}")
+            lines = [ln.partition(" ")[2] for ln in e["log_tail"].splitlines() if ln.strip()]
+            errors = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception)\b", ln)] or lines[-1:] or [""]
+            add(f"  {e['process']} code {e['code']}: {errors[-1][:200]}")
     if report["harness_errors"]:
         add(f"harness problems: {report['harness_errors'][:MAX_EXAMPLES]}")
     add("")
