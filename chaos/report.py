@@ -29,6 +29,7 @@ def build_report(
     faults: list[FaultRecord],
     records: list[ExportRecord],
     harness: list[str],
+    load: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the run found, as plain data (``violations`` empty means it passed)."""
     from chaos.soak import config_dict
@@ -43,6 +44,7 @@ def build_report(
         "config": config_dict(config),
         "run_dir": str(run_dir),
         "timings": {k: round(v, 1) for k, v in timings.items()},
+        "load_average": {k: round(v, 2) if isinstance(v, float) else v for k, v in (load or {}).items()},
         "settled": settled,
         "exports_planned": len(plan.exports),
         "exports_created": sum(1 for r in records if r.job_id and r.role == "original"),
@@ -71,6 +73,10 @@ def render(report: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v:.0f}s" for k, v in t.items())
         + ("" if report["settled"] else "  (NOT SETTLED)")
     )
+    load = report.get("load_average") or {}
+    if load:
+        add(f"machine load (1-min average, {load.get('cpus')} CPUs): start {load.get('at_start')}, mean "
+            f"{load.get('mean')}, max {load.get('max')}; timing-driven findings grow with it")  # fmt: skip
     add("final states: " + ", ".join(f"{k} {v}" for k, v in c.get("final_states", {}).items()))
     add("faults by kind: " + ", ".join(
         f"{k} {v.get('done', 0)}" + (f" (+{v['skipped']} skipped)" if v.get("skipped") else "")

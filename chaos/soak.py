@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
     say(f"seed {config.seed}, plan {plan.digest()}: {len(plan.exports)} exports, {len(plan.faults)} faults "
         f"over {config.load_seconds:.0f}s; logs in {run_dir}")  # fmt: skip
     timings: dict[str, float] = {}
+    loads = [os.getloadavg()[0]]  # 1-minute load average, sampled every 10 s: timing findings depend on it
     stack = Stack(config, run_dir)
     harness: list[str] = []
     api: ApiClient | None = None
@@ -69,7 +71,9 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         injector = FaultInjector(stack, plan.faults, t0=t0, client=client, say=say)
         say("load and faults begin")
         drive = asyncio.create_task(driver.run(), name="driver")
-        reporter = asyncio.create_task(_report_progress(say, driver, board, injector, api, len(plan.exports)))
+        reporter = asyncio.create_task(
+            _report_progress(say, driver, board, injector, api, len(plan.exports), loads)
+        )
         await injector.run()
         await asyncio.sleep(max(0.0, t0 + load - time.monotonic()))
         timings["load"] = time.monotonic() - t0
@@ -133,6 +137,12 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
             faults=injector.records,
             records=driver.records,
             harness=harness,
+            load={
+                "cpus": os.cpu_count(),
+                "at_start": loads[0],
+                "max": max(loads),
+                "mean": sum(loads) / len(loads),
+            },
         )
     finally:
         if drive is not None and not drive.done():
@@ -171,10 +181,17 @@ async def _wait_settled(stack: Stack, drive: asyncio.Task[None], deadline: float
 
 
 async def _report_progress(
-    say: Progress, driver: Driver, board: StatusBoard, injector: FaultInjector, api: ApiClient, planned: int
+    say: Progress,
+    driver: Driver,
+    board: StatusBoard,
+    injector: FaultInjector,
+    api: ApiClient,
+    planned: int,
+    loads: list[float],
 ) -> None:
     while True:
         await asyncio.sleep(10)
+        loads.append(os.getloadavg()[0])
         statuses = Counter(row["status"] for row in board.jobs.values())
         fivexx = sum(1 for r in api.journal if r.status is not None and r.status >= 500)
         errors = sum(1 for r in api.journal if r.status is None)
@@ -182,7 +199,7 @@ async def _report_progress(
         say(
             f"{sum(1 for r in driver.records if r.job_id and r.role == 'original')}/{planned} created; "
             + ", ".join(f"{k} {v}" for k, v in statuses.most_common())
-            + f"; faults {done}/{len(injector.faults)}; 5xx {fivexx}; client errors {errors}"
+            + f"; faults {done}/{len(injector.faults)}; 5xx {fivexx}; client errors {errors}; load {loads[-1]:.1f}"
         )
 
 
