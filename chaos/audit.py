@@ -191,6 +191,29 @@ class Auditor:
                 tenant,
             ):
                 self.list_sizes[row["list_name"]] = row["n"]
+            # Sessions holding a transaction open (a stuck dispatcher keeps its outbox rows locked, and the
+            # other dispatchers skip them): who, for how long, doing what.
+            self.result.findings["open_transactions"] = [
+                {k: (str(v) if k == "query" else v) for k, v in row.items()}
+                for row in conn.execute(
+                    "SELECT application_name, state, wait_event_type, wait_event,"
+                    " round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1)::float AS xact_seconds,"
+                    " left(query, 160) AS query"
+                    " FROM pg_stat_activity WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()"
+                    " AND clock_timestamp() - xact_start > interval '5 seconds' ORDER BY xact_start"
+                )
+            ]
+            self.result.findings["outbox_unpublished"] = {
+                "rows": sum(self.unpublished.values()),
+                "jobs": len(self.unpublished),
+                "oldest_seconds": (
+                    conn.execute(
+                        "SELECT round(extract(epoch FROM clock_timestamp() - min(created_at))::numeric, 1)::float AS s"
+                        " FROM outbox WHERE published_at IS NULL"
+                    ).fetchone()
+                    or {}
+                ).get("s"),
+            }
             now = conn.execute("SELECT clock_timestamp() AS now").fetchone()
             assert now is not None
             self.db_now = now["now"].timestamp()

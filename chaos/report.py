@@ -144,6 +144,14 @@ def render(report: dict[str, Any]) -> str:
             add(
                 f"  {item['job_id']} {item['status']} +{item['seconds_after_faults']}s: {' | '.join(item['events'][-4:])}"
             )
+    outbox = findings.get("outbox_unpublished") or {}
+    if outbox.get("rows"):
+        add(
+            f"outbox at the audit: {outbox['rows']} unpublished wake-ups for {outbox['jobs']} jobs, oldest {outbox['oldest_seconds']}s"
+        )
+    for tx in findings.get("open_transactions", [])[:MAX_EXAMPLES]:
+        add(f"  open transaction {tx['xact_seconds']}s: {tx['application_name']} {tx['state']} "
+            f"(waits {tx['wait_event_type']}/{tx['wait_event']}): {tx['query'][:100]}")  # fmt: skip
     exits = findings.get("unexpected_exits", [])
     if exits:
         add(f"processes that exited by themselves (restarted by the soak): {len(exits)}")
