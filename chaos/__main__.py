@@ -9,6 +9,7 @@ import json
 import shlex
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from chaos.config import FAULT_KINDS, SoakConfig
@@ -82,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         report = asyncio.run(soak())
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted; everything the soak started was stopped", file=sys.stderr)
+        return 2
+    except Exception:  # noqa: BLE001 - the soak itself could not run: say why, exit 2 (not a violation)
+        traceback.print_exc()
+        print("the soak could not run; everything it started was stopped", file=sys.stderr)
         return 2
     print(render(report))
     if config.report_json is not None:

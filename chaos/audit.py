@@ -85,7 +85,6 @@ class AuditInput:
     marker: str
     temporal_address: str
     logs: dict[str, Path]
-    settled_at: float
     load_ended_at: float = 0.0
     shutdown_grace_seconds: float = 15.0
     recovery_every_seconds: float = 30.0

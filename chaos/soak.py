@@ -118,7 +118,6 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 marker=stack.marker,
                 temporal_address=stack.temporal.address,
                 logs=logs,
-                settled_at=time.time(),
                 shutdown_grace_seconds=config.shutdown_grace_seconds,
                 recovery_every_seconds=config.recovery_every_seconds,
                 load_ended_at=load_ended_at,

@@ -35,7 +35,6 @@ def make_auditor(tmp_path: Path, **overrides: Any) -> Auditor:
         "marker": "zqmarker",
         "temporal_address": "127.0.0.1:1",
         "logs": {},
-        "settled_at": time.time(),
     }
     fields.update(overrides)
     auditor = Auditor(AuditInput(**fields))
