@@ -603,12 +603,20 @@ class Auditor:
                 edits[f"{edit.kind} {edit.status}"] += 1
             if job is None:
                 continue
-            wanted_list = accepted[-1].list_name if accepted else record.list_name
-            if job["list_name"] != wanted_list:
+            # An edit whose answer never came may have committed: its list is possible too.
+            possible = {accepted[-1].list_name if accepted else record.list_name}
+            possible |= {e.list_name for e in record.edits if e.status is None or e.status >= 500}
+            if job["list_name"] not in possible:
                 self.violate("terms_edit", record.job_id,
-                             f"the job's list is {job['list_name']!r}; the last accepted edit set {wanted_list!r}")  # fmt: skip
+                             f"the job's list is {job['list_name']!r}; the client's edits allow {sorted(possible)}")  # fmt: skip
+            # A job that left Queued through a claim was claimed at its last version (edits only while Queued);
+            # a canceled or still queued one may have been edited after an earlier, requeued claim.
             claims = self._job_events(record.job_id, kind="Claimed")
-            if claims and claims[-1]["version"] != job["version"]:
+            if (
+                claims
+                and job["status"] not in ("Queued", "Canceled", "Rejected")
+                and claims[-1]["version"] != job["version"]
+            ):
                 self.violate("terms_edit", record.job_id,
                              f"last claim at version {claims[-1]['version']}, the job is at version {job['version']}")  # fmt: skip
             for edit in record.edits:

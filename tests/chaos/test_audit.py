@@ -269,3 +269,27 @@ def test_the_watch_attributes_link_and_rename_publications_to_the_attempt_in_the
         "contacts-b.csv": ("rename", renamed_attempt),
     }
     assert not watch.errors and not watch.overflowed
+
+
+def test_a_claim_at_an_old_version_breaks_the_terms_but_an_edit_after_a_requeue_and_a_cancel_does_not(
+    tmp_path: Path,
+) -> None:
+    from chaos.driver import EditRecord
+
+    auditor = make_auditor(tmp_path)
+    completed = add_job(auditor, "Completed", version=2, list_name="small")
+    add_event(auditor, completed, "Claimed", version=1)  # claimed at the version before the edit
+    canceled = add_job(auditor, "Canceled", version=2, list_name="small")
+    add_event(auditor, canceled, "Claimed", version=1)  # requeued, then edited, then canceled: fine
+    lost = add_job(
+        auditor, "Canceled", version=2, list_name="small"
+    )  # the edit committed, its answer was lost
+    for job in (completed, canceled, lost):
+        record = ExportRecord(index=0, role="original", list_name="tiny", job_id=str(job["id"]))
+        status = None if job is lost else 200
+        record.edits.append(EditRecord("ok", '"1"', "small", "Queued", status, 2 if status else None))
+        auditor.inp.records.append(record)
+    auditor._idempotency_and_edits()
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("terms_edit", str(completed["id"]))
+    ]
