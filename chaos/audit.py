@@ -920,9 +920,36 @@ class Auditor:
             interesting[job]["workflows"] = [lines for _, lines in sorted(runs, key=lambda r: r[1][0])]
             own = [lines for workflow_id, lines in runs if workflow_id == interesting[job].get("workflow_id")]
             interesting[job]["attempt_workflow"] = own[0] if own else None
+        self._refine_unknown(interesting)
         self.result.counts["histories_checked"] = checked
         self.result.counts["workflows_by_status"] = dict(sorted(statuses.items()))
         self.result.counts["export_workflow_results"] = dict(results.most_common())
+
+    def _refine_unknown(self, jobs: dict[str, dict[str, Any]]) -> None:
+        """Split "upload never started" by what the attempt's own workflow history says happened to the
+        delivery, and group the OutcomeUnknown jobs again."""
+        for detail in jobs.values():
+            if detail["cause"].startswith("upload never started"):
+                fate = _delivery_fate(detail.get("attempt_workflow"))
+                detail["cause"] = f"upload never started: {fate}"
+        grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for detail in jobs.values():
+            grouped[detail["cause"]].append(detail)
+        legit = {"rename sent, answer lost"}
+        self.result.findings["outcome_unknown"] = {
+            cause: {
+                "count": len(items),
+                "expected": cause in legit,
+                "likely_faults": dict(
+                    Counter(
+                        d["faults_near"][0].split(" ")[0] if d["faults_near"] else "no fault nearby"
+                        for d in items
+                    )
+                ),
+                "examples": [d["job_id"] for d in items[:5]],
+            }
+            for cause, items in sorted(grouped.items(), key=lambda kv: -len(kv[1]))
+        }
 
     def _recovery_runs(self, runs: list[dict[str, Any]]) -> None:
         """Recovery must run every interval: the longest gap between runs, and runs that took long (with
@@ -1201,3 +1228,39 @@ def _timeline(history: Any) -> list[str]:
         elif event.HasField("workflow_execution_timed_out_event_attributes"):
             lines.append(f"{t} workflow timed out")
     return lines
+
+
+def _delivery_fate(lines: list[str] | None) -> str:
+    """What happened to an attempt's delivery between cutoff 2 and the partner, from its workflow timeline."""
+    if not lines:
+        return "its workflow's history was not found"
+    text = "\n".join(lines)
+
+    def has(fragment: str) -> bool:
+        return fragment in text
+
+    if has(" deliver timed out (type 2)"):
+        return "deliver never started: ScheduleToStart timeout on the claiming worker's own queue (that worker stopped polling)"
+    if has(" deliver timed out (type 4)"):
+        return "deliver started, then its worker stopped heartbeating (killed or paused) before it reached the partner"
+    if has(" deliver completed finish=NotOwner"):
+        return (
+            "deliver started after recovery had taken over (the lease lapsed between cutoff 2 and the upload)"
+        )
+    if has(" deliver completed finish=Unknown"):
+        return "deliver could not confirm its ownership (renewal failed) and sent nothing"
+    if has(" deliver started") and not has(" deliver completed"):
+        return "deliver started but never ended in this history (workflow gone)"
+    if has(" deliver scheduled") and not has(" deliver started"):
+        if has("workflow terminated"):
+            return "deliver scheduled, then the workflow was terminated before it started"
+        return "deliver scheduled but never started"
+    if has("workflow terminated"):
+        return "the workflow was terminated after cutoff 2, before scheduling the delivery"
+    if has(" prepare_delivery timed out (type 4)"):
+        return "cutoff 2 committed, then the build activity's heartbeat timed out (worker killed or paused): no delivery scheduled"
+    if has(" prepare_delivery timed out (type 2)"):
+        return "the build activity never started on the claiming worker's queue, yet cutoff 2 is recorded"
+    if has(" prepare_delivery completed") and not has(" deliver scheduled"):
+        return "cutoff 2 committed but the workflow never scheduled the delivery"
+    return "no delivery in the attempt's workflow history"

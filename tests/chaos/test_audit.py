@@ -293,3 +293,21 @@ def test_a_claim_at_an_old_version_breaks_the_terms_but_an_edit_after_a_requeue_
     assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
         ("terms_edit", str(completed["id"]))
     ]
+
+
+def test_an_upload_that_never_started_is_explained_by_its_workflow_history() -> None:
+    from chaos.audit import _delivery_fate
+
+    drained = [
+        "wf started",
+        "10:00:01.000 deliver scheduled on exports-w1.1",
+        "10:01:01.000 deliver timed out (type 2): x",
+    ]
+    late = [
+        "wf started",
+        "10:00:01.000 deliver started (attempt 1) by w1.1@own",
+        "10:00:09.000 deliver completed finish=NotOwner",
+    ]
+    assert _delivery_fate(drained).startswith("deliver never started: ScheduleToStart timeout")
+    assert _delivery_fate(late).startswith("deliver started after recovery had taken over")
+    assert _delivery_fate(None) == "its workflow's history was not found"
