@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+MAX_PAGE = 500  # the list route's own limit
 TERMINAL = frozenset({"Canceled", "Rejected", "Stopped", "Failed", "Completed", "OutcomeUnknown"})
 
 
@@ -107,6 +108,7 @@ class StatusBoard:
         self.page = page
         self.singles = singles
         self._turn = 0
+        self._pass = 0
         self.jobs: dict[str, dict[str, Any]] = {}
         self.watched: set[str] = set()
         self.history: dict[str, list[str]] = {}  # statuses each job was seen in, in order
@@ -142,9 +144,10 @@ class StatusBoard:
     async def _run(self) -> None:
         while True:
             started = time.monotonic()
-            response, _ = await self.api.request(
-                "GET", "GET /exports", "/exports", params={"limit": self.page}
-            )
+            # One page deep enough for the open jobs (newest first), so few are left to read one by one.
+            open_jobs = sum(1 for j in self.watched if self.status(j) not in TERMINAL)
+            limit = max(self.page, min(MAX_PAGE, open_jobs + 50))
+            response, _ = await self.api.request("GET", "GET /exports", "/exports", params={"limit": limit})
             listed: set[str] = set()
             if response is not None and response.status_code == 200:
                 rows = response.json().get("exports", [])
@@ -152,6 +155,9 @@ class StatusBoard:
                 await self._update(rows)
             # Watched jobs beyond the page (older ones still open) are read one by one, a few per pass.
             missing = sorted(j for j in self.watched if j not in listed and self.status(j) not in TERMINAL)
+            self._pass += 1
+            if self._pass % 4:
+                missing = []  # a few single reads once a second, not every pass: the API is busy enough
             if missing:
                 start = self._turn % len(missing)
                 missing = (missing[start:] + missing[:start])[: self.singles]
