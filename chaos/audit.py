@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,10 +22,13 @@ import psycopg
 from psycopg.rows import dict_row
 from temporalio.client import Client
 
+from chaos.apilog import group_tracebacks, parse_api_log
 from chaos.client import HttpRecord
 from chaos.driver import CancelRecord, ExportRecord
 from chaos.faults import FaultRecord
+from chaos.histories import connect, delivery_fate, job_of_workflow, open_export_jobs, recovery_run, timeline
 from chaos.stack import PRINCIPAL, Exit
+from chaos.textual import normalize
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
 
 DRAIN_MARGIN_SECONDS = 10.0
@@ -129,9 +131,9 @@ class Auditor:
         await asyncio.to_thread(self._load_database)
         self.writes = final_writes(self.inp.watch_events)
         self.temps = {str(k): v for k, v in temp_files_created(self.inp.watch_events).items()}
-        client = await _connect(self.inp.temporal_address)
+        client = await connect(self.inp.temporal_address)
         if client is not None:
-            self.open_workflow_jobs = await _open_export_jobs(client)
+            self.open_workflow_jobs = await open_export_jobs(client)
         steps = [
             self._watch_health,
             self._partner_files,
@@ -663,7 +665,7 @@ class Auditor:
 
     def _http_5xx(self) -> None:
         tracebacks = parse_api_log(self.inp.logs.get("api"))
-        self.result.findings["api_tracebacks"] = _group_tracebacks(tracebacks)
+        self.result.findings["api_tracebacks"] = group_tracebacks(tracebacks)
         by_route: dict[str, Counter[str]] = defaultdict(Counter)
         errors: Counter[str] = Counter()
         fivexx = []
@@ -740,7 +742,7 @@ class Auditor:
                 continue
             last = [e for e in self._job_events(job_id, job["attempt_id"]) if e["kind"] in TRANSITIONS]
             detail = (last[-1]["detail"] or "") if last else ""
-            failed[f"{job['failure_reason']}: {_normalize(detail)}"].append(job_id)
+            failed[f"{job['failure_reason']}: {normalize(detail)}"].append(job_id)
         self.result.findings["failed"] = {
             cause: {"count": len(ids), "examples": ids[:5], "events": self._summary(ids[0])}
             for cause, ids in sorted(failed.items(), key=lambda kv: -len(kv[1]))
@@ -816,7 +818,7 @@ class Auditor:
         if not evidence:
             who = "recovery" if end is not None and end["kind"] == "ResolvedByRecovery" else "the worker"
             return f"upload never started (no evidence, nothing on the partner); resolved by {who}", info
-        return f"other: {_normalize(info['end_detail'] or '')}", info
+        return f"other: {normalize(info['end_detail'] or '')}", info
 
     def _faults_near(self, job: dict[str, Any], t_from: float | None, t_to: float | None) -> list[str]:
         if t_from is None:
@@ -902,13 +904,13 @@ class Auditor:
                         except ValueError:
                             pass
             if marker in raw or b"contacts.invalid" in raw:
-                self.violate("contact_data_in_history", _job_from_workflow(execution.id),
+                self.violate("contact_data_in_history", job_of_workflow(execution.id),
                              f"workflow {execution.id} run {execution.run_id} holds contact data")  # fmt: skip
             if execution.workflow_type == "RecoveryWorkflow":
-                recovery_runs.append(_recovery_run(execution, history))
-            job = _job_from_workflow(execution.id)
+                recovery_runs.append(recovery_run(execution, history))
+            job = job_of_workflow(execution.id)
             if job in interesting:
-                timelines[job].append((execution.id, _timeline(history)))
+                timelines[job].append((execution.id, timeline(history)))
 
         recovery_runs: list[dict[str, Any]] = []
         interesting = {d["job_id"]: d for d in self.result.findings.get("outcome_unknown_jobs", [])}
@@ -930,7 +932,7 @@ class Auditor:
         delivery, and group the OutcomeUnknown jobs again."""
         for detail in jobs.values():
             if detail["cause"].startswith("upload never started"):
-                fate = _delivery_fate(detail.get("attempt_workflow"))
+                fate = delivery_fate(detail.get("attempt_workflow"))
                 detail["cause"] = f"upload never started: {fate}"
         grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for detail in jobs.values():
@@ -1027,134 +1029,6 @@ class Auditor:
         return lines
 
 
-def _normalize(text: str) -> str:
-    """An event detail without the numbers and IDs that make every instance different."""
-    text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<id>", text)
-    return re.sub(r"\d+", "N", text)[:160]
-
-
-def _job_from_workflow(workflow_id: str) -> str | None:
-    return workflow_id[7:43] if workflow_id.startswith("export-") and len(workflow_id) >= 43 else None
-
-
-async def _connect(address: str) -> Client | None:
-    for _ in range(30):
-        try:
-            return await Client.connect(address)
-        except Exception:  # noqa: BLE001 - the server may be coming back; try again
-            await asyncio.sleep(1)
-    return None
-
-
-async def _open_export_jobs(client: Client) -> set[str]:
-    jobs = set()
-    async for execution in client.list_workflows(
-        "WorkflowType = 'ExportWorkflow' AND ExecutionStatus = 'Running'"
-    ):
-        job = _job_from_workflow(execution.id)
-        if job is not None:
-            jobs.add(job)
-    return jobs
-
-
-_ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
-_UUID_IN_PATH = re.compile(r"/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _route(method: str, path: str) -> str:
-    path = path.split("?")[0]
-    return f"{method} {_UUID_IN_PATH.sub('/{id}', path)}"
-
-
-def parse_api_log(path: Path | None) -> list[dict[str, Any]]:
-    """Tracebacks in the API's stamped log, each with its time, summary (the exception line and the
-    innermost frame in the project) and the route of the 5xx access line next to it, if any."""
-    if path is None or not path.exists():
-        return []
-    lines = path.read_text(errors="replace").splitlines()
-    found: list[dict[str, Any]] = []
-    i = 0
-    while i < len(lines):
-        stamp, _, text = lines[i].partition(" ")
-        if "Traceback (most recent call last)" in text or "Exception in ASGI application" in text:
-            start = i
-            block = []
-            j = i + 1 if "Exception in ASGI application" in text else i
-            while j < len(lines):
-                _, _, body = lines[j].partition(" ")
-                if j > start + 1 and re.match(r"^(INFO|WARNING|ERROR|DEBUG|CRITICAL)[: ]", body):
-                    break
-                if body.startswith("---"):
-                    break
-                block.append(body)
-                j += 1
-            exception = next(
-                (b for b in reversed(block) if b and not b.startswith(" ") and ":" in b),
-                block[-1] if block else "",
-            )
-            frames = [
-                re.sub(r'^File ".*?/([a-z_]+/[^/"]+\.py)", line (\d+), in (\S+)$', r"\1:\2 \3", b.strip())
-                for b in block
-                if b.strip().startswith('File "') and "/site-packages/" not in b and "/lib/python" not in b
-            ]
-            route = None
-            for k in range(max(0, start - 3), min(len(lines), j + 3)):
-                match = _ACCESS.search(lines[k])
-                if match and match.group("status").startswith("5"):
-                    route = _route(match.group("method"), match.group("path"))
-                    break
-            try:
-                t = float(stamp)
-            except ValueError:
-                t = 0.0
-            found.append({"t": t, "summary": f"{exception.strip()[:200]} at {' < '.join(reversed(frames[-3:])) or '?'}",
-                          "route": route, "text": "\n".join(block)[-4000:]})  # fmt: skip
-            i = j
-            continue
-        i += 1
-    return found
-
-
-def _group_tracebacks(tracebacks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[str, dict[str, Any]] = {}
-    for tb in tracebacks:
-        key = _normalize(tb["summary"])
-        group = groups.setdefault(
-            key, {"summary": tb["summary"], "count": 0, "routes": Counter(), "example": tb["text"]}
-        )
-        group["count"] += 1
-        group["routes"][tb["route"] or "?"] += 1
-    return [{**g, "routes": dict(g["routes"])} for g in sorted(groups.values(), key=lambda g: -g["count"])]
-
-
-def _recovery_run(execution: Any, history: Any) -> dict[str, Any]:
-    """A RecoveryWorkflow run: when, how long, and what went wrong with its activities."""
-    start = execution.start_time.timestamp() if execution.start_time else 0.0
-    close = execution.close_time.timestamp() if execution.close_time else None
-    problems: list[str] = []
-    for event in history.events:
-        if event.HasField("activity_task_timed_out_event_attributes"):
-            attrs = event.activity_task_timed_out_event_attributes
-            problems.append(
-                f"activity timed out: {attrs.failure.message or attrs.failure.timeout_failure_info}"[:160]
-            )
-        elif event.HasField("activity_task_failed_event_attributes"):
-            problems.append(
-                f"activity failed: {event.activity_task_failed_event_attributes.failure.message}"[:160]
-            )
-        elif event.HasField("activity_task_started_event_attributes"):
-            attrs = event.activity_task_started_event_attributes
-            if attrs.attempt > 1:
-                problems.append(f"activity attempt {attrs.attempt} started by {attrs.identity}"[:160])
-    return {
-        "workflow_id": f"{execution.id}/{execution.run_id}",
-        "status": execution.status.name if execution.status is not None else "?",
-        "start": start,
-        "duration": round(close - start, 1) if close else None,
-        "problems": problems,
-    }
-
-
 def _evidence_word(event: dict[str, Any]) -> str:
     try:
         detail = json.loads(event["detail"] or "{}")
@@ -1165,102 +1039,3 @@ def _evidence_word(event: dict[str, Any]) -> str:
         if detail.get(key) is not None:
             words.append(str(detail[key]))
     return " ".join(words)
-
-
-def _timeline(history: Any) -> list[str]:
-    """One workflow run, short: when each activity was scheduled, started (by whom) and how it ended."""
-    names: dict[int, str] = {}
-    first = history.events[0].event_time.ToDatetime() if history.events else None
-    lines = [f"{history.workflow_id} started {first.strftime('%H:%M:%S.%f')[:-3] if first else '?'}"]
-    for event in history.events:
-        t = event.event_time.ToDatetime().strftime("%H:%M:%S.%f")[:-3]
-        if event.HasField("activity_task_scheduled_event_attributes"):
-            attrs = event.activity_task_scheduled_event_attributes
-            names[event.event_id] = attrs.activity_type.name.removeprefix("export.")
-            lines.append(f"{t} {names[event.event_id]} scheduled on {attrs.task_queue.name}")
-        elif event.HasField("activity_task_started_event_attributes"):
-            attrs = event.activity_task_started_event_attributes
-            lines.append(
-                f"{t} {names.get(attrs.scheduled_event_id, '?')} started (attempt {attrs.attempt}) by {attrs.identity}"
-            )
-        elif event.HasField("activity_task_completed_event_attributes"):
-            attrs = event.activity_task_completed_event_attributes
-            result = ""
-            if attrs.result.payloads:
-                try:
-                    data = json.loads(attrs.result.payloads[0].data)
-                    result = " ".join(
-                        f"{k}={data[k]}" for k in ("step", "outcome", "finish", "delivery") if data.get(k)
-                    )
-                except ValueError:
-                    result = ""
-            lines.append(f"{t} {names.get(attrs.scheduled_event_id, '?')} completed {result}".rstrip())
-        elif event.HasField("activity_task_failed_event_attributes"):
-            attrs = event.activity_task_failed_event_attributes
-            lines.append(
-                f"{t} {names.get(attrs.scheduled_event_id, '?')} failed: {attrs.failure.message[:120]}"
-            )
-        elif event.HasField("activity_task_timed_out_event_attributes"):
-            attrs = event.activity_task_timed_out_event_attributes
-            kind = attrs.failure.timeout_failure_info.timeout_type
-            lines.append(
-                f"{t} {names.get(attrs.scheduled_event_id, '?')} timed out (type {kind}): {attrs.failure.message[:80]}"
-            )
-        elif event.HasField("workflow_execution_cancel_requested_event_attributes"):
-            lines.append(f"{t} workflow cancel requested")
-        elif event.HasField("workflow_execution_terminated_event_attributes"):
-            lines.append(
-                f"{t} workflow terminated: {event.workflow_execution_terminated_event_attributes.reason}"
-            )
-        elif event.HasField("workflow_execution_completed_event_attributes"):
-            payloads = event.workflow_execution_completed_event_attributes.result.payloads
-            outcome = ""
-            if payloads:
-                try:
-                    outcome = json.loads(payloads[0].data).get("outcome", "")
-                except ValueError:
-                    outcome = ""
-            lines.append(f"{t} workflow completed: {outcome}")
-        elif event.HasField("workflow_execution_failed_event_attributes"):
-            lines.append(
-                f"{t} workflow failed: {event.workflow_execution_failed_event_attributes.failure.message[:120]}"
-            )
-        elif event.HasField("workflow_execution_timed_out_event_attributes"):
-            lines.append(f"{t} workflow timed out")
-    return lines
-
-
-def _delivery_fate(lines: list[str] | None) -> str:
-    """What happened to an attempt's delivery between cutoff 2 and the partner, from its workflow timeline."""
-    if not lines:
-        return "its workflow's history was not found"
-    text = "\n".join(lines)
-
-    def has(fragment: str) -> bool:
-        return fragment in text
-
-    if has(" deliver timed out (type 2)"):
-        return "deliver never started: ScheduleToStart timeout on the claiming worker's own queue (that worker stopped polling)"
-    if has(" deliver timed out (type 4)"):
-        return "deliver started, then its worker stopped heartbeating (killed or paused) before it reached the partner"
-    if has(" deliver completed finish=NotOwner"):
-        return (
-            "deliver started after recovery had taken over (the lease lapsed between cutoff 2 and the upload)"
-        )
-    if has(" deliver completed finish=Unknown"):
-        return "deliver could not confirm its ownership (renewal failed) and sent nothing"
-    if has(" deliver started") and not has(" deliver completed"):
-        return "deliver started but never ended in this history (workflow gone)"
-    if has(" deliver scheduled") and not has(" deliver started"):
-        if has("workflow terminated"):
-            return "deliver scheduled, then the workflow was terminated before it started"
-        return "deliver scheduled but never started"
-    if has("workflow terminated"):
-        return "the workflow was terminated after cutoff 2, before scheduling the delivery"
-    if has(" prepare_delivery timed out (type 4)"):
-        return "cutoff 2 committed, then the build activity's heartbeat timed out (worker killed or paused): no delivery scheduled"
-    if has(" prepare_delivery timed out (type 2)"):
-        return "the build activity never started on the claiming worker's queue, yet cutoff 2 is recorded"
-    if has(" prepare_delivery completed") and not has(" deliver scheduled"):
-        return "cutoff 2 committed but the workflow never scheduled the delivery"
-    return "no delivery in the attempt's workflow history"

@@ -19,6 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 from temporalio.client import Client
 
+from chaos.histories import job_of_workflow
 from chaos.plan import FaultPlan
 from chaos.stack import Managed, Stack
 
@@ -279,7 +280,7 @@ class FaultInjector:
             async for execution in self.client.list_workflows(
                 "WorkflowType = 'ExportWorkflow' AND ExecutionStatus = 'Running'"
             ):
-                job_id = _job_of_workflow(execution.id)
+                job_id = job_of_workflow(execution.id)
                 if job_id is not None:
                     found.append((job_id, execution.id, None))
         except Exception:  # noqa: BLE001 - the server may be restarting: no target this time
@@ -301,10 +302,3 @@ def _resource(fault: FaultPlan) -> str:
     if fault.kind.startswith("workflow_"):
         return f"workflow-{fault.index}"  # independent of each other
     return fault.kind
-
-
-def _job_of_workflow(workflow_id: str) -> str | None:
-    """The job ID in ``export-{job_id}-{message_id}``."""
-    if not workflow_id.startswith("export-") or len(workflow_id) < 7 + 36:
-        return None
-    return workflow_id[7 : 7 + 36]

@@ -296,7 +296,7 @@ def test_a_claim_at_an_old_version_breaks_the_terms_but_an_edit_after_a_requeue_
 
 
 def test_an_upload_that_never_started_is_explained_by_its_workflow_history() -> None:
-    from chaos.audit import _delivery_fate
+    from chaos.histories import delivery_fate as _delivery_fate
 
     drained = [
         "wf started",
