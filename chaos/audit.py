@@ -491,7 +491,8 @@ class Auditor:
                 if job["status"] != "Canceled" or str(job["cancellation_request_id"]) == rid:
                     problems.append(f"the job is {job['status']}")
             case "StopRequested" | "StopAlreadyRequested":
-                if job["status"] != "Stopped":
+                # A job still Running has not ended yet (reported as not settled or stranded, not here).
+                if job["status"] not in ("Stopped", "Running"):
                     problems.append(f"a stop was recorded while Running but the job ended {job['status']}")
                 if outcome == "StopRequested" and str(job["stop_request_id"]) != rid:
                     problems.append(f"the job's stop request is {job['stop_request_id']}, not this one")
@@ -511,7 +512,7 @@ class Auditor:
                 ]  # fmt: skip
                 if not authorized or request["found_delivery_authorized_at"] is None:
                     problems.append("TooLate but no cutoff 2 of the attempt it found before the request")
-                if job["status"] not in ("Completed", "Failed", "OutcomeUnknown"):
+                if job["status"] not in ("Completed", "Failed", "OutcomeUnknown", "Delivering"):
                     problems.append(f"TooLate but the job ended {job['status']}")
         if problems:
             self.violate(

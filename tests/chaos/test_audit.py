@@ -311,3 +311,26 @@ def test_an_upload_that_never_started_is_explained_by_its_workflow_history() -> 
     assert _delivery_fate(drained).startswith("deliver never started: ScheduleToStart timeout")
     assert _delivery_fate(late).startswith("deliver started after recovery had taken over")
     assert _delivery_fate(None) == "its workflow's history was not found"
+
+
+def test_a_stop_on_a_job_still_running_at_the_audit_is_left_to_the_settle_checks(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    request_id = uuid.uuid4()
+    running = add_job(auditor, "Running", stop_request_id=request_id)
+    failed = add_job(auditor, "Failed", stop_request_id=request_id, failure_reason="BuildFailed")
+    for job in (running, failed):
+        auditor._check_request(
+            {
+                "id": request_id,
+                "job_id": job["id"],
+                "outcome": "StopRequested",
+                "found_status": "Running",
+                "found_attempt_id": job["attempt_id"],
+                "found_delivery_authorized_at": None,
+                "recorded_at": NOW,
+                "requested_by": "chaos.client",
+            }
+        )
+    assert [v.job_id for v in auditor.result.violations] == [
+        str(failed["id"])
+    ]  # a stopped job must end Stopped
