@@ -10,5 +10,6 @@ history. Seeded: the same seed gives the same schedule.
 
 - ``config``: the knobs; ``plan``: the seeded schedule; ``stack``: the servers and processes;
 - ``client``: the journaled HTTP client and the status board; ``driver``: the clients' scripts;
-- ``faults``: the fault injector; ``audit``: the invariants; ``report``: the report; ``soak``: one run.
+- ``faults``: the fault injector; ``audit``: the invariants, reading ``histories`` (workflow histories)
+  and ``apilog`` (the API's tracebacks); ``report``: the report; ``soak``: one run.
 """
