@@ -645,11 +645,13 @@ class Auditor:
                 case "Stopped":
                     ok = last is not None and last["kind"] in ("Stopped", "StoppedByRecovery")
                 case "Failed":
-                    ok = last is not None and last["kind"] in (
-                        "Failed",
-                        "Finished",
-                        "AttemptsExhausted",
-                        "Corrected",
+                    ok = last is not None and (
+                        last["kind"] in ("Failed", "Finished", "AttemptsExhausted", "Corrected")
+                        # recovery proving NotDelivered from the fences (or a listing) after cutoff 2
+                        or (
+                            last["kind"] in ("ResolvedByRecovery", "Reconciled")
+                            and detail.startswith("Failed")
+                        )
                     )
                 case "Queued":
                     ok = attempt is None

@@ -334,3 +334,21 @@ def test_a_stop_on_a_job_still_running_at_the_audit_is_left_to_the_settle_checks
     assert [v.job_id for v in auditor.result.violations] == [
         str(failed["id"])
     ]  # a stopped job must end Stopped
+
+
+def test_a_failed_row_needs_a_transition_that_ends_in_failed(tmp_path: Path) -> None:
+    """Recovery proving NotDelivered from the fences ends the row Failed by a ResolvedByRecovery event;
+    a Failed row whose attempt's last transition is its claim contradicts its events."""
+    auditor = make_auditor(tmp_path)
+    proven = add_job(auditor, "Failed", failure_reason="NotDelivered")
+    add_event(auditor, proven, "Claimed")
+    add_event(auditor, proven, "DeliveryAuthorized")
+    add_event(
+        auditor, proven, "ResolvedByRecovery", "Failed NotDelivered: the attempt never fenced its upload"
+    )
+    contradicted = add_job(auditor, "Failed", failure_reason="NotDelivered")
+    add_event(auditor, contradicted, "Claimed")
+    auditor._events_agree_with_status()
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("events_contradict_status", str(contradicted["id"]))
+    ]
