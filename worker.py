@@ -210,7 +210,10 @@ async def run_worker(
         resources.push_async_callback(dispatcher_pool.close)
         # Takeovers run as their own role: the trigger lets exports_recovery take only recovery's edges.
         recovery_pool = await open_pool(
-            settings.database_url, "exports_recovery", max_size=2, name=f"recovery-{worker_id}"
+            settings.database_url,
+            "exports_recovery",
+            max_size=min(4, settings.recovery_concurrency),
+            name=f"recovery-{worker_id}",
         )
         resources.push_async_callback(recovery_pool.close)
         workers = build_workers(

@@ -179,6 +179,9 @@ class RecoveryInput(BaseModel):
 
     batch: int = 100
     max_batches: int = 20
+    # A batch on a worker that stopped (paused, partitioned) moves to another after this long without a
+    # heartbeat; the activity heartbeats on a timer, so a slow listing does not count as silence.
+    heartbeat_seconds: float = 20.0
 
 
 class RecoveryBatchInput(BaseModel):
