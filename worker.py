@@ -52,6 +52,9 @@ from workflows.sweeper import SweeperWorkflow
 
 log = logging.getLogger("worker")
 
+# After a drain with nothing left to finish, how long to wait for Temporal to release the workers' polls.
+POLL_RELEASE_SECONDS = 3.0
+
 
 def own_task_queue(task_queue: str, worker_id: str) -> str:
     """A host's own task queue, where the activities after the claim run."""
@@ -180,9 +183,11 @@ async def run_worker(
     ready: asyncio.Event | None = None,
     schedules: bool = True,
     export_hooks: Callable[[ExportActivities], None] | None = None,
-) -> None:
+) -> bool:
     """Run one host's workers, the outbox dispatcher and the scavenger until ``stop`` is set, then shut
-    down gracefully.
+    down gracefully. Returns False when a Temporal worker never stopped (its polls were not released:
+    the server is partitioned or hung) although nothing was held any more; the process should then exit
+    without waiting for it.
 
     ``client`` defaults to one connected from ``settings``; ``ready`` is set once both workers run and the
     dispatcher listens. With ``schedules`` the recovery and sweeper Schedules are ensured. ``export_hooks``
@@ -234,10 +239,11 @@ async def run_worker(
             name="scavenger",
         )
         try:
-            await _serve(workers, dispatcher, export, settings, stop=stop, ready=ready)
+            clean = await _serve(workers, dispatcher, export, settings, stop=stop, ready=ready)
         finally:
             scavenger.cancel()
         log.info("worker %s stopped", worker_id)
+        return clean
 
 
 async def _serve(
@@ -248,7 +254,7 @@ async def _serve(
     *,
     stop: asyncio.Event,
     ready: asyncio.Event | None,
-) -> None:
+) -> bool:
     """Run the workers and the dispatcher until ``stop`` (or one of them ends), then drain:
 
     1. no new wake-ups (the dispatcher stops) and no new claims (the claim worker shuts down at once);
@@ -279,23 +285,46 @@ async def _serve(
     export.begin_drain()
     began = time.monotonic()
     # In-flight claims finish first (bounded by the grace), so the attempts they open are drained too.
-    await asyncio.gather(workers.claims.shutdown(), return_exceptions=True)
+    # (Bounded: a partitioned Temporal server never releases the claim worker's polls.)
+    claims_down = asyncio.ensure_future(workers.claims.shutdown())
+    await asyncio.wait([claims_down], timeout=settings.shutdown_grace_seconds)
     left = max(0.0, settings.shutdown_grace_seconds - (time.monotonic() - began))
     if not await export.wait_quiet(left):
         log.warning(
             "drain: %d attempt(s) still held after the grace window; their leases decide", export.busy
         )
-    await asyncio.gather(workers.workflows.shutdown(), workers.own.shutdown(), return_exceptions=True)
-    results = await asyncio.gather(*runs, return_exceptions=True)
+    finishing = asyncio.ensure_future(
+        asyncio.gather(
+            workers.workflows.shutdown(), workers.own.shutdown(), claims_down, return_exceptions=True
+        )
+    )
+    if export.busy:
+        await finishing  # an upload still running is never cut short by the drain
+    else:
+        # Nothing is held any more: what is left is Temporal releasing the polls, which a partitioned or
+        # hung server never answers. That must not hold up a deploy.
+        await asyncio.wait([finishing], timeout=POLL_RELEASE_SECONDS)
+        if not finishing.done():
+            log.warning(
+                "drain: Temporal did not release the polls in %.0fs; stopping anyway", POLL_RELEASE_SECONDS
+            )
+            for run in runs:
+                run.cancel()
+    done, hung = await asyncio.wait(runs, timeout=POLL_RELEASE_SECONDS)
+    if hung:
+        log.warning(
+            "drain: %s did not stop; exiting without it", ", ".join(sorted(t.get_name() for t in hung))
+        )
     failures = [
-        (task.get_name(), outcome)
-        for task, outcome in zip(runs, results, strict=True)
-        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError)
+        (task.get_name(), error)
+        for task in done
+        if not task.cancelled() and (error := task.exception()) is not None
     ]
     for name, outcome in failures:
         log.error("%s ended with %s", name, type(outcome).__name__)
     if failures and not stop.is_set():
         raise RuntimeError(f"{failures[0][0]} ended unexpectedly") from failures[0][1]
+    return finishing.done() and not hung
 
 
 def main() -> None:
@@ -322,7 +351,10 @@ def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_worker(settings, stop=stop)
+        if not await run_worker(settings, stop=stop):
+            # asyncio.run would wait forever for the task Temporal never released; nothing is held.
+            logging.shutdown()
+            os._exit(0)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):

@@ -247,6 +247,8 @@ class ExportActivities:
     async def wait_quiet(self, seconds: float) -> bool:
         """Wait until this host holds no attempt (every one reached its last write, was given back, or was
         left to its lease), or ``timeout``; True when quiet. Authorized deliveries are waited for."""
+        if self._quiet.is_set():
+            return True
         try:
             await asyncio.wait_for(self._quiet.wait(), seconds)
         except TimeoutError:
