@@ -765,12 +765,12 @@ class JobStore:
             raise InvariantViolation("set_delivery_switch committed without returning its change")
         return changed
 
-    async def tenant_switches(self, tenant_id: UUID) -> list[DeliverySwitch]:
+    async def tenant_switches(self, tenant_id: UUID | None) -> list[DeliverySwitch]:
         """The global switch, the tenant's and one per destination of the tenant (``enabled`` is
-        ``None`` where no row exists: never enabled, so paused)."""
+        ``None`` where no row exists: never enabled, so paused); with no tenant, the global one."""
         return await self._rows("tenant_switches", {"tenant_id": tenant_id}, DeliverySwitch)
 
-    async def switch_history(self, tenant_id: UUID, limit: int = 50) -> list[SwitchChange]:
+    async def switch_history(self, tenant_id: UUID | None, limit: int = 50) -> list[SwitchChange]:
         """The latest switch changes a tenant's operators may see (global and their tenant's), newest first."""
         return await self._rows("switch_history", {"tenant_id": tenant_id, "limit": limit}, SwitchChange)
 

@@ -88,24 +88,27 @@ RETURNING id, scope, tenant_id, destination_id, enabled, was_enabled, reason, ch
 
 -- name: tenant_switches
 -- The switches an operator of a tenant sees: the global one, the tenant's, and one per destination of the
--- tenant, including destinations that have no row (never enabled: paused).
+-- tenant, including destinations that have no row (never enabled: paused), retired ones marked.
 SELECT 'global' AS scope, NULL::uuid AS tenant_id, NULL::uuid AS destination_id, NULL::text AS destination_name,
-       s.enabled, s.reason, s.changed_by, s.changed_at
+       false AS destination_retired, s.enabled, s.reason, s.changed_by, s.changed_at
 FROM (SELECT 1) AS one
 LEFT JOIN delivery_switches s ON s.scope = 'global'
 UNION ALL
-SELECT 'tenant', %(tenant_id)s::uuid, NULL::uuid, NULL::text, s.enabled, s.reason, s.changed_by, s.changed_at
+SELECT 'tenant', %(tenant_id)s::uuid, NULL::uuid, NULL::text, false, s.enabled, s.reason, s.changed_by,
+       s.changed_at
 FROM (SELECT 1) AS one
 LEFT JOIN delivery_switches s ON s.scope = 'tenant' AND s.tenant_id = %(tenant_id)s::uuid
+WHERE %(tenant_id)s::uuid IS NOT NULL
 UNION ALL
-SELECT 'destination', d.tenant_id, d.id, d.name, s.enabled, s.reason, s.changed_by, s.changed_at
+SELECT 'destination', d.tenant_id, d.id, d.name, d.retired_at IS NOT NULL, s.enabled, s.reason, s.changed_by,
+       s.changed_at
 FROM destinations d
 LEFT JOIN delivery_switches s ON s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id
 WHERE d.tenant_id = %(tenant_id)s::uuid;
 
 -- name: switch_history
 -- The latest changes a tenant's operators may see (the global switch's and their own tenant's), newest
--- first.
+-- first; with no tenant, the global switch's alone.
 SELECT id, scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by, changed_at
 FROM delivery_switch_changes
 WHERE scope = 'global' OR tenant_id = %(tenant_id)s::uuid

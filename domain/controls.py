@@ -56,6 +56,7 @@ class DeliverySwitch(Row):
     tenant_id: UUID | None
     destination_id: UUID | None
     destination_name: str | None
+    destination_retired: bool
     enabled: bool | None
     reason: str | None
     changed_by: str | None

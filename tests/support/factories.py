@@ -34,7 +34,6 @@ from domain.models import (
 )
 from testbed.pg import TestDatabase
 
-
 # The names tests create exports and replacements as; each is an operator of every tenant made here.
 DEFAULT_PRINCIPALS = ("admin@acme", "rita.ops", "sam.ops")
 
