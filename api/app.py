@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from api import console, routes
+from api import console, routes, switches
 from db.errors import TransientStoreError
 from service.exports import Exports
 from settings import Settings
@@ -73,5 +73,7 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
 
     app.include_router(routes.router)
     app.include_router(console.router)
+    app.include_router(switches.router)
+    app.include_router(switches.console_router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
     return app

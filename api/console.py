@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from api.auth import COOKIE_NAME
+from api.switches import banner_for
 from service.auth import Caller, caller_for_token
 from service.exports import Exports
 from service.views import short, stamp, status_line
@@ -89,6 +90,7 @@ async def export_list(request: Request) -> Response:
             "destinations": await ops.destination_names(caller.tenant_id),
             "jobs": jobs,
             "status_line": lambda job: status_line(job, []),
+            "switch_banner": await banner_for(request, caller),
         },
     )
 
