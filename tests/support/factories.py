@@ -174,6 +174,13 @@ class Factory:
     ) -> ExportJob:
         tenant_id = tenant_id or await self.tenant()
         destination_id = destination_id or await self.destination(tenant_id)
+        # The policy check rejects an export of a list that does not exist (has no contacts): a list no
+        # test filled gets one placeholder contact, so the export is claimable.
+        await self.admin(
+            "INSERT INTO contacts (tenant_id, list_name, email) SELECT %(t)s, %(l)s, 'placeholder@factory.test'"
+            " WHERE NOT EXISTS (SELECT 1 FROM contacts WHERE tenant_id = %(t)s AND list_name = %(l)s)",
+            {"t": tenant_id, "l": list_name},
+        )
         created = await self.api.create_original(
             tenant_id=tenant_id, destination_id=destination_id, list_name=list_name, created_by="admin@acme"
         )
