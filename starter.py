@@ -343,16 +343,14 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _switch_request(args: argparse.Namespace) -> Any:
-    from domain.controls import SwitchScope
-    from service.switches import SwitchRequest
+    from service.switches import SWITCH_REQUEST
 
     if args.global_scope:
-        scope = SwitchScope.GLOBAL
-    elif args.destination is not None:
-        scope = SwitchScope.DESTINATION
-    else:
-        scope = SwitchScope.TENANT
-    return SwitchRequest(scope=scope, destination_id=args.destination, reason=args.reason)
+        return SWITCH_REQUEST.validate_python({"scope": "global", "reason": args.reason})
+    if args.destination is not None:
+        body = {"scope": "destination", "destination_id": args.destination, "reason": args.reason}
+        return SWITCH_REQUEST.validate_python(body)
+    return SWITCH_REQUEST.validate_python({"scope": "tenant", "reason": args.reason})
 
 
 def _run_switches(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -62,7 +62,7 @@ async def list_switches(caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
         401: _ERRORS[401],
     },
 )
-async def pause(body: SwitchRequest, caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
+async def pause(body: Annotated[SwitchRequest, Body()], caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
     return respond(await ops.pause(_operator(caller), body))
 
 
@@ -75,7 +75,7 @@ async def pause(body: SwitchRequest, caller: CallerDep, ops: SwitchesDep) -> JSO
         401: _ERRORS[401],
     },
 )
-async def resume(body: SwitchRequest, caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
+async def resume(body: Annotated[SwitchRequest, Body()], caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
     return respond(await ops.resume(_operator(caller), body))
 
 

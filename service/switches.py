@@ -18,10 +18,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import model_validator
+from pydantic import Field, TypeAdapter
 
 from db.errors import StoreError, UnknownReference
 from db.pool import open_pool
@@ -39,18 +39,43 @@ HISTORY_LIMIT = 50
 UNREADABLE = "The delivery switches could not be read: treat deliveries as paused until they can be."
 
 
-class SwitchRequest(Body):
-    """POST /switches/pause and /switches/resume: which scope, and why (the reason is recorded)."""
+class TenantSwitch(Body):
+    """The caller's whole tenant."""
 
-    scope: SwitchScope = SwitchScope.TENANT
-    destination_id: UUID | None = None
+    scope: Literal["tenant"]
     reason: Reason
 
-    @model_validator(mode="after")
-    def _destination_with_its_scope(self) -> SwitchRequest:
-        if (self.scope == SwitchScope.DESTINATION) != (self.destination_id is not None):
-            raise ValueError("destination_id is given with scope 'destination', and only with it")
-        return self
+
+class DestinationSwitch(Body):
+    """One destination of the caller's tenant."""
+
+    scope: Literal["destination"]
+    destination_id: UUID
+    reason: Reason
+
+
+class GlobalSwitch(Body):
+    """Every tenant: the platform's switch (the command line only; over HTTP a 403)."""
+
+    scope: Literal["global"]
+    reason: Reason
+
+
+# POST /switches/pause and /switches/resume: which scope, and why (the reason is recorded). One schema per
+# scope, told apart by ``scope``, so the published schema says which fields each needs.
+SwitchRequest = Annotated[TenantSwitch | DestinationSwitch | GlobalSwitch, Field(discriminator="scope")]
+AnySwitch = TenantSwitch | DestinationSwitch | GlobalSwitch
+SWITCH_REQUEST: TypeAdapter[AnySwitch] = TypeAdapter(SwitchRequest)
+
+
+def scope_of(request: AnySwitch) -> SwitchScope:
+    """The request's scope as the store names it."""
+    return SwitchScope(request.scope)
+
+
+def destination_of(request: AnySwitch) -> UUID | None:
+    """The destination a request names, if it is a destination's switch."""
+    return request.destination_id if isinstance(request, DestinationSwitch) else None
 
 
 @dataclass(frozen=True)
@@ -143,7 +168,7 @@ class Switches:
 
     # -- changes --------------------------------------------------------------------------------------
 
-    async def pause(self, operator: Operator, request: SwitchRequest) -> Answer:
+    async def pause(self, operator: Operator, request: AnySwitch) -> Answer:
         """Pause deliveries in a scope: its jobs stay Queued; what is building is given back at cutoff 2."""
         refused = self._refusal(operator, request)
         if refused is not None:
@@ -171,7 +196,7 @@ class Switches:
             },
         )
 
-    async def resume(self, operator: Operator, request: SwitchRequest) -> Answer:
+    async def resume(self, operator: Operator, request: AnySwitch) -> Answer:
         """Resume deliveries in a scope and wake its Queued jobs whose whole scope is now enabled."""
         refused = self._refusal(operator, request)
         if refused is not None:
@@ -200,29 +225,27 @@ class Switches:
 
     # -- helpers --------------------------------------------------------------------------------------
 
-    def _refusal(self, operator: Operator, request: SwitchRequest) -> Answer | None:
-        if request.scope == SwitchScope.GLOBAL and not operator.platform:
+    def _refusal(self, operator: Operator, request: AnySwitch) -> Answer | None:
+        if scope_of(request) == SwitchScope.GLOBAL and not operator.platform:
             return refusal(
                 Kind.FORBIDDEN,
                 "the global switch belongs to the platform's operators: python starter.py pause --global",
             )
-        if request.scope != SwitchScope.GLOBAL and operator.tenant_id is None:
+        if scope_of(request) != SwitchScope.GLOBAL and operator.tenant_id is None:
             return refusal(Kind.INVALID, "give the tenant whose deliveries to switch (--tenant)")
         return None
 
     @staticmethod
-    def _scope_filter(operator: Operator, request: SwitchRequest) -> dict[str, UUID | None]:
-        if request.scope == SwitchScope.GLOBAL:
+    def _scope_filter(operator: Operator, request: AnySwitch) -> dict[str, UUID | None]:
+        if scope_of(request) == SwitchScope.GLOBAL:
             return {"tenant_id": None, "destination_id": None}
-        return {"tenant_id": operator.tenant_id, "destination_id": request.destination_id}
+        return {"tenant_id": operator.tenant_id, "destination_id": destination_of(request)}
 
-    async def _set(
-        self, operator: Operator, request: SwitchRequest, *, enabled: bool
-    ) -> SwitchChange | Answer:
+    async def _set(self, operator: Operator, request: AnySwitch, *, enabled: bool) -> SwitchChange | Answer:
         scoped = self._scope_filter(operator, request)
         try:
             return await self.store.set_delivery_switch(
-                scope=request.scope,
+                scope=scope_of(request),
                 tenant_id=scoped["tenant_id"],
                 destination_id=scoped["destination_id"],
                 enabled=enabled,
@@ -232,11 +255,12 @@ class Switches:
         except UnknownReference:
             return refusal(Kind.INVALID, "destination_id: no such destination in this tenant")
 
-    async def _describe(self, operator: Operator, request: SwitchRequest) -> str:
-        if request.scope != SwitchScope.DESTINATION or operator.tenant_id is None:
-            return where(request.scope)
+    async def _describe(self, operator: Operator, request: AnySwitch) -> str:
+        if scope_of(request) != SwitchScope.DESTINATION or operator.tenant_id is None:
+            return where(scope_of(request))
         names = {d.id: d.name for d in await self.store.tenant_destinations(operator.tenant_id)}
-        return where(request.scope, names.get(request.destination_id) if request.destination_id else None)
+        destination = destination_of(request)
+        return where(scope_of(request), names.get(destination) if destination else None)
 
     async def _wake(
         self, changed: SwitchChange, *, tenant_id: UUID | None, destination_id: UUID | None
@@ -258,16 +282,16 @@ class Switches:
             log.warning("resume: wake-ups stopped after %d (%s); the sweeper wakes the rest", woken, exc)
             return woken, False
 
-    async def _still_paused(self, operator: Operator, request: SwitchRequest) -> list[str]:
+    async def _still_paused(self, operator: Operator, request: AnySwitch) -> list[str]:
         """The other paused scopes that still hold this one (a resumed destination of a paused tenant...)."""
-        if request.scope == SwitchScope.GLOBAL:
+        if scope_of(request) == SwitchScope.GLOBAL:
             return []
         try:
             switches = await self.store.tenant_switches(operator.tenant_id)
         except StoreError:
             return [UNREADABLE]
         holding = [s for s in switches if s.scope == SwitchScope.GLOBAL]
-        if request.scope == SwitchScope.DESTINATION:
+        if scope_of(request) == SwitchScope.DESTINATION:
             holding += [s for s in switches if s.scope == SwitchScope.TENANT]
         return [pause_line(s) for s in holding if s.paused]
 

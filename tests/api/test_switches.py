@@ -93,6 +93,13 @@ async def test_a_malformed_switch_request_is_refused_with_its_reason(client, acm
         assert r.status_code == 422, bad
 
 
+async def test_the_published_schema_says_which_fields_each_scope_needs(client):
+    schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
+    assert schemas["DestinationSwitch"]["required"] == ["scope", "destination_id", "reason"]
+    assert schemas["TenantSwitch"]["required"] == ["scope", "reason"]
+    assert schemas["TenantSwitch"]["additionalProperties"] is False
+
+
 async def test_switches_need_a_token(client):
     assert (await client.get("/switches")).status_code == 401
     assert (await client.post("/switches/pause", json=body())).status_code == 401

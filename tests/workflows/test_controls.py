@@ -10,9 +10,8 @@ import uuid
 from datetime import timedelta
 
 from db.admin import retire_destination, revoke_principal, set_destination_contract
-from domain.controls import SwitchScope
 from domain.models import AuthorizationResult, JobStatus
-from service.switches import Operator, Switches, SwitchRequest
+from service.switches import DestinationSwitch, Operator, Switches, TenantSwitch
 from tests.workflows.harness import Harness
 from workflows.models import AttemptOutcome
 
@@ -25,8 +24,8 @@ def operator(tenant_id: uuid.UUID) -> Operator:
     return Operator(principal="sam.ops", tenant_id=tenant_id)
 
 
-def destination_switch(destination_id: uuid.UUID, reason: str) -> SwitchRequest:
-    return SwitchRequest(scope=SwitchScope.DESTINATION, destination_id=destination_id, reason=reason)
+def destination_switch(destination_id: uuid.UUID, reason: str) -> DestinationSwitch:
+    return DestinationSwitch(scope="destination", destination_id=destination_id, reason=reason)
 
 
 async def test_an_export_to_a_partner_whose_contract_ended_is_rejected_before_any_claim(
@@ -110,13 +109,13 @@ async def test_a_paused_scope_decides_nothing_not_even_a_rejection(harness: Harn
         harness.factory.db.admin_url, tenant_id=job.tenant_id, name=job.created_by, revoked_by="lee.admin"
     )
     await switches(harness).pause(
-        operator(job.tenant_id), SwitchRequest(scope=SwitchScope.TENANT, reason="tenant under review")
+        operator(job.tenant_id), TenantSwitch(scope="tenant", reason="tenant under review")
     )
     assert (await harness.run(job)).outcome == AttemptOutcome.PAUSED
     assert await harness.status(job) == JobStatus.QUEUED
 
     await switches(harness).resume(
-        operator(job.tenant_id), SwitchRequest(scope=SwitchScope.TENANT, reason="review done")
+        operator(job.tenant_id), TenantSwitch(scope="tenant", reason="review done")
     )
     assert (await harness.run(job)).outcome == AttemptOutcome.REJECTED
 
