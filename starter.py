@@ -90,7 +90,13 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     url = args.database_url or settings.database_url
     if not url:
         return _fail_usage("give --database-url (an administrator's) or set EXPORTS_DATABASE_URL")
-    token = asyncio.run(mint_token(url, tenant_id=args.tenant, principal=args.principal, role=args.role))
+    from db.admin import PrincipalRefused
+
+    try:
+        token = asyncio.run(mint_token(url, tenant_id=args.tenant, principal=args.principal, role=args.role))
+    except PrincipalRefused as exc:
+        print(f"starter.py: no token minted: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     _emit(
         args,
         {"token": token, "tenant_id": args.tenant, "principal": args.principal, "role": args.role},

@@ -35,7 +35,11 @@ class Seeded:
 async def insert_token(
     admin_url: str, *, token_sha256: bytes, tenant_id: UUID, principal: str, role: str
 ) -> None:
-    """Record a token by its SHA-256 only, bound to a tenant, a principal and a role."""
+    """Record a token by its SHA-256 only, bound to a tenant, a principal and a role.
+
+    A name that is not yet a principal of the tenant becomes one with ``role``; a revoked principal, or
+    one that holds another role, gets no token (``PrincipalRefused``).
+    """
     async with translated(), await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
         inserted = await execute(
             conn,
