@@ -55,7 +55,10 @@ async def test_the_facts_see_a_retirement_a_contract_a_revocation_and_a_missing_
 ):
     tenant = await factory.tenant()
     destination = await factory.destination(tenant)
-    job = await factory.queued(tenant, destination, list_name="nobody-here")
+    created = await factory.api.create_original(  # not factory.queued: that fills an empty list
+        tenant_id=tenant, destination_id=destination, list_name="nobody-here", created_by="admin@acme"
+    )
+    job = await factory.job(created.job_id)
     admin = database.admin_url
 
     facts = await worker_store.read_policy_facts(job.id)
