@@ -16,6 +16,8 @@
 --    and destinations start paused unless created enabled. The migration enables the global switch and
 --    every existing tenant and destination, so an upgrade pauses nothing. Every change is also appended
 --    to delivery_switch_changes (who, what, when, why), which nobody may update or delete.
+-- 5. Fixes 0005's state-machine guard, whose cached generic plan refused every status change by a role
+--    that may not read outcome_corrections after five uses on a connection (see below).
 
 -- -- 1. contracts and retirement ---------------------------------------------------------------------
 
@@ -122,6 +124,67 @@ FROM destinations;
 INSERT INTO delivery_switch_changes (scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by,
                                      changed_at)
 SELECT scope, tenant_id, destination_id, enabled, NULL, reason, changed_by, changed_at FROM delivery_switches;
+
+-- -- 5. the state machine's guard, fixed --------------------------------------------------------------
+
+-- 0005's guard evaluated "OLD.status IN ('Completed', 'Failed') AND NOT EXISTS (SELECT ... FROM
+-- outcome_corrections ...)" as one plpgsql expression. Once its cached plan turns generic (after five
+-- executions on a connection, with statistics), the plan keeps the subquery and PostgreSQL checks SELECT on
+-- outcome_corrections before running it: every status change by exports_worker or exports_recovery, which
+-- may not read that table, then failed with "permission denied". Same rules, the subquery nested.
+CREATE OR REPLACE FUNCTION export_jobs_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    edge_roles text[];
+BEGIN
+    IF NEW.id <> OLD.id OR NEW.tenant_id <> OLD.tenant_id OR NEW.delivery_key <> OLD.delivery_key
+       OR NEW.replaces_job_id IS DISTINCT FROM OLD.replaces_job_id OR NEW.created_by <> OLD.created_by THEN
+        RAISE EXCEPTION 'export % identity columns never change', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_identity';
+    END IF;
+
+    IF OLD.status IN ('Canceled', 'Rejected', 'Stopped') THEN
+        RAISE EXCEPTION 'export % is % and final', OLD.id, OLD.status
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
+    END IF;
+
+    IF OLD.status IN ('Completed', 'Failed') AND current_user <> 'exports_reconciler' THEN
+        RAISE EXCEPTION 'export % is a recorded %; only exports_reconciler may correct it', OLD.id, OLD.status
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_export_jobs_recorded_outcome';
+    END IF;
+
+    IF NEW.status IS DISTINCT FROM OLD.status THEN
+        SELECT e.roles INTO edge_roles FROM export_status_edges e
+        WHERE e.from_status = OLD.status AND e.to_status = NEW.status;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'export %: % -> % is not an edge of the state diagram', OLD.id, OLD.status, NEW.status
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
+        END IF;
+        IF NOT current_user = ANY (edge_roles) THEN
+            RAISE EXCEPTION 'export %: % -> % is taken only by %, not by %',
+                    OLD.id, OLD.status, NEW.status, edge_roles, current_user
+                USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_export_jobs_edge_role';
+        END IF;
+        -- A recorded outcome changes once per attempt, along the correction recorded for it. Nested, not
+        -- "AND NOT EXISTS": as one expression its cached generic plan keeps the subquery, and PostgreSQL
+        -- checks the table privilege of every plan before running it, so after five uses on a connection
+        -- every status change by a role that may not read outcome_corrections failed (0006 fixes 0005).
+        IF OLD.status IN ('Completed', 'Failed') THEN
+            IF NOT EXISTS (
+                SELECT 1 FROM outcome_corrections c
+                WHERE c.job_id = OLD.id AND c.attempt_id = OLD.attempt_id
+                  AND c.from_status = OLD.status AND c.to_status = NEW.status) THEN
+                RAISE EXCEPTION 'export %: % -> % needs its recorded correction', OLD.id, OLD.status, NEW.status
+                    USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_correction';
+            END IF;
+        END IF;
+    END IF;
+
+    IF OLD.status IN ('Completed', 'Failed') AND NEW.status = OLD.status THEN
+        RAISE EXCEPTION 'export % is a recorded %; a correction changes its status', OLD.id, OLD.status
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
+    END IF;
+    RETURN NEW;
+END $$;
 
 -- -- grants ------------------------------------------------------------------------------------------
 
