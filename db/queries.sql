@@ -78,12 +78,12 @@ SELECT j.id AS job_id, j.tenant_id, j.status, j.version, j.attempt_id, j.destina
        p.export_lists AS principal_lists,
        EXISTS (SELECT 1 FROM contacts c WHERE c.tenant_id = j.tenant_id AND c.list_name = j.list_name)
            AS list_exists,
-       (SELECT count(*) FROM delivery_switches s
-        WHERE s.enabled
-          AND (s.scope = 'global'
-               OR (s.scope = 'tenant' AND s.tenant_id = j.tenant_id)
-               OR (s.scope = 'destination' AND s.tenant_id = j.tenant_id AND s.destination_id = j.destination_id))
-       ) = 3 AS deliveries_open,
+       (EXISTS (SELECT 1 FROM delivery_switches s WHERE s.scope = 'global' AND s.enabled)
+        AND EXISTS (SELECT 1 FROM delivery_switches s
+                    WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id AND s.enabled)
+        AND EXISTS (SELECT 1 FROM delivery_switches s
+                    WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
+                      AND s.destination_id = j.destination_id AND s.enabled)) AS deliveries_open,
        (clock_timestamp() AT TIME ZONE 'UTC')::date AS today
 FROM export_jobs j
 LEFT JOIN destinations d ON d.tenant_id = j.tenant_id AND d.id = j.destination_id
@@ -109,16 +109,25 @@ RETURNING id;
 WITH job AS (
     SELECT id, status, version, attempt_id, tenant_id, destination_id
     FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
-switches AS (
-    SELECT s.enabled
-    FROM delivery_switches s, job
-    WHERE job.status = 'Queued'
-      AND (s.scope = 'global'
-           OR (s.scope = 'tenant' AND s.tenant_id = job.tenant_id)
-           OR (s.scope = 'destination' AND s.tenant_id = job.tenant_id AND s.destination_id = job.destination_id))
+-- the three switches of the job's scope, each found through uq_delivery_switches_scope
+global_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Queued' AND s.scope = 'global'
+    FOR SHARE OF s),
+tenant_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Queued' AND s.scope = 'tenant' AND s.tenant_id = job.tenant_id
+    FOR SHARE OF s),
+destination_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Queued' AND s.scope = 'destination' AND s.tenant_id = job.tenant_id
+      AND s.destination_id = job.destination_id
     FOR SHARE OF s),
 gate AS (
-    SELECT count(*) FILTER (WHERE enabled) = 3 AS open FROM switches),
+    -- a missing row is a paused scope
+    SELECT coalesce((SELECT enabled FROM global_switch), false)
+           AND coalesce((SELECT enabled FROM tenant_switch), false)
+           AND coalesce((SELECT enabled FROM destination_switch), false) AS open),
 claimed AS (
     UPDATE export_jobs j
     SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = j.attempt_count + 1,
@@ -161,18 +170,25 @@ destination AS (
     FROM destinations d, job
     WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
     FOR SHARE OF d),
-switches AS (
-    SELECT s.enabled
-    FROM delivery_switches s, job
-    WHERE job.status = 'Running'
-      AND (s.scope = 'global'
-           OR (s.scope = 'tenant' AND s.tenant_id = job.tenant_id)
-           OR (s.scope = 'destination' AND s.tenant_id = job.tenant_id AND s.destination_id = job.destination_id))
+global_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Running' AND s.scope = 'global'
+    FOR SHARE OF s),
+tenant_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Running' AND s.scope = 'tenant' AND s.tenant_id = job.tenant_id
+    FOR SHARE OF s),
+destination_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Running' AND s.scope = 'destination' AND s.tenant_id = job.tenant_id
+      AND s.destination_id = job.destination_id
     FOR SHARE OF s),
 gate AS (
-    SELECT count(*) FILTER (WHERE enabled) = 3 AS open,
-           coalesce((SELECT usable FROM destination), false) AS usable
-    FROM switches),
+    -- a missing row is a paused scope, a missing destination an unusable one
+    SELECT coalesce((SELECT enabled FROM global_switch), false)
+           AND coalesce((SELECT enabled FROM tenant_switch), false)
+           AND coalesce((SELECT enabled FROM destination_switch), false) AS open,
+           coalesce((SELECT usable FROM destination), false) AS usable),
 authorized AS (
     UPDATE export_jobs j
     SET status = 'Delivering',
@@ -492,12 +508,13 @@ RETURNING id;
 WITH due AS (
     SELECT j.id FROM export_jobs j
     WHERE j.status = 'Queued' AND j.woken_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
-      AND (SELECT count(*) FROM delivery_switches s
-           WHERE s.enabled
-             AND (s.scope = 'global'
-                  OR (s.scope = 'tenant' AND s.tenant_id = j.tenant_id)
-                  OR (s.scope = 'destination' AND s.tenant_id = j.tenant_id
-                      AND s.destination_id = j.destination_id))) = 3
+      -- every switch of its scope enabled (a missing row is paused)
+      AND EXISTS (SELECT 1 FROM delivery_switches s WHERE s.scope = 'global' AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
+                    AND s.destination_id = j.destination_id AND s.enabled)
     ORDER BY j.woken_at
     LIMIT %(batch)s
     FOR UPDATE OF j SKIP LOCKED),
@@ -523,12 +540,13 @@ WITH due AS (
     WHERE j.status = 'Queued' AND j.woken_at < %(resumed_at)s
       AND (%(tenant_id)s::uuid IS NULL OR j.tenant_id = %(tenant_id)s::uuid)
       AND (%(destination_id)s::uuid IS NULL OR j.destination_id = %(destination_id)s::uuid)
-      AND (SELECT count(*) FROM delivery_switches s
-           WHERE s.enabled
-             AND (s.scope = 'global'
-                  OR (s.scope = 'tenant' AND s.tenant_id = j.tenant_id)
-                  OR (s.scope = 'destination' AND s.tenant_id = j.tenant_id
-                      AND s.destination_id = j.destination_id))) = 3
+      -- every switch of its scope enabled (a missing row is paused)
+      AND EXISTS (SELECT 1 FROM delivery_switches s WHERE s.scope = 'global' AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
+                    AND s.destination_id = j.destination_id AND s.enabled)
     ORDER BY j.woken_at
     LIMIT %(batch)s
     FOR UPDATE OF j SKIP LOCKED),
