@@ -92,6 +92,7 @@ class ClaimStep(StrEnum):
     SETTLED = "Settled"
     REJECTED = "Rejected"
     NOT_CLAIMED = "NotClaimed"
+    PAUSED = "Paused"  # a delivery switch of the job's scope is paused: nothing claimed, still Queued
 
 
 class ClaimInput(BaseModel):
