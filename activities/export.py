@@ -209,6 +209,7 @@ class ExportActivities:
         self.after_build: Hook | None = (
             None  # in the build phase, after the file is written (a stop cancels it)
         )
+        self.before_build: Hook | None = None  # in the build phase, before the build waits for its turn
         self.before_authorize: Hook | None = None  # after the build, before cutoff 2
         self.before_upload: Hook | None = None  # in deliver, after ownership is confirmed, before the fence
         self.during_upload: UploadHook | None = None  # forwarded to DeliveryHooks.during_upload (bytes sent)
@@ -536,6 +537,8 @@ class ExportActivities:
         def progress(rows: int, size: int) -> None:
             attempt.rows, attempt.bytes = rows, size
 
+        if self.before_build is not None:
+            await self.before_build(job.id)
         # At most max_concurrent_builds at once: waiting here holds no connection, and the keeper renews.
         async with self._builds:
             built = await build_export(

@@ -8,14 +8,14 @@ platform's (``python starter.py pause --global``), so the API answers 403 for it
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from api.auth import authenticate, console_caller
-from api.routes import respond
+from api.routes import BODY_ERRORS, ERRORS, respond
 from service.auth import Caller
 from service.switches import Operator, Switches, SwitchRequest, banner_lines, state_of
 from service.views import short, stamp
@@ -30,9 +30,10 @@ templates.env.filters["state"] = state_of
 
 CallerDep = Annotated[Caller, Depends(authenticate)]
 
-_ERRORS = {
-    401: {"description": "Missing or unknown bearer token"},
-    422: {"description": "Invalid body: scope and destination_id disagree, a missing or oversized reason"},
+_SWITCH_ERRORS: dict[int | str, dict[str, Any]] = {
+    **BODY_ERRORS,
+    403: {"description": "The global switch (command line only)"},
+    422: {"description": "No such destination in your tenant, or a body the schema refuses"},
 }
 
 
@@ -48,7 +49,11 @@ def _operator(caller: Caller) -> Operator:
     return Operator(principal=caller.principal, tenant_id=caller.tenant_id)
 
 
-@router.get("", summary="The delivery switches you can see, whether any pauses you, and their history")
+@router.get(
+    "",
+    summary="The delivery switches you can see, whether any pauses you, and their history",
+    responses=ERRORS,
+)
 async def list_switches(caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
     return respond(await ops.view(caller.tenant_id))
 
@@ -56,11 +61,7 @@ async def list_switches(caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
 @router.post(
     "/pause",
     summary="Pause deliveries for your tenant or one of its destinations, with a reason",
-    responses={
-        403: {"description": "The global switch (command line only)"},
-        422: {"description": "No such destination in your tenant, or an invalid body"},
-        401: _ERRORS[401],
-    },
+    responses=_SWITCH_ERRORS,
 )
 async def pause(body: Annotated[SwitchRequest, Body()], caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
     return respond(await ops.pause(_operator(caller), body))
@@ -69,11 +70,7 @@ async def pause(body: Annotated[SwitchRequest, Body()], caller: CallerDep, ops: 
 @router.post(
     "/resume",
     summary="Resume deliveries for your tenant or one of its destinations; wakes their queued exports",
-    responses={
-        403: {"description": "The global switch (command line only)"},
-        422: {"description": "No such destination in your tenant, or an invalid body"},
-        401: _ERRORS[401],
-    },
+    responses=_SWITCH_ERRORS,
 )
 async def resume(body: Annotated[SwitchRequest, Body()], caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
     return respond(await ops.resume(_operator(caller), body))

@@ -260,10 +260,14 @@ VALUES (%(session_sha256)s, %(token_sha256)s, clock_timestamp() + make_interval(
 RETURNING expires_at;
 
 -- name: find_console_session
--- The tenant, principal and role a live (unexpired) console session is bound to, through its token.
+-- The tenant, principal and role a live (unexpired) console session is bound to, through its token, on
+-- the same terms as find_api_token: a revoked principal's sessions end with its tokens.
 SELECT t.tenant_id, t.principal, t.role
-FROM console_sessions s JOIN api_tokens t ON t.token_sha256 = s.token_sha256
-WHERE s.session_sha256 = %(session_sha256)s AND s.expires_at > clock_timestamp();
+FROM console_sessions s
+JOIN api_tokens t ON t.token_sha256 = s.token_sha256
+JOIN principals p ON p.tenant_id = t.tenant_id AND p.name = t.principal
+WHERE s.session_sha256 = %(session_sha256)s AND s.expires_at > clock_timestamp()
+  AND p.revoked_at IS NULL AND p.role = t.role;
 
 -- name: close_console_session
 -- Sign-out: the session is deleted, so its cookie no longer authenticates anything.

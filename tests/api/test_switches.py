@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import uuid
 
-import httpx
 import psycopg
 
 from service.switches import UNREADABLE, Switches
-from tests.api.conftest import client_for, make_tenant
+from tests.api.conftest import client_for, make_tenant, sign_in
 from tests.api.test_starter import starter
 
 
@@ -106,12 +105,6 @@ async def test_switches_need_a_token(client):
 
 
 # -- the console ----------------------------------------------------------------------------------------
-
-
-async def sign_in(console: httpx.AsyncClient, keys) -> None:
-    token = keys.operator["Authorization"].removeprefix("Bearer ")
-    r = await console.post("/console/login", data={"token": token})
-    assert r.status_code == 303
 
 
 async def test_the_list_page_shows_a_banner_while_paused_and_none_otherwise(

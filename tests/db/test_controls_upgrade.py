@@ -71,7 +71,7 @@ def test_an_upgrade_keeps_everything_that_ran_running(old_database: str) -> None
         )
         conn.execute("RESET ROLE")
 
-    assert migrate(old_database) == ["0006_controls.sql"]
+    assert migrate(old_database)[0] == "0006_controls.sql"  # and any later ones
 
     with psycopg.connect(old_database, autocommit=True, row_factory=dict_row) as conn:
         switches = conn.execute(
