@@ -1,6 +1,10 @@
 """The outbox dispatcher against a real PostgreSQL and the real time-skipping Temporal server: NOTIFY wakes
 it, polling backs it up, a retried row reaches the same workflow once, and two dispatchers running at once
-publish each row once. Interleavings are forced with hooks inside the batch transaction, never sleeps."""
+publish each row once. Rows are leased and committed before any start, starts run concurrently within a
+bound, and a dispatcher that dies (a real SIGKILL) or stalls after taking its batch leaves it to another
+once the lease passes, with the same message ID and one workflow. Each start continues the trace of the
+request that wrote the row and records the outbox lag. Interleavings are forced with hooks while the rows
+are leased, and a passed lease is the row's timestamp set in the past, never a sleep."""
 
 from __future__ import annotations
 
@@ -170,7 +174,7 @@ async def test_two_dispatchers_at_once_publish_each_row_once(
 
     async def hold_a(msg: OutboxMessage) -> None:
         if not a_holds_batch.is_set():
-            a_holds_batch.set()  # A has locked its batch and is inside its transaction
+            a_holds_batch.set()  # A has leased its batch and is starting its workflows
             await release_a.wait()
 
     a = OutboxDispatcher(
@@ -178,6 +182,7 @@ async def test_two_dispatchers_at_once_publish_each_row_once(
         client,
         Settings(task_queue=task_queue, dispatcher_batch=3),
         listen_url=None,
+        passes=1,  # one batch in flight: A takes no second batch while its first is held
         before_publish=hold_a,
         after_start=recorder("a"),
     )
@@ -191,7 +196,7 @@ async def test_two_dispatchers_at_once_publish_each_row_once(
     try:
         a_pass = asyncio.create_task(a.dispatch_once())
         await asyncio.wait_for(a_holds_batch.wait(), WAIT)
-        await asyncio.wait_for(b.dispatch_once(), WAIT)  # skips A's locked rows, takes the rest
+        await asyncio.wait_for(b.dispatch_once(), WAIT)  # skips A's leased rows, takes the rest
         release_a.set()
         await asyncio.wait_for(a_pass, WAIT)
     finally:
