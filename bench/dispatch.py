@@ -21,6 +21,7 @@ import resource
 import statistics
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -95,7 +96,9 @@ async def sdk_starts(client: Client, settings: Settings, jobs: list[UUID], concu
     slots = asyncio.Semaphore(concurrency)
 
     async def start(job_id: UUID) -> None:
-        msg = OutboxMessage(message_id=uuid.uuid4(), kind="ExportReady", job_id=job_id, created_at=time_now())
+        msg = OutboxMessage(
+            message_id=uuid.uuid4(), kind="ExportReady", job_id=job_id, created_at=datetime.now(UTC)
+        )
         async with slots:
             await client.start_workflow(
                 ExportWorkflow.run,
@@ -111,12 +114,6 @@ async def sdk_starts(client: Client, settings: Settings, jobs: list[UUID], concu
     began = time.perf_counter()
     await asyncio.gather(*(start(job_id) for job_id in jobs))
     return time.perf_counter() - began
-
-
-def time_now() -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC)
 
 
 async def dispatched(dispatcher: OutboxDispatcher, database: TestDatabase, jobs: list[UUID]) -> float:
