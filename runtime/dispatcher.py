@@ -150,8 +150,13 @@ class OutboxDispatcher:
     async def dispatch_once(self) -> int:
         """Publish unpublished rows until a pass finds fewer than a batch or a start fails; returns how
         many rows this dispatcher marked published."""
-        totals = await asyncio.gather(*(self._passes() for _ in range(self.passes)))
-        return sum(totals)
+        # Each pass ends by itself (never cancelled half-way, which would leave its rows to their leases);
+        # the first failure is raised once all of them have.
+        outcomes = await asyncio.gather(*(self._passes() for _ in range(self.passes)), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return sum(o for o in outcomes if isinstance(o, int))
 
     async def _passes(self) -> int:
         total = 0
