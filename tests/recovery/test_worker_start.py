@@ -99,7 +99,6 @@ async def test_a_worker_started_while_temporal_is_down_comes_up_once_it_starts_a
         await lines.wait_for("retrying in", process)  # still retrying, not exited
 
         server = await start_dev_server_on(port)
-        await lines.wait_for("own queue", process)  # wired and serving
         job = await factory.queued()
         async with asyncio.timeout(WAIT):
             # Published and claimed: polling the row another process changes.
