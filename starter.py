@@ -484,11 +484,16 @@ def cmd_switches(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the HTTP API and console until Ctrl-C."""
     from api.server import serve
+    from db.errors import StoreError
 
     if not settings.database_url:
         return _fail_usage("EXPORTS_DATABASE_URL is not set")
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings, args.host, args.port))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(settings, args.host, args.port))
+    except StoreError as exc:  # PostgreSQL never answered at start-up (retried, logged), or refused
+        print(f"starter.py: EXPORTS_DATABASE_URL: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     return EXIT_OK
 
 

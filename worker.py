@@ -37,13 +37,16 @@ from temporalio.worker import Worker
 from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
-from db.pool import open_pool
+from db.errors import StoreError
+from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
 from db.store import REREAD_TIMEOUT_SECONDS, JobStore
 from partner.client import passphrase_from, set_key_passphrase
 from runtime.dispatcher import OutboxDispatcher
 from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
 from runtime.search_attributes import register_search_attributes
+from service.temporal import ADDRESS as TEMPORAL_ADDRESS
+from service.temporal import NAMESPACE as TEMPORAL_NAMESPACE
 from service.temporal import TemporalConnectError, connect_client
 from settings import Settings
 from workflows.export import ExportWorkflow
@@ -98,7 +101,7 @@ async def open_export_activities(
         min_size=0,
         max_size=settings.max_concurrent_builds,
         name=f"build-{worker_id}",
-        acquire_timeout=build_pool_timeout,
+        checkout_timeout=build_pool_timeout,
     )
     stack.push_async_callback(build_pool.close)
     api_pool = await open_pool(settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}")
@@ -115,6 +118,37 @@ async def open_export_activities(
     )
     stack.push_async_callback(export.aclose)
     return export
+
+
+class PostgresUnreachable(Exception):
+    """PostgreSQL was not reached at start-up within the retry window, or refused for good."""
+
+
+# Errors a retry can fix: nothing answers at the address yet (a server starting or restarting), or its
+# namespace is not registered yet. Bad TLS files, certificates or API keys fail at once.
+_RETRYABLE_SETTINGS = (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE)
+
+
+async def connect_with_retry(settings: Settings) -> Client:
+    """``connect_client``, retried with backoff (0.5 s doubling to 5 s) while Temporal does not answer, for
+    ``temporal_connect_timeout_seconds`` in all (each attempt gets what is left), each failure logged; then
+    the last ``TemporalConnectError``, one line naming the setting. A worker started while Temporal
+    restarts comes up once it is back; a bad TLS file, certificate or API key fails at once."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.temporal_connect_timeout_seconds
+    delay = 0.5
+    while True:
+        left = deadline - loop.time()
+        attempt = settings.model_copy(update={"temporal_connect_timeout_seconds": max(left, 1.0)})
+        try:
+            return await connect_client(attempt)
+        except TemporalConnectError as exc:
+            left = deadline - loop.time()
+            if exc.setting not in _RETRYABLE_SETTINGS or left <= 0:
+                raise
+            log.warning("Temporal is not reachable yet (%s); retrying in %.1f s", exc, min(delay, left))
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, 5.0)
 
 
 @dataclass
@@ -198,7 +232,11 @@ async def run_worker(
     if settings.database_url is None:
         raise ValueError("EXPORTS_DATABASE_URL is not set")
     worker_id = new_worker_id(settings)
-    client = client or await connect_client(settings)
+    client = client or await connect_with_retry(settings)
+    try:
+        await wait_for_postgres(settings.database_url, START_RETRY_SECONDS, what="the worker")
+    except StoreError as exc:
+        raise PostgresUnreachable(str(exc)) from exc
     search_attributes = await register_search_attributes(client, client.namespace)
     if schedules:
         await ensure_schedules(client, settings)
@@ -359,6 +397,10 @@ def main() -> None:
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve())
+    except PostgresUnreachable as exc:
+        # Never reached, or refused for good. One line; the URL is not in it.
+        print(f"worker.py: EXPORTS_DATABASE_URL: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
     except TemporalConnectError as exc:
         print(f"worker.py: {exc}", file=sys.stderr, flush=True)  # one line naming the setting
         # Not sys.exit: a connect abandoned at its timeout leaves SDK threads that panic if they

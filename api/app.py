@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -15,8 +16,8 @@ from starlette.routing import Match
 
 from api import console, routes, switches
 from api.limits import MAX_BODY_BYTES
-from db.errors import TransientStoreError
-from service.exports import Exports
+from db.errors import TransientStoreError, translate
+from service.exports import RETRY_AFTER_SECONDS, Exports
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -74,12 +75,24 @@ def _allow(methods: set[str]) -> str:
 
 
 async def _database_unavailable(request: Request, exc: TransientStoreError) -> JSONResponse:
+    # Every path that reads or writes (the token lookup for a bearer or the console's cookie included)
+    # goes through the store, whose errors are typed; a connection it could not get in time is one too.
     log.warning("database did not answer for %s %s (%s)", request.method, request.url.path, exc)
     return JSONResponse(
         {"detail": "the database did not answer; nothing is known to have changed, retry"},
         status_code=503,
-        headers={"Retry-After": "2"},
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
     )
+
+
+async def _driver_error(request: Request, exc: psycopg.Error) -> Response:
+    """A driver error that escaped the store's boundary (a bug, but not the client's): translated here the
+    same way, so a lost connection is a 503, never a 500."""
+    translated = translate(exc)
+    if isinstance(translated, TransientStoreError):
+        return await _database_unavailable(request, translated)
+    log.error("database error for %s %s (%s)", request.method, request.url.path, type(exc).__name__)
+    return JSONResponse({"detail": "internal error"}, status_code=500)
 
 
 def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
@@ -97,6 +110,7 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
     app.state.exports = exports
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(TransientStoreError, _database_unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(psycopg.Error, _driver_error)  # type: ignore[arg-type]
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature

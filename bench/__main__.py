@@ -5,7 +5,9 @@ Names: ``builder`` (the builder against ``psql \\copy``), ``upload`` (``deliver(
 ``python -m bench.claims -h``), ``e2e`` (fenced exports end to end on the Temporal dev server against
 the same workflow without its database writes, and stop-request latency; ``python -m bench.e2e -h``),
 ``bulk_cancel`` (10,000 queued exports cancelled in one batch against as many single-row UPDATEs on one
-connection; ``python -m bench.bulk_cancel -h``).
+connection; ``python -m bench.bulk_cancel -h``),
+``dispatch`` (the outbox dispatcher publishing 10,000 queued wake-ups against the SDK's own
+``start_workflow`` at the same concurrency; ``python -m bench.dispatch -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, e2e, upload
+from bench import builder, bulk_cancel, claims, dispatch, e2e, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
@@ -22,6 +24,7 @@ BENCHMARKS = {
     "claims": claims.run_with_defaults,
     "e2e": e2e.run_with_defaults,
     "bulk_cancel": bulk_cancel.run_with_defaults,
+    "dispatch": dispatch.run_with_defaults,
 }
 
 if __name__ == "__main__":

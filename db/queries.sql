@@ -20,8 +20,8 @@ created AS (
             clock_timestamp(), %(list_name)s)
     RETURNING id),
 woke AS (   -- not RETURNING: the outbox is insert-only for this role, not readable
-    INSERT INTO outbox (message_id, kind, job_id, created_at)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created)
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM created)
 SELECT id AS job_id FROM created;
 
 -- name: find_idempotency_key
@@ -47,8 +47,8 @@ created AS (
     FROM original
     RETURNING id),
 woke AS (   -- not RETURNING: the outbox is insert-only for this role, not readable
-    INSERT INTO outbox (message_id, kind, job_id, created_at)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM created)
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM created)
 SELECT id AS job_id FROM created;
 
 -- name: edit_terms_if_queued
@@ -61,8 +61,8 @@ WITH edited AS (
     WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND status = 'Queued' AND version = %(expected_version)s
     RETURNING id, version),
 woke AS (
-    INSERT INTO outbox (message_id, kind, job_id, created_at)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM edited)
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM edited)
 SELECT id AS job_id, version FROM edited;
 
 -- name: read_policy_facts
@@ -281,8 +281,8 @@ event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
     SELECT id, %(attempt_id)s, 'Released', %(worker_id)s, %(reason)s, clock_timestamp() FROM released),
 woke AS (
-    INSERT INTO outbox (message_id, kind, job_id, created_at)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM released)
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM released)
 SELECT id AS job_id FROM released;
 
 -- name: fence_upload_if_delivering
@@ -381,8 +381,8 @@ event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)
     SELECT id, %(expired_attempt_id)s, 'RequeuedByRecovery', %(recovery_run_id)s, clock_timestamp() FROM requeued),
 woke AS (
-    INSERT INTO outbox (message_id, kind, job_id, created_at)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM requeued)
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM requeued)
 SELECT id AS job_id FROM requeued;
 
 -- name: stop_expired_attempt
@@ -525,8 +525,8 @@ swept AS (
     WHERE j.id = due.id AND j.status = 'Queued'
     RETURNING j.id),
 woke AS (
-    INSERT INTO outbox (message_id, kind, job_id, created_at)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM swept)
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM swept)
 SELECT id AS job_id FROM swept;
 
 -- name: begin_transaction
@@ -565,8 +565,8 @@ woken AS (
     WHERE j.id = due.id AND j.status = 'Queued' AND j.woken_at < %(resumed_at)s
     RETURNING j.id),
 woke AS (
-    INSERT INTO outbox (message_id, kind, job_id, created_at)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM woken)
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM woken)
 SELECT id AS job_id FROM woken;
 
 -- name: scope_activity
@@ -673,17 +673,41 @@ SELECT * FROM cancellation_requests WHERE tenant_id = %(tenant_id)s AND job_id =
 ORDER BY recorded_at, id;
 
 -- name: take_unpublished
--- The dispatcher's batch: unpublished wake-ups, oldest first, skipping rows another dispatcher holds.
-SELECT message_id, kind, job_id, created_at FROM outbox
-WHERE published_at IS NULL
-ORDER BY created_at
-LIMIT %(batch)s
-FOR UPDATE SKIP LOCKED;
+-- The dispatcher's batch, leased in one short statement: unpublished wake-ups, oldest first, that no other
+-- dispatcher holds a current lease on, each leased until now + lease_seconds. It commits before any
+-- workflow starts, so no lock is held across a start; SKIP LOCKED passes over rows another dispatcher is
+-- taking at this moment, and the update repeats the conditions. A lease that passed with the row still
+-- unpublished (its dispatcher died or its start failed) lets any dispatcher take it again, with the same
+-- message ID. The lease is also the token release_unpublished must match.
+WITH due AS (
+    SELECT message_id FROM outbox
+    WHERE published_at IS NULL AND (publishing_until IS NULL OR publishing_until < clock_timestamp())
+    ORDER BY created_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED),
+lease AS (   -- volatile, so evaluated once: one lease value for the whole batch
+    SELECT clock_timestamp() AS taken_at, clock_timestamp() + make_interval(secs => %(lease_seconds)s) AS until)
+UPDATE outbox o
+SET publishing_until = lease.until
+FROM due, lease
+WHERE o.message_id = due.message_id AND o.published_at IS NULL
+  AND (o.publishing_until IS NULL OR o.publishing_until < lease.taken_at)
+RETURNING o.message_id, o.kind, o.job_id, o.created_at, o.traceparent, o.publishing_until,
+          extract(epoch FROM lease.taken_at - o.created_at)::float8 AS waited_seconds;
 
 -- name: mark_published
--- Marks one wake-up published; the dispatcher may change nothing else.
+-- Marks wake-ups published once their workflows started; the dispatcher may change nothing else. Not
+-- conditional on the lease: a start that succeeded is a publish, whoever holds the row's lease now.
 UPDATE outbox SET published_at = clock_timestamp()
-WHERE message_id = %(message_id)s AND published_at IS NULL
+WHERE message_id = ANY(%(message_ids)s::uuid[]) AND published_at IS NULL
+RETURNING message_id;
+
+-- name: release_unpublished
+-- Gives leased rows back at once after their starts failed, so the next pass retries them with the same
+-- message IDs; only while the row still carries this lease (a later dispatcher's lease is left alone).
+UPDATE outbox SET publishing_until = NULL
+WHERE message_id = ANY(%(message_ids)s::uuid[]) AND published_at IS NULL
+  AND publishing_until = %(publishing_until)s
 RETURNING message_id;
 
 -- name: live_attempts

@@ -82,6 +82,7 @@ from domain.models import (
     Renewal,
     StopPoint,
 )
+from observability.tracing import current_traceparent
 from rules.cutoff import authorization_from
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ class JobStore:
             "list_name": list_name,
             "idempotency_key": idempotency_key,
             "fingerprint": fingerprint,
+            "traceparent": current_traceparent(),
         }
         try:
             row = await self._row("create_original", params, JobIdRow)
@@ -234,6 +236,7 @@ class JobStore:
                 "created_by": created_by,
                 "replacement_reason": replacement_reason,
                 "overwrite_agreement_ref": overwrite_agreement_ref,
+                "traceparent": current_traceparent(),
             },
             JobIdRow,
         )
@@ -252,6 +255,7 @@ class JobStore:
                     "expected_version": expected_version,
                     "destination_id": destination_id,
                     "list_name": list_name,
+                    "traceparent": current_traceparent(),
                 },
                 VersionRow,
             )
@@ -407,7 +411,13 @@ class JobStore:
         Written, NotOwner (the row is no longer this attempt's, or it has a stop request to honor instead),
         or Unknown (the answer and its re-read were lost).
         """
-        params = {"job_id": job_id, "attempt_id": attempt_id, "worker_id": worker_id, "reason": reason}
+        params = {
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "worker_id": worker_id,
+            "reason": reason,
+            "traceparent": current_traceparent(),
+        }
         written = await self._unless_lost("release_attempt_if_running", params, JobIdRow)
         if written:
             return FinishResult.WRITTEN
@@ -562,6 +572,7 @@ class JobStore:
             expired_attempt_id=expired_attempt_id,
             max_attempts=max_attempts,
             recovery_run_id=recovery_run_id,
+            traceparent=current_traceparent(),
         )
 
     async def stop_expired_attempt(
@@ -689,29 +700,46 @@ class JobStore:
     async def sweep_stale_queued(self, older_than_seconds: float, batch: int = 500) -> list[UUID]:
         """Republish a bounded batch of stale Queued jobs; returns the jobs swept."""
         rows = await self._rows(
-            "sweep_stale_queued", {"older_than_seconds": older_than_seconds, "batch": batch}, JobIdRow
+            "sweep_stale_queued",
+            {"older_than_seconds": older_than_seconds, "batch": batch, "traceparent": current_traceparent()},
+            JobIdRow,
         )
         return [r.job_id for r in rows]
 
-    async def take_and_publish(
-        self, publish: Callable[[OutboxMessage], Awaitable[None]], batch: int = 50
-    ) -> list[OutboxMessage]:
-        """Take unpublished wake-ups under SKIP LOCKED, publish each, and mark it published.
+    async def take_unpublished(self, batch: int, lease_seconds: float) -> list[OutboxMessage]:
+        """Lease up to ``batch`` unpublished wake-ups, oldest first, in one committed statement.
 
-        A row whose publish raises stays unpublished (its message ID is reused on the retry). Runs as
+        No lock outlives the statement: another dispatcher skips these rows until ``publishing_until``
+        (the database clock) passes, and then takes them again with their message IDs. Runs as
         ``exports_dispatcher``.
         """
-        published: list[OutboxMessage] = []
-        async with translated(), self.pool.connection() as conn, conn.transaction():
-            for msg in await fetch(conn, "take_unpublished", {"batch": batch}, OutboxMessage):
-                try:
-                    await publish(msg)
-                except Exception:  # any publish failure leaves the row for the retry
-                    log.exception("publishing %s failed; it stays in the outbox", msg.message_id)
-                    continue
-                await fetch(conn, "mark_published", {"message_id": msg.message_id}, MessageIdRow)
-                published.append(msg)
-        return published
+        taken = await self._rows(
+            "take_unpublished", {"batch": batch, "lease_seconds": lease_seconds}, OutboxMessage
+        )
+        return sorted(taken, key=lambda m: (m.created_at, str(m.message_id)))
+
+    async def mark_published(self, message_ids: list[UUID]) -> set[UUID]:
+        """Mark wake-ups whose workflows started as published; returns those this call marked (a row
+        another dispatcher marked first is not among them)."""
+        if not message_ids:
+            return set()
+        rows = await self._rows("mark_published", {"message_ids": message_ids}, MessageIdRow)
+        return {r.message_id for r in rows}
+
+    async def release_unpublished(self, messages: list[OutboxMessage]) -> set[UUID]:
+        """Give leased rows back at once (their starts failed) while they still carry the lease they were
+        taken with; returns those given back. A release that is lost only leaves the lease to expire."""
+        by_lease: dict[datetime, list[UUID]] = {}
+        for msg in messages:
+            if msg.publishing_until is not None:
+                by_lease.setdefault(msg.publishing_until, []).append(msg.message_id)
+        released: set[UUID] = set()
+        for until, ids in by_lease.items():
+            rows = await self._rows(
+                "release_unpublished", {"message_ids": ids, "publishing_until": until}, MessageIdRow
+            )
+            released.update(r.message_id for r in rows)
+        return released
 
     async def wake_resumed_queued(
         self,
@@ -730,6 +758,7 @@ class JobStore:
                 "tenant_id": tenant_id,
                 "destination_id": destination_id,
                 "batch": batch,
+                "traceparent": current_traceparent(),
             },
             JobIdRow,
         )

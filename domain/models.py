@@ -264,10 +264,15 @@ class ExpiredLease(Row):
 
 
 class OutboxMessage(Row):
+    """One wake-up as a dispatcher took it: the row, and the publishing lease it was taken with."""
+
     message_id: UUID
     kind: str
     job_id: UUID
     created_at: datetime
+    traceparent: str | None = None  # W3C trace context of the request that wrote it, IDs only
+    publishing_until: datetime | None = None  # the lease (database clock) until which no one else takes it
+    waited_seconds: float = 0.0  # from created_at to the take (database clock)
 
 
 class Created(Row):

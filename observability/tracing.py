@@ -96,7 +96,8 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc installed;"
                 " or use http/protobuf (port 4318)"
             ) from exc
-        return GrpcExporter()
+        exporter: SpanExporter = GrpcExporter()  # untyped when the optional package is absent
+        return exporter
     raise ValueError(f"OTLP protocol {protocol!r} is not supported here (http/protobuf or grpc)")
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from db.errors import ConstraintRefused, IdempotencyConflict, UnknownReference
-from db.pool import open_pool
+from db.pool import START_RETRY_SECONDS, open_pool
 from db.store import JobStore
 from domain.models import (
     AttemptEvent,
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 CREATE_OPERATION = "create_export"
 FINGERPRINT_VERSION = 1
 RETRY_AFTER_SECONDS = 2
+API_CHECKOUT_SECONDS = 5.0  # a request waits this long for a database connection, then answers 503
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~]{1,200}$"  # 1-200 visible ASCII characters
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 ID_PREFIX_PATTERN = r"^[0-9a-fA-F-]{1,36}$"  # an export ID, or its first characters
@@ -625,19 +626,35 @@ class Exports:
 
 @contextlib.asynccontextmanager
 async def open_exports(
-    settings: Settings, *, reconciler: bool = True, signaller: StopSignaller | None = None
+    settings: Settings,
+    *,
+    reconciler: bool = True,
+    signaller: StopSignaller | None = None,
+    connect_retry_seconds: float = START_RETRY_SECONDS,
 ) -> AsyncIterator[Exports]:
     """The operations over pools opened from ``settings.database_url`` (``exports_api``, and
     ``exports_reconciler`` for corrections), closed on exit. The signaller defaults to one that connects
-    to ``settings.temporal_address`` on first use."""
+    to ``settings.temporal_address`` on first use (and again on the next signal after a failure).
+
+    The first connection to PostgreSQL is retried with backoff for ``connect_retry_seconds`` (a process
+    started while the server restarts); a checkout waits at most ``API_CHECKOUT_SECONDS``, so a request
+    that cannot reach the database answers 503 soon rather than late."""
     if not settings.database_url:
         raise ValueError("EXPORTS_DATABASE_URL is not set")
     async with contextlib.AsyncExitStack() as stack:
-        api_pool = await open_pool(settings.database_url, "exports_api", max_size=settings.api_pool_size)
+        api_pool = await open_pool(
+            settings.database_url,
+            "exports_api",
+            max_size=settings.api_pool_size,
+            checkout_timeout=API_CHECKOUT_SECONDS,
+            retry_for=connect_retry_seconds,
+        )
         stack.push_async_callback(api_pool.close)
         reconciler_store = None
         if reconciler:
-            reconciler_pool = await open_pool(settings.database_url, "exports_reconciler", max_size=2)
+            reconciler_pool = await open_pool(
+                settings.database_url, "exports_reconciler", max_size=2, checkout_timeout=API_CHECKOUT_SECONDS
+            )
             stack.push_async_callback(reconciler_pool.close)
             reconciler_store = JobStore(reconciler_pool)
         yield Exports(

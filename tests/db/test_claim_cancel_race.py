@@ -218,6 +218,7 @@ async def test_claim_of_the_old_version_waits_for_an_edit_then_finds_nothing(fac
             "expected_version": job.version,
             "destination_id": other,
             "list_name": "main",
+            "traceparent": None,
         },
     )
     assert rows == [{"job_id": job.id, "version": 2}]

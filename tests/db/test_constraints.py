@@ -210,6 +210,7 @@ def _create_params(tenant: UUID, destination: UUID, key: str, fingerprint: str) 
         "list_name": "main",
         "idempotency_key": key,
         "fingerprint": fingerprint,
+        "traceparent": None,
     }
 
 
@@ -436,6 +437,7 @@ async def test_of_two_simultaneous_replacements_one_fails_on_the_one_replacement
             "created_by": "lee.reconciler",
             "replacement_reason": "first",
             "overwrite_agreement_ref": None,
+            "traceparent": None,
         },
     )
     assert rows == [{"job_id": first_id}]

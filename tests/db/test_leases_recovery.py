@@ -283,6 +283,7 @@ async def test_late_worker_waits_for_a_requeue_then_can_neither_renew_nor_author
             "expired_attempt_id": attempt,
             "max_attempts": MAX_ATTEMPTS,
             "recovery_run_id": RUN,
+            "traceparent": None,
         },
     )
     assert rows == [{"job_id": job.id}]

@@ -190,6 +190,7 @@ async def test_claim_whose_attempt_recovery_requeued_before_the_re_read_is_lost(
                 "expired_attempt_id": attempt,
                 "max_attempts": 3,
                 "recovery_run_id": "recovery-1",
+                "traceparent": None,
             },
         ),
     )

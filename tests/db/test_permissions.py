@@ -1,14 +1,13 @@
 """Least privilege, enforced by the database rather than by convention (000 "The Tables", review point 12).
 
 The history tables and ``deliveries`` are INSERT+SELECT only for every role; the outbox is insert-only
-except ``UPDATE (published_at)`` for the dispatcher, and nobody deletes from it; each role may touch only
+except ``UPDATE (published_at, publishing_until)`` for the dispatcher, and nobody deletes from it; each role may touch only
 the columns its transitions write. Every refusal is a real statement against a real row, refused with
 SQLSTATE 42501, and the row is unchanged afterwards.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -139,27 +138,40 @@ async def test_nobody_deletes_or_truncates_the_outbox(database, factory, seeded,
         "job_id = gen_random_uuid()",
         "message_id = gen_random_uuid()",
         "created_at = clock_timestamp()",
+        "traceparent = NULL",
     ],
 )
-async def test_dispatcher_may_change_no_outbox_column_but_published_at(database, factory, seeded, assignment):
+async def test_dispatcher_may_change_no_outbox_column_but_published_at_and_its_lease(
+    database, factory, seeded, assignment
+):
     before = await snapshot(factory, seeded)
     statement = sql.SQL("UPDATE outbox SET {a} WHERE job_id = %(id)s").format(a=sql.SQL(assignment))
     await assert_refused(database, "exports_dispatcher", statement, {"id": seeded.id})
     assert await snapshot(factory, seeded) == before
 
 
-async def test_dispatcher_marks_published_through_its_own_statement(factory, dispatcher_store):
+async def test_dispatcher_leases_and_marks_published_through_its_own_statements(factory, dispatcher_store):
     job = await factory.queued()
-    seen: list[uuid.UUID] = []
 
-    async def publish(message) -> None:
-        seen.append(message.job_id)
+    taken = await dispatcher_store.take_unpublished(batch=10_000, lease_seconds=30)
+    [msg] = [m for m in taken if m.job_id == job.id]
+    assert msg.publishing_until is not None
+    assert await dispatcher_store.release_unpublished([msg]) == {msg.message_id}
+    [msg] = [m for m in await dispatcher_store.take_unpublished(10_000, 30) if m.job_id == job.id]
+    assert await dispatcher_store.mark_published([msg.message_id]) == {msg.message_id}
 
-    published = await dispatcher_store.take_and_publish(publish, batch=10_000)
-
-    assert job.id in {m.job_id for m in published}
     rows = await factory.admin("SELECT published_at FROM outbox WHERE job_id = %(id)s", {"id": job.id})
     assert [r["published_at"] is not None for r in rows] == [True]
+
+
+async def test_the_dispatchers_only_outbox_writes_are_published_at_and_its_lease(factory):
+    rows = await factory.admin(
+        "SELECT column_name FROM information_schema.columns"
+        " WHERE table_schema = 'public' AND table_name = 'outbox'"
+        " AND has_column_privilege('exports_dispatcher', 'outbox', column_name, 'UPDATE')",
+        {},
+    )
+    assert {r["column_name"] for r in rows} == {"published_at", "publishing_until"}
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,7 @@ def takeover_before_the_re_read(
             "recovery_run_id": "recovery-before-re-read",
             "resolution": "OutcomeUnknown",
             "evidence_summary": "no evidence",
+            "traceparent": None,
         }
         with psycopg.connect(database.app_url, autocommit=True) as conn:
             conn.execute("SET ROLE exports_recovery")
