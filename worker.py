@@ -38,6 +38,10 @@ from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from db.pool import open_pool
 from db.store import REREAD_TIMEOUT_SECONDS, JobStore
+from observability.metrics import get_metrics
+from observability.setup import configure_process, start_worker_endpoints, worker_runtime
+from observability.temporal import LogContextInterceptor
+from observability.tracing import shutdown_tracing
 from partner.client import passphrase_from, set_key_passphrase
 from runtime.dispatcher import OutboxDispatcher
 from runtime.scavenger import scavenge_periodically
@@ -128,7 +132,9 @@ def build_workers(
     sweeper: SweeperActivities | None = None,
 ) -> HostWorkers:
     """The Temporal workers of one host: the shared queue's workflows, the shared queue's activities (the
-    claim, and recovery and the sweeper when given), and the host's own queue."""
+    claim, and recovery and the sweeper when given), and the host's own queue. Each binds the export's IDs
+    to the log lines of its activities (``LogContextInterceptor``); the tracing interceptor, when on,
+    comes with the client."""
     workflows: list[type] = [ExportWorkflow]
     shared_activities = export.shared_activities()
     if recovery is not None:
@@ -145,6 +151,7 @@ def build_workers(
             workflows=workflows,
             graceful_shutdown_timeout=grace,
             identity=f"{export.worker_id}@workflows",
+            interceptors=[LogContextInterceptor()],
         ),
         claims=Worker(
             client,
@@ -152,6 +159,7 @@ def build_workers(
             activities=shared_activities,
             graceful_shutdown_timeout=grace,
             identity=f"{export.worker_id}@shared",
+            interceptors=[LogContextInterceptor()],
         ),
         own=Worker(
             client,
@@ -159,6 +167,7 @@ def build_workers(
             activities=export.own_activities(),
             graceful_shutdown_timeout=grace,
             identity=f"{export.worker_id}@own",
+            interceptors=[LogContextInterceptor()],
         ),
     )
 
@@ -176,7 +185,8 @@ async def run_worker(
     down gracefully.
 
     ``client`` defaults to one connected from ``settings``; ``ready`` is set once both workers run and the
-    dispatcher listens. With ``schedules`` the recovery and sweeper Schedules are ensured. ``export_hooks``
+    dispatcher listens. The metrics port (``metrics_port``; 0 serves nothing) serves ``/metrics`` with the
+    database gauges, ``/healthz`` and ``/readyz`` until the workers have stopped. With ``schedules`` the recovery and sweeper Schedules are ensured. ``export_hooks``
     receives the ``ExportActivities`` before the workers start (a test seam for its hooks). On ``stop``
     the dispatcher stops first, then both workers stop polling and give running activities
     ``shutdown_grace_seconds`` before cancelling them; recovery takes over whatever was abandoned.
@@ -217,6 +227,12 @@ async def run_worker(
         log.info(
             "worker %s: shared queue %s, own queue %s", worker_id, settings.task_queue, export.own_task_queue
         )
+        # /metrics (with the database gauges), /healthz and /readyz; stopped after the workers and the
+        # dispatcher, so readiness answers through the drain.
+        endpoints = await start_worker_endpoints(settings, get_metrics(), export.store.pool, client)
+        resources.push_async_callback(endpoints.stop)
+        if endpoints.url is not None:
+            log.info("worker %s: /metrics, /healthz and /readyz at %s", worker_id, endpoints.url)
         scavenger = asyncio.create_task(
             scavenge_periodically(export.store, settings.work_dir, settings.recovery_every_seconds),
             name="scavenger",
@@ -292,8 +308,8 @@ def main() -> None:
         "recovery and sweeper schedules. Configured by EXPORTS_* environment variables (see settings.py): "
         "EXPORTS_DATABASE_URL and EXPORTS_TEMPORAL_ADDRESS at least. Stops gracefully on SIGTERM/SIGINT."
     ).parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
+    configure_process(settings, "worker")  # logging, tracing (OTEL_*) and the process's metrics
     if not settings.database_url:
         sys.exit("worker.py: EXPORTS_DATABASE_URL is not set (a PostgreSQL URL of a login that may SET ROLE)")
     secret = settings.sftp_key_passphrase
@@ -309,11 +325,14 @@ def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_worker(settings, stop=stop)
+        # One runtime per process: it serves the SDK's own worker metrics on temporal_metrics_port.
+        client = await connect_client(settings, runtime=worker_runtime(settings))
+        await run_worker(settings, stop=stop, client=client)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve())
+        shutdown_tracing()  # flushes the spans still batched
     except TemporalConnectError as exc:
         print(f"worker.py: {exc}", file=sys.stderr, flush=True)  # one line naming the setting
         # Not sys.exit: a connect abandoned at its timeout leaves SDK threads that panic if they

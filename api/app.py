@@ -12,7 +12,9 @@ from fastapi.staticfiles import StaticFiles
 
 from api import console, routes
 from db.errors import TransientStoreError
+from observability.health import health_router, instrument_fastapi, standard_readiness
 from service.exports import Exports
+from service.signals import TemporalStopSignaller
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,11 +69,13 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
     async def home() -> Response:
         return RedirectResponse("/console", status_code=307)
 
-    @app.get("/healthz", include_in_schema=False)
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
     app.include_router(routes.router)
     app.include_router(console.router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
+    # /healthz, /readyz (PostgreSQL through the API's own pool, migrations, Temporal through the stop
+    # signaller's client when there is one) and /metrics (this process's registry); traced when on.
+    signaller = exports.signaller
+    temporal = signaller.connected_client if isinstance(signaller, TemporalStopSignaller) else None
+    app.include_router(health_router(standard_readiness(exports.store.pool, temporal)))
+    instrument_fastapi(app)
     return app

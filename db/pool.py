@@ -7,6 +7,9 @@ from typing import Literal
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
+from db.errors import translated
+from db.queries import execute
+
 Role = Literal[
     "exports_api", "exports_worker", "exports_recovery", "exports_dispatcher", "exports_reconciler"
 ]
@@ -37,3 +40,10 @@ async def open_pool(
     )
     await pool.open(wait=True, timeout=30)
     return pool
+
+
+async def ping(pool: AsyncConnectionPool) -> None:
+    """Readiness: the database answers ``ping_database`` on a connection of ``pool``; raises the
+    translated error (``TransientStoreError`` when it does not answer) otherwise."""
+    async with translated(), pool.connection() as conn:
+        await execute(conn, "ping_database", {})

@@ -11,11 +11,13 @@ only when a statement's answer is lost is state and ownership re-read. An except
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -71,6 +73,8 @@ from domain.models import (
     Renewal,
     StopPoint,
 )
+from observability.metrics import Statement
+from observability.statements import record_transition
 from rules.cancellation import classify_cancellation
 from rules.cutoff import authorization_from
 
@@ -78,6 +82,8 @@ log = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
 Row = TypeVar("Row")
+P = ParamSpec("P")
+Answer = TypeVar("Answer")
 
 # Bounded: a worker must not hang in a re-read during shutdown with the database unreachable.
 REREAD_TIMEOUT_SECONDS = 5.0
@@ -87,11 +93,51 @@ _DELIVERY_FAILURE_CODES = {
     FailureCode.FINAL_NAME_OCCUPIED,
     FailureCode.ORIGINAL_DELIVERED,
 }
+# The cancellation outcomes whose transaction changed the job row, and the statement that did.
+_CHANGES_THE_JOB = {
+    CancellationOutcome.CANCELED_WHILE_QUEUED: Statement.CANCEL_IF_QUEUED,
+    CancellationOutcome.STOP_REQUESTED: Statement.REQUEST_STOP_IF_RUNNING,
+}
 _RUNNING_FAILURE_CODES = {
     FailureCode.BUILD_FAILED,
     FailureCode.FINAL_NAME_OCCUPIED,
     FailureCode.ORIGINAL_DELIVERED,
 }
+
+
+def transition(
+    statement: Statement,
+) -> Callable[[Callable[P, Awaitable[Answer]]], Callable[P, Awaitable[Answer]]]:
+    """Count and log a transition method's answer once it has decided (after any lost-response re-read):
+    ``fenced_exports_transitions_total{statement, result}`` and one log line with the IDs it was called
+    with. A method that raises a ``StoreError`` is counted ``unknown`` (an exception is not a "no")."""
+
+    def decorate(method: Callable[P, Awaitable[Answer]]) -> Callable[P, Awaitable[Answer]]:
+        signature = inspect.signature(method)
+
+        def record(answer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            called = signature.bind(*args, **kwargs).arguments
+            record_transition(
+                statement,
+                answer,
+                tenant_id=called.get("tenant_id"),
+                job_id=called.get("job_id"),
+                attempt_id=called.get("attempt_id", called.get("expired_attempt_id")),
+            )
+
+        @functools.wraps(method)
+        async def recorded(*args: P.args, **kwargs: P.kwargs) -> Answer:
+            try:
+                answer = await method(*args, **kwargs)
+            except StoreError:
+                record(None, args, kwargs)
+                raise
+            record(answer, args, kwargs)
+            return answer
+
+        return recorded
+
+    return decorate
 
 
 class JobStore:
@@ -244,6 +290,7 @@ class JobStore:
             raise
         return row.version if row else None
 
+    @transition(Statement.REJECT_IF_QUEUED)
     async def reject_if_queued(self, job_id: UUID, checked_version: int, reason: str) -> bool:
         """Queued -> Rejected for the evaluated version only."""
         return await self._matched(
@@ -252,6 +299,7 @@ class JobStore:
 
     # -- cutoff 1 -------------------------------------------------------------------------------------
 
+    @transition(Statement.CLAIM_IF_QUEUED)
     async def claim_if_queued(
         self,
         job_id: UUID,
@@ -293,6 +341,7 @@ class JobStore:
 
     # -- cutoff 2 -------------------------------------------------------------------------------------
 
+    @transition(Statement.AUTHORIZE_DELIVERY_IF_RUNNING)
     async def authorize_delivery_if_running(
         self,
         *,
@@ -361,6 +410,7 @@ class JobStore:
 
     # -- giving an attempt back, fencing an upload ---------------------------------------------------
 
+    @transition(Statement.RELEASE_ATTEMPT_IF_RUNNING)
     async def release_attempt_if_running(
         self, job_id: UUID, attempt_id: UUID, worker_id: str, reason: str
     ) -> FinishResult:
@@ -392,11 +442,13 @@ class JobStore:
         events = await self.job_events(job_id)
         return any(e.kind == EventKind.RELEASED and e.attempt_id == attempt_id for e in events)
 
+    @transition(Statement.FENCE_UPLOAD_IF_DELIVERING)
     async def fence_upload_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
         """The upload fence: Fenced only if this attempt, Delivering with a current lease, wrote it (or,
         after a lost answer, the re-read shows its own fence). Nothing may be sent to the partner otherwise."""
         return await self._fence("fence_upload_if_delivering", job_id, attempt_id, rename=False)
 
+    @transition(Statement.FENCE_RENAME_IF_DELIVERING)
     async def fence_rename_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
         """The rename fence, after the upload and before the rename request: the rename is never sent
         unless this is Fenced."""
@@ -442,6 +494,7 @@ class JobStore:
             return FinishResult.WRITTEN
         return FinishResult.NOT_OWNER
 
+    @transition(Statement.FINISH_STOPPED)
     async def finish_stopped(
         self, job_id: UUID, attempt_id: UUID, stop_point: StopPoint, note: str = ""
     ) -> FinishResult:
@@ -454,6 +507,7 @@ class JobStore:
             JobStatus.STOPPED,
         )
 
+    @transition(Statement.FINISH_FAILED)
     async def finish_failed(
         self, job_id: UUID, attempt_id: UUID, code: FailureCode, cause: str | None
     ) -> FinishResult:
@@ -468,6 +522,7 @@ class JobStore:
             JobStatus.FAILED,
         )
 
+    @transition(Statement.FINISH_DELIVERY)
     async def finish_delivery(
         self,
         job_id: UUID,
@@ -514,6 +569,7 @@ class JobStore:
         """Recovery's scan: candidates only."""
         return await self._rows("find_expired_leases", {"limit": limit}, ExpiredLease)
 
+    @transition(Statement.REQUEUE_EXPIRED_ATTEMPT)
     async def requeue_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, max_attempts: int, recovery_run_id: str
     ) -> bool:
@@ -526,6 +582,7 @@ class JobStore:
             recovery_run_id=recovery_run_id,
         )
 
+    @transition(Statement.STOP_EXPIRED_ATTEMPT)
     async def stop_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str
     ) -> bool:
@@ -537,6 +594,7 @@ class JobStore:
             recovery_run_id=recovery_run_id,
         )
 
+    @transition(Statement.EXHAUST_EXPIRED_ATTEMPT)
     async def exhaust_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, max_attempts: int, recovery_run_id: str
     ) -> bool:
@@ -549,6 +607,7 @@ class JobStore:
             recovery_run_id=recovery_run_id,
         )
 
+    @transition(Statement.RESOLVE_EXPIRED_DELIVERY)
     async def resolve_expired_delivery(
         self,
         job_id: UUID,
@@ -569,6 +628,7 @@ class JobStore:
             evidence_summary=evidence_summary,
         )
 
+    @transition(Statement.FAIL_UNPUBLISHED_DELIVERY)
     async def fail_unpublished_delivery(
         self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str
     ) -> bool:
@@ -582,6 +642,7 @@ class JobStore:
 
     # -- reconciliation and correction --------------------------------------------------------------
 
+    @transition(Statement.RECONCILE_UNKNOWN)
     async def reconcile_unknown(
         self,
         *,
@@ -605,6 +666,7 @@ class JobStore:
             evidence_summary=evidence_summary,
         )
 
+    @transition(Statement.CORRECT_OUTCOME)
     async def correct_outcome(
         self,
         *,
@@ -695,9 +757,19 @@ class JobStore:
         """
         try:
             async with translated(), self.pool.connection() as conn, conn.transaction():
-                return await self._decide_and_record(
+                result = await self._decide_and_record(
                     conn, tenant_id, job_id, request_id, requested_by, reason, lock_timeout, before_commit
                 )
+            # Committed: the job row changed with the request recorded (never a replay, which changes nothing).
+            if not result.replayed and result.outcome in _CHANGES_THE_JOB:
+                record_transition(
+                    _CHANGES_THE_JOB[result.outcome],
+                    True,
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    request_id=request_id,
+                )
+            return result
         except LockTimeout:
             return CancellationResult(request_id=request_id, outcome=CancellationOutcome.BUSY)
         except ConstraintRefused as exc:

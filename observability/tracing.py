@@ -11,8 +11,8 @@ installed).
 
 One trace per export: the FastAPI instrumentation opens it at ``POST /exports``; the store writes the
 request's ``traceparent`` into the outbox row; the dispatcher continues that trace around its workflow
-start (``continue_trace``); the temporalio ``TracingInterceptor`` carries it through the workflow into
-every activity; inside them, ``statement_span`` and ``sftp_span`` add one span per protocol statement and
+start (``continue_trace``); the temporalio ``TracingInterceptor`` (``observability.temporal``) carries it through the workflow
+into every activity; inside them, ``statement_span`` and ``sftp_span`` add one span per protocol statement and
 SFTP step. Span attributes go through ``observability.fields``: IDs, sizes, codes, never contact data.
 """
 
@@ -96,7 +96,8 @@ def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
                 "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc installed;"
                 " or use http/protobuf (port 4318)"
             ) from exc
-        return GrpcExporter()
+        exporter: SpanExporter = GrpcExporter()
+        return exporter
     raise ValueError(f"OTLP protocol {protocol!r} is not supported here (http/protobuf or grpc)")
 
 
@@ -154,31 +155,10 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
-def temporal_interceptors() -> list[Any]:
-    """``[TracingInterceptor]`` when tracing is on, else ``[]``: pass to ``Client.connect(interceptors=...)``
-    in ``service/temporal.connect_client``; the workers made from that client inherit it, so a client's
-    start, the workflow and its activities share one trace."""
-    if _provider is None:
-        return []
-    from temporalio.contrib.opentelemetry import TracingInterceptor
-
-    return [TracingInterceptor(_provider.get_tracer("temporalio"))]
-
-
-def instrument_fastapi(app: Any) -> bool:
-    """Instrument the API (``api/app.create_app``, after the routes are added) when tracing is on: one
-    server span per request, health and metrics routes excluded. Returns whether it instrumented."""
-    if _provider is None:
-        return False
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-
-    FastAPIInstrumentor.instrument_app(
-        app,
-        tracer_provider=_provider,
-        excluded_urls="/healthz,/readyz,/metrics,/static",
-        exclude_spans=["receive", "send"],
-    )
-    return True
+def provider() -> TracerProvider | None:
+    """The provider ``setup_tracing`` built, or ``None`` when tracing is off (for the Temporal and FastAPI
+    instrumentation in ``observability.temporal`` and ``observability.health``)."""
+    return _provider
 
 
 def _attributes(values: Mapping[str, Any]) -> dict[str, fields.Value]:

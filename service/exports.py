@@ -30,6 +30,7 @@ from domain.models import (
     FailureCode,
     JobStatus,
 )
+from observability.metrics import CancellationSource, get_metrics
 from service.auth import Caller
 from service.commands import (
     CancelExport,
@@ -272,8 +273,19 @@ class Exports:
 
     # -- cancellation ----------------------------------------------------------------------------------
 
-    async def cancel(self, caller: Caller, job_id: UUID, body: CancelExport) -> Answer:
-        """Record one cancellation request and answer as the seed's table says (001 "What the API returns")."""
+    async def cancel(
+        self,
+        caller: Caller,
+        job_id: UUID,
+        body: CancelExport,
+        *,
+        source: CancellationSource = CancellationSource.API,
+    ) -> Answer:
+        """Record one cancellation request and answer as the seed's table says (001 "What the API returns").
+
+        Every answer, Busy included, is counted in ``fenced_exports_cancellations_total`` under ``source``
+        (the API and console, or ``cli`` for ``starter.py cancel``).
+        """
         result = await self.store.request_cancellation(
             tenant_id=caller.tenant_id,
             job_id=job_id,
@@ -282,6 +294,7 @@ class Exports:
             reason=body.reason,
             lock_timeout=self.cancel_lock_timeout,
         )
+        get_metrics().observe_cancellation(result.outcome.value, source=source, tenant_id=caller.tenant_id)
         base: dict[str, Any] = {"outcome": result.outcome.value, "request_id": str(body.request_id)}
         match result.outcome:
             case CancellationOutcome.NOT_FOUND:

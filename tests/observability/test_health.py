@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -146,8 +146,8 @@ async def test_the_worker_endpoints_from_the_settings_serve_gauges_config_and_re
     pool = await open_pool(url, "exports_worker", min_size=1, max_size=2)
     registry = CollectorRegistry()
     metrics = ExportMetrics(registry)
-    server, gauges = await start_worker_endpoints(settings, metrics, pool, temporal.client, registry=registry)
-    assert server is not None and gauges is not None
+    endpoints = await start_worker_endpoints(settings, metrics, pool, temporal.client, registry=registry)
+    assert endpoints.server is not None and endpoints.gauges is not None
     try:
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{settings.metrics_port}", timeout=10
@@ -158,9 +158,9 @@ async def test_the_worker_endpoints_from_the_settings_serve_gauges_config_and_re
             assert 'fenced_exports_config_seconds{setting="recovery_every_seconds"} 45.0' in text
             await ready_within(http, 200, 10)
     finally:
-        await server.stop()
-        gauges.close()
+        await endpoints.stop()
         await pool.close()
+    assert "fenced_exports_db_gauges_up" not in generate_latest(registry).decode()  # unregistered
 
 
 async def ready_postgres(postgres: EmbeddedPostgres) -> None:

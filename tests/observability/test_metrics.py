@@ -21,16 +21,17 @@ from observability.metrics import (
     ExportMetrics,
     Statement,
     TransitionResult,
-    temporal_runtime,
     transition_result,
 )
+from observability.temporal import temporal_runtime
 from service.temporal import DATA_CONVERTER
 from testbed.temporal import venv_binary
 from tests.conftest import require
 from tests.observability.test_dashboard import TEMPORAL_METRICS
 from tests.observability.traced_workflow import StepInput, TracedWorkflow, traced_step
 
-QUERIES = Path(__file__).resolve().parents[2] / "db" / "queries.sql"
+ROOT = Path(__file__).resolve().parents[2]
+QUERIES = ROOT / "db" / "queries.sql"
 
 
 def fresh(**kwargs) -> ExportMetrics:
@@ -45,7 +46,15 @@ def families(metrics: ExportMetrics) -> dict[str, object]:
 def test_every_statement_label_is_a_statement_of_queries_sql():
     names = set(re.findall(r"^-- name: (\w+)", QUERIES.read_text(), flags=re.MULTILINE))
     assert {s.value for s in Statement} <= names
-    assert len(Statement) == 14
+    assert len(Statement) == 18
+
+
+def test_the_store_counts_every_transition_statement():
+    # Each label is recorded by db/store.py: a @transition method, or the cancellation transaction's two.
+    store = (ROOT / "db" / "store.py").read_text()
+    recorded = set(re.findall(r"@transition\(Statement\.(\w+)\)", store))
+    recorded |= set(re.findall(r"CancellationOutcome\.\w+: Statement\.(\w+)", store))
+    assert recorded == {s.name for s in Statement}
 
 
 def test_cancellation_kinds_are_the_nine_outcomes_of_the_seed():
@@ -84,7 +93,7 @@ def test_names_follow_prometheus_conventions():
 def test_bounded_series_exist_at_zero_before_anything_happens():
     found = families(fresh())
     transitions = [s for s in found["fenced_exports_transitions"].samples if s.name.endswith("_total")]
-    assert len(transitions) == 14 * 4 and all(s.value == 0 for s in transitions)
+    assert len(transitions) == len(Statement) * 4 and all(s.value == 0 for s in transitions)
     cancellations = [s for s in found["fenced_exports_cancellations"].samples if s.name.endswith("_total")]
     assert {s.labels["outcome"] for s in cancellations} == {k.value for k in CancellationKind}
 
