@@ -135,6 +135,15 @@ def setup_tracing(
     return provider
 
 
+def use_provider(provider: TracerProvider | None) -> None:
+    """Make ``provider`` this process's (``None``: tracing off) without shutting either down: the benchmark
+    switches tracing off and on between the rounds of one run. Clients and apps instrumented earlier keep
+    the provider they were given."""
+    global _provider, _tracer
+    _provider = provider
+    _tracer = provider.get_tracer(TRACER_NAME) if provider is not None else None
+
+
 def shutdown_tracing() -> None:
     """Flush and stop the exporter (at the end of ``main()``); tracing is off afterwards."""
     global _provider, _tracer
