@@ -428,6 +428,8 @@ def run_demo_cli(settings: Settings, *, keep: bool, contacts: int) -> int:
     from observability.setup import configure_process
     from observability.tracing import shutdown_tracing
 
+    if "log_level" not in settings.model_fields_set:  # the report is the demo's output; logs only warn
+        settings = settings.model_copy(update={"log_level": "WARNING"})
     configure_process(settings, "demo")
 
     async def main() -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import io
 import logging
@@ -388,6 +389,7 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     walls: dict[str, list[float]] = {"on": [], "off": []}
     cpus: dict[str, list[float]] = {"on": [], "off": []}
     span_counts: list[int] = []
+    span_names: collections.Counter[str] = collections.Counter()
     stacks: dict[str, Stack] = {}
     with postgres_server() as server_url:
         template = make_template(server_url)
@@ -412,7 +414,9 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
                     walls[variant].append(wall)
                     cpus[variant].append(cpu)
                     if variant == "on":
-                        span_counts.append(len(spans.get_finished_spans()))
+                        finished = spans.get_finished_spans()
+                        span_counts.append(len(finished))
+                        span_names = collections.Counter(span.name for span in finished)
             scraped = ""
             url = stacks["on"].metrics_url
             if url is not None:
@@ -469,6 +473,10 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
         f"{costs['transition'] * 1e6:.1f} us per counted transition, "
         f"{costs['off'] * 1e6:.1f} us per statement with both off; per export "
         f"{per_export * 1e3:.2f} ms of {cpu_off / exports * 1e3:.0f} ms CPU: estimated {estimate:.3f}x"
+    )
+    print(
+        "spans per export, by name: "
+        + ", ".join(f"{name} {count / exports:g}" for name, count in span_names.most_common())
     )
     return result
 
