@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint format bench clean
+.PHONY: test demo lint format bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The soak: the real stack, N exports, every fault kind; exit 1 on any violation (see chaos/).
+SOAK_ARGS ?= --exports 300 --seed 1
+soak: $(STAMP)
+	$(BIN)/python -m chaos $(SOAK_ARGS) --report-json $(or $(SOAK_REPORT),/tmp/fenced-soak-report.json)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

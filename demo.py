@@ -72,6 +72,7 @@ class DemoContext:
     tenant_id: UUID
     token: str
     scenarios: list[Scenario]
+    temporal_address: str = ""
 
 
 class Choreography:
@@ -323,7 +324,16 @@ async def run_demo(
             )
         progress.say(f"Temporal SDK:     http://{sdk_metrics}/metrics")
         progress.say(f"Finished in {time.monotonic() - progress.started:.1f}s.")
-        context = DemoContext(admin_url, api_url, ui_url, partner_root, seeded.tenant_id, token, plan)
+        context = DemoContext(
+            admin_url,
+            api_url,
+            ui_url,
+            partner_root,
+            seeded.tenant_id,
+            token,
+            plan,
+            temporal_address=settings.temporal_address,
+        )
         if inspect is not None:
             await inspect(context)
         if keep:

@@ -45,6 +45,7 @@ EXIT_CODES: dict[Kind, int] = {
     Kind.PRECONDITION_REQUIRED: EXIT_USAGE,
     Kind.INVALID: EXIT_USAGE,
     Kind.BUSY: EXIT_BUSY,
+    Kind.PARTIAL: EXIT_BUSY,
 }
 
 
@@ -204,7 +205,7 @@ def cmd_edit(args: argparse.Namespace, settings: Settings) -> int:
 
     async def call(ops: Any, caller: Any) -> Any:
         body = EditTerms(destination_id=args.destination, list_name=args.list_name)
-        return await ops.edit(caller, args.export, body, str(args.version))
+        return await ops.edit(caller, args.export, body, f'"{args.version}"')
 
     def render(answer: Any) -> str:
         export = answer.body["export"]
@@ -231,6 +232,49 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     if code != EXIT_OK and not args.json:
         hint = f"retry with: --request-id {request_id}" if code == EXIT_BUSY else f"(request {request_id})"
         print(hint, file=sys.stderr)
+    return code
+
+
+def cmd_bulk_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    """Cancel every live export of a destination (or of one list), each through its own request, under one
+    batch ID; exit 75 when some were Busy: retry with the same ``--batch-id`` (printed)."""
+    from service.commands import BulkCancel
+
+    batch_id = args.batch_id or uuid.uuid4()
+
+    async def call(ops: Any, caller: Any) -> Any:
+        destination_id = args.destination
+        if destination_id is None:
+            names = await ops.destination_names(caller.tenant_id)
+            matches = [d for d, name in names.items() if name == args.destination_name]
+            if len(matches) != 1:
+                from service.outcomes import Kind, refusal
+
+                return refusal(
+                    Kind.INVALID, f"--destination-name: no single destination {args.destination_name!r}"
+                )
+            destination_id = matches[0]
+        if args.dry_run:
+            return await ops.bulk_cancel_preview(caller, destination_id, args.list_name)
+        body = BulkCancel(
+            batch_id=batch_id, destination_id=destination_id, list_name=args.list_name, reason=args.reason
+        )
+        return await ops.bulk_cancel(caller, body)
+
+    def render(answer: Any) -> str:
+        if args.dry_run:
+            s = answer.body["by_status"]
+            return (
+                f"{answer.body['matching']} live exports match ({s['Queued']} queued, {s['Running']} running, "
+                f"{s['Delivering']} delivering); nothing was recorded"
+            )
+        lines = [answer.body["message"], f"(batch {batch_id})"]
+        lines += [f"  busy: export {b['export_id']} (request {b['request_id']})" for b in answer.body["busy"]]
+        return "\n".join(lines)
+
+    code = _run_operation(args, settings, call, render)
+    if code == EXIT_BUSY and not args.json:
+        print(f"retry with: --batch-id {batch_id}", file=sys.stderr)
     return code
 
 
@@ -419,6 +463,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--request-id", type=_uuid, help="reuse after Busy; a new one per decision")
     sub.add_argument("--reason")
 
+    sub = command(
+        "bulk-cancel",
+        cmd_bulk_cancel,
+        "cancel every live export of a destination, or of one list (exit 75: some Busy, retry with --batch-id)",
+    )
+    acting(sub, export=False)
+    where = sub.add_mutually_exclusive_group(required=True)
+    where.add_argument("--destination", type=_uuid, help="destination ID")
+    where.add_argument("--destination-name", help="destination name, e.g. partner-old")
+    sub.add_argument("--list", dest="list_name", help="only this list (default: every list)")
+    sub.add_argument("--reason", help="recorded with the batch and every request (required unless --dry-run)")
+    sub.add_argument("--batch-id", type=_uuid, help="reuse to retry the Busy ones; nothing is recorded twice")
+    sub.add_argument("--dry-run", action="store_true", help="only count the live exports that match")
+
     sub = command("replace", cmd_replace, "create a replacement delivery of the original")
     acting(sub)
     sub.add_argument("--reason", required=True)
@@ -485,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command not in LONG_RUNNING:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "bulk-cancel" and not args.dry_run and not args.reason:
+        parser.error("--reason is required (it is recorded with the batch and every request)")
     if args.command in {"correct"} and args.failure_reason is not None:
         from domain.models import FailureCode
 

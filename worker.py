@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -73,13 +74,16 @@ async def open_export_activities(
     worker_id: str,
     search_attributes: bool | None,
     worker_url: str | None = None,
+    build_url: str | None = None,
+    build_pool_timeout: float = 15.0,
     reread_timeout: float = REREAD_TIMEOUT_SECONDS,
 ) -> ExportActivities:
     """One host's export activities over pools opened from ``settings`` (closed by ``stack``).
 
     The ``exports_worker`` pool serves the store and the builder; a small ``exports_api`` pool records a
     workflow cancellation from Temporal through the cancellation transaction, which the worker role may not
-    write. ``worker_url`` points the worker pool elsewhere (a TCP proxy in tests).
+    write. ``worker_url`` points the worker pool elsewhere and ``build_url`` the build pool (a TCP proxy,
+    or nothing listening, in tests).
     """
     assert settings.database_url is not None
     url = worker_url or settings.database_url
@@ -90,7 +94,12 @@ async def open_export_activities(
     )
     stack.push_async_callback(worker_pool.close)
     build_pool = await open_pool(
-        url, "exports_worker", min_size=0, max_size=settings.max_concurrent_builds, name=f"build-{worker_id}"
+        build_url or url,
+        "exports_worker",
+        min_size=0,
+        max_size=settings.max_concurrent_builds,
+        name=f"build-{worker_id}",
+        acquire_timeout=build_pool_timeout,
     )
     stack.push_async_callback(build_pool.close)
     api_pool = await open_pool(settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}")
@@ -281,14 +290,15 @@ async def _serve(
     log.info("draining: no new wake-ups or claims; builds give their attempts back; deliveries finish")
     dispatcher_stop.set()
     export.begin_drain()
-    claims_stopped = asyncio.create_task(workers.claims.shutdown())
-    if not await export.wait_quiet(settings.shutdown_grace_seconds):
+    began = time.monotonic()
+    # In-flight claims finish first (bounded by the grace), so the attempts they open are drained too.
+    await asyncio.gather(workers.claims.shutdown(), return_exceptions=True)
+    left = max(0.0, settings.shutdown_grace_seconds - (time.monotonic() - began))
+    if not await export.wait_quiet(left):
         log.warning(
             "drain: %d attempt(s) still held after the grace window; their leases decide", export.busy
         )
-    await asyncio.gather(
-        claims_stopped, workers.workflows.shutdown(), workers.own.shutdown(), return_exceptions=True
-    )
+    await asyncio.gather(workers.workflows.shutdown(), workers.own.shutdown(), return_exceptions=True)
     results = await asyncio.gather(*runs, return_exceptions=True)
     failures = [
         (task.get_name(), outcome)

@@ -148,15 +148,19 @@ def _heartbeat_interval() -> float:
     return max(0.05, min(1.0, timeout.total_seconds() / 4))
 
 
-async def keep_heartbeating(details: Callable[[], dict[str, Any]]) -> None:
+async def keep_heartbeating(
+    details: Callable[[], dict[str, Any]], paused: Callable[[], bool] = lambda: False
+) -> None:
     """Heartbeat the current activity with ``details()`` (codes and counts only) until cancelled.
 
     The SDK throttles what it sends to 0.8 x the heartbeat timeout; this only keeps the latest details
-    fresh, at a quarter of the timeout (at most every second).
+    fresh, at a quarter of the timeout (at most every second). While ``paused()`` (a test seam: a stalled
+    worker) nothing is sent.
     """
     interval = _heartbeat_interval()
     while True:
-        activity.heartbeat(details())
+        if not paused():
+            activity.heartbeat(details())
         await asyncio.sleep(interval)
 
 
@@ -218,6 +222,7 @@ class ExportActivities:
         self.watcher_disabled = False  # stop requests are then caught by cutoff 2 alone
         self.lease_timer_disabled = False  # a paused worker: only on-demand renewals
         self.workflow_check_disabled = False  # cutoff 2 without asking Temporal about the workflow
+        self.heartbeats_paused = False  # a stalled worker: its activities stop heartbeating
 
     def shared_activities(self) -> list[Callable[..., Any]]:
         """Activities for the shared task queue: the claim and the recording of a Temporal cancel."""
@@ -428,7 +433,10 @@ class ExportActivities:
                     await self._end(attempt)
                     return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
             heartbeat = asyncio.create_task(
-                keep_heartbeating(lambda: {"stage": "building", "rows": attempt.rows, "bytes": attempt.bytes})
+                keep_heartbeating(
+                    lambda: {"stage": "building", "rows": attempt.rows, "bytes": attempt.bytes},
+                    lambda: self.heartbeats_paused,
+                )
             )
             built: BuiltFile | None = None
             authorized = False

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from api import console, routes
+from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError
 from observability.health import health_router, instrument_fastapi, standard_readiness
 from service.exports import Exports
@@ -19,18 +23,56 @@ from settings import Settings
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024
-
 
 def _field(loc: tuple | list) -> str:
     return ".".join(str(part) for part in loc)
 
 
 async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-    # Says which field and why; never echoes the submitted value.
+    # Says which field and why; never echoes the submitted value. A missing If-Match is 428 (the
+    # precondition is required), any other header the schema refuses is 400, everything else 422.
     errors = [{"field": _field(e.get("loc", ())), "problem": e.get("msg", "invalid")} for e in exc.errors()]
     summary = "; ".join(f"{e['field']}: {e['problem']}" for e in errors)
-    return JSONResponse({"detail": f"invalid request: {summary}", "errors": errors}, status_code=422)
+    body = {"detail": f"invalid request: {summary}", "errors": errors}
+    locations = {tuple(e.get("loc", ()))[:1] for e in exc.errors()}
+    if locations == {("header",)}:
+        missing_if_match = any(
+            tuple(e.get("loc", ()))[1:2] == ("If-Match",) and e.get("type") == "missing" for e in exc.errors()
+        )
+        if missing_if_match:
+            body["detail"] = 'the If-Match header is required: the ETag you read, e.g. If-Match: "1"'
+            return JSONResponse(body, status_code=428)
+        return JSONResponse(body, status_code=400)
+    return JSONResponse(body, status_code=422)
+
+
+def _leaf_routes(routes: list[Any]) -> list[Any]:
+    """Every endpoint route, looking through included routers (FastAPI wraps each ``include_router``)."""
+    leaves = []
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            leaves += _leaf_routes(list(included.routes))
+        else:
+            leaves.append(route)
+    return leaves
+
+
+def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> set[str]:
+    """Every method some route serves at this request's path (FastAPI has one route per method)."""
+    methods: set[str] = set()
+    for route in _leaf_routes(list(app.router.routes)):
+        route_methods = getattr(route, "methods", None)
+        if not route_methods:
+            continue  # a mount (the static files) serves no API path
+        match, _ = route.matches({**scope, "method": next(iter(route_methods))})
+        if match == Match.FULL:
+            methods |= set(route_methods)
+    return methods | {"OPTIONS"} if methods else methods
+
+
+def _allow(methods: set[str]) -> str:
+    return ", ".join(sorted(methods))
 
 
 async def _database_unavailable(request: Request, exc: TransientStoreError) -> JSONResponse:
@@ -65,11 +107,33 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
             return JSONResponse({"detail": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
         return await call_next(request)
 
+    @app.middleware("http")
+    async def options_and_allow(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
+        # OPTIONS answers with every method the path serves; a 405 lists them all too (Starlette's own 405
+        # names only the first matching route's methods, and FastAPI has one route per method).
+        if request.method == "OPTIONS":
+            methods = allowed_methods(app, request.scope)
+            if methods:
+                return Response(status_code=204, headers={"Allow": _allow(methods)})
+        response = await call_next(request)
+        if response.status_code == 405:
+            response.headers["Allow"] = _allow(allowed_methods(app, request.scope))
+        return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allow(allowed_methods(app, request.scope))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
     @app.get("/", include_in_schema=False)
     async def home() -> Response:
         return RedirectResponse("/console", status_code=307)
 
     app.include_router(routes.router)
+    app.include_router(routes.batches)
+    app.include_router(routes.destinations)
     app.include_router(console.router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
     # /healthz, /readyz (PostgreSQL through the API's own pool, migrations, Temporal through the stop

@@ -1,23 +1,29 @@
 """The operations console: server-rendered pages, no build step.
 
-Sign-in takes an API token and keeps it in an HttpOnly, SameSite=Strict cookie; pages read through the
-same operations as the JSON API, and the Cancel button posts to the JSON API from the page.
+Sign-in takes an API token and opens a server-side session: the browser's HttpOnly, SameSite=Strict cookie
+holds a random session ID, never the token. Sign-in and sign-out are refused unless the browser says the
+form came from this site (``Origin`` / ``Sec-Fetch-Site``) and it carries its anti-forgery token. Pages
+read through the same operations as the JSON API; Cancel and bulk cancel post to the JSON API from the page.
 """
 
 from __future__ import annotations
 
+import hmac
+import re
+import secrets
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from api.auth import COOKIE_NAME
-from service.auth import Caller, caller_for_token
-from service.exports import Exports
-from service.views import short, stamp, status_line
+from api.auth import COOKIE_NAME, console_caller, same_origin
+from domain.models import JobStatus
+from service.auth import SESSION_TTL_SECONDS, Caller, close_session, csrf_token_for, open_session
+from service.exports import ID_PREFIX_PATTERN, Exports, decode_cursor
+from service.views import cancel_can_matter, short, stamp, status_line
 
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 templates.env.filters["short"] = short
@@ -25,14 +31,9 @@ templates.env.filters["stamp"] = stamp
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
-_COOKIE_MAX_AGE = 8 * 3600
-
-
-async def _caller(request: Request) -> Caller | None:
-    token = request.cookies.get(COOKIE_NAME)
-    if not token:
-        return None
-    return await caller_for_token(_ops(request).store, token)
+LOGIN_CSRF_COOKIE = "fenced_login_csrf"
+PAGE_SIZE = 50
+LIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.DELIVERING)
 
 
 def _ops(request: Request) -> Exports:
@@ -43,59 +44,171 @@ def _to_login() -> RedirectResponse:
     return RedirectResponse("/console/login", status_code=303)
 
 
-@router.get("/login", response_class=HTMLResponse)
-async def login_form(request: Request) -> Response:
-    return templates.TemplateResponse(request, "login.html", {"error": None})
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
 
 
-@router.post("/login", response_class=HTMLResponse)
-async def login(request: Request, token: Annotated[str, Form(max_length=200)]) -> Response:
-    caller = await caller_for_token(_ops(request).store, token.strip())
-    if caller is None:
-        return templates.TemplateResponse(request, "login.html", {"error": "Unknown token."}, status_code=401)
-    response = RedirectResponse("/console", status_code=303)
+def _login_page(request: Request, error: str | None, status_code: int = 200) -> Response:
+    csrf = secrets.token_urlsafe(32)
+    response = templates.TemplateResponse(
+        request, "login.html", {"error": error, "csrf": csrf}, status_code=status_code
+    )
     response.set_cookie(
-        COOKIE_NAME,
-        token.strip(),
-        max_age=_COOKIE_MAX_AGE,
+        LOGIN_CSRF_COOKIE,
+        csrf,
+        max_age=3600,
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
-        path="/",
+        secure=_secure(request),
+        path="/console/login",
     )
     return response
 
 
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request) -> Response:
+    return _login_page(request, None)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=200)],
+    csrf: Annotated[str, Form(max_length=100)] = "",
+) -> Response:
+    expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
+    if not same_origin(request) or not expected or not hmac.compare_digest(expected, csrf):
+        # A page on another site posting this form: refuse, set nothing.
+        return _login_page(
+            request, "Sign-in refused: the form did not come from this console. Sign in here.", 403
+        )
+    opened = await open_session(_ops(request).store, token.strip())
+    if opened is None:
+        return _login_page(request, "Unknown token.", 401)
+    session_id, _ = opened
+    response = RedirectResponse("/console", status_code=303)
+    response.set_cookie(
+        COOKIE_NAME,
+        session_id,
+        max_age=SESSION_TTL_SECONDS,
+        httponly=True,
+        samesite="strict",
+        secure=_secure(request),
+        path="/",
+    )
+    response.delete_cookie(LOGIN_CSRF_COOKIE, path="/console/login")
+    return response
+
+
 @router.post("/logout")
-async def logout() -> Response:
+async def logout(request: Request, csrf: Annotated[str, Form(max_length=100)] = "") -> Response:
+    session_id = request.cookies.get(COOKIE_NAME, "")
+    if (
+        not same_origin(request)
+        or not session_id
+        or not hmac.compare_digest(csrf_token_for(session_id), csrf)
+    ):
+        return Response("Sign-out refused: the form did not come from this console.", status_code=403)
+    await close_session(_ops(request).store, session_id)
     response = _to_login()
     response.delete_cookie(COOKIE_NAME, path="/")
     return response
 
 
+def _page_context(request: Request, caller: Caller) -> dict[str, Any]:
+    session_id = request.cookies.get(COOKIE_NAME, "")
+    return {"caller": caller, "csrf": csrf_token_for(session_id) if session_id else ""}
+
+
+def _filters(
+    status: list[str], destination: str | None, list_name: str | None, q: str | None
+) -> dict[str, Any]:
+    """The list's filters from the query string; a value that cannot match anything is dropped."""
+    statuses = [JobStatus(s) for s in status if s in JobStatus._value2member_map_]
+    destination_id = None
+    if destination:
+        try:
+            destination_id = UUID(destination)
+        except ValueError:
+            destination_id = None
+    return {
+        "statuses": statuses,
+        "destination_id": destination_id,
+        "list_name": (list_name or "").strip() or None,
+        "id_prefix": (q or "").strip().lower() if q and re.match(ID_PREFIX_PATTERN, q.strip()) else None,
+    }
+
+
+async def _list_context(
+    request: Request,
+    caller: Caller,
+    status: list[str],
+    destination: str | None,
+    list_name: str | None,
+    q: str | None,
+    before: str | None,
+) -> dict[str, Any]:
+    ops = _ops(request)
+    filters = _filters(status, destination, list_name, q)
+    bound = decode_cursor(before) if before else None
+    page = await ops.page(caller, PAGE_SIZE, before=bound, **filters)
+    destinations = await ops.destination_names(caller.tenant_id)
+    query = request.query_params
+    base = [(k, v) for k, v in query.multi_items() if k != "before"]
+    return {
+        **_page_context(request, caller),
+        "tenant_name": await ops.tenant_name(caller.tenant_id),
+        "destinations": destinations,
+        "list_names": await ops.store.tenant_list_names(caller.tenant_id),
+        "jobs": page.jobs,
+        "next_query": [*base, ("before", page.next)] if page.next else None,
+        "first_query": base if bound else None,
+        "filters": filters,
+        "all_statuses": [s.value for s in JobStatus],
+        "q": q or "",
+        "paged": bound is not None,
+        "status_line": lambda job: status_line(job, []),
+        "cancel_can_matter": cancel_can_matter,
+        "live_statuses": [s.value for s in LIVE_STATUSES],
+    }
+
+
 @router.get("", response_class=HTMLResponse)
-async def export_list(request: Request) -> Response:
-    caller = await _caller(request)
+async def export_list(
+    request: Request,
+    status: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+    destination: str | None = None,
+    list_name: Annotated[str | None, Query(alias="list")] = None,
+    q: str | None = None,
+    before: str | None = None,
+) -> Response:
+    caller = await console_caller(request)
     if caller is None:
         return _to_login()
-    ops = _ops(request)
-    jobs = await ops.store.list_tenant_jobs(caller.tenant_id, 200)
-    return templates.TemplateResponse(
-        request,
-        "list.html",
-        {
-            "caller": caller,
-            "tenant_name": await ops.tenant_name(caller.tenant_id),
-            "destinations": await ops.destination_names(caller.tenant_id),
-            "jobs": jobs,
-            "status_line": lambda job: status_line(job, []),
-        },
-    )
+    context = await _list_context(request, caller, status, destination, list_name, q, before)
+    return templates.TemplateResponse(request, "list.html", context)
+
+
+@router.get("/rows", response_class=HTMLResponse)
+async def export_rows(
+    request: Request,
+    status: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+    destination: str | None = None,
+    list_name: Annotated[str | None, Query(alias="list")] = None,
+    q: str | None = None,
+    before: str | None = None,
+) -> Response:
+    """The list's rows alone, for the page's live refresh (polling; no build step)."""
+    caller = await console_caller(request)
+    if caller is None:
+        return Response(status_code=401)
+    context = await _list_context(request, caller, status, destination, list_name, q, before)
+    return templates.TemplateResponse(request, "rows.html", context)
 
 
 @router.get("/exports/{export_id}", response_class=HTMLResponse)
 async def export_detail(request: Request, export_id: str) -> Response:
-    caller = await _caller(request)
+    caller = await console_caller(request)
     if caller is None:
         return _to_login()
     try:
@@ -104,5 +217,11 @@ async def export_detail(request: Request, export_id: str) -> Response:
         job_id = None
     detail = await _ops(request).detail(caller, job_id) if job_id else None
     if detail is None:
-        return templates.TemplateResponse(request, "not_found.html", {"caller": caller}, status_code=404)
-    return templates.TemplateResponse(request, "detail.html", {"caller": caller, "d": detail})
+        return templates.TemplateResponse(
+            request, "not_found.html", _page_context(request, caller), status_code=404
+        )
+    return templates.TemplateResponse(
+        request,
+        "detail.html",
+        {**_page_context(request, caller), "d": detail, "can_cancel": cancel_can_matter(detail.job)},
+    )

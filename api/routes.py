@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
 
 from api.auth import authenticate
+from api.limits import MAX_BODY_BYTES
+from domain.models import JobStatus
 from service.auth import Caller
 from service.commands import (
+    MAX_NAME,
+    NAME_PATTERN,
+    BulkCancel,
     CancelExport,
     CorrectExport,
     CreateExport,
@@ -18,18 +23,69 @@ from service.commands import (
     ReconcileExport,
     ReplaceExport,
 )
-from service.exports import Exports
+from service.exports import (
+    CURSOR_PATTERN,
+    ID_PREFIX_PATTERN,
+    IDEMPOTENCY_KEY_PATTERN,
+    IF_MATCH_PATTERN,
+    Exports,
+)
 from service.outcomes import Answer, Kind
 
 router = APIRouter(prefix="/exports", tags=["exports"])
+destinations = APIRouter(prefix="/destinations", tags=["exports"])
+batches = APIRouter(prefix="/cancellation-batches", tags=["bulk cancel"])
 
 CallerDep = Annotated[Caller, Depends(authenticate)]
 
-_ERRORS = {
-    400: {"description": "Malformed header or a reused request ID"},
+# What every route can answer besides its own outcomes. Each is JSON with a ``detail`` for people; a
+# request the schema refuses also carries ``errors`` (which field, why), never the submitted value.
+_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or unknown bearer token"},
-    404: {"description": "No such export in your tenant (another tenant's looks the same)"},
-    422: {"description": "Invalid body or path: wrong UUIDs, missing fields, oversized strings"},
+    422: {"description": "Invalid body, path or query: wrong UUIDs, missing fields, what the schema refuses"},
+    503: {
+        "description": "The database did not answer: nothing is known to have changed; retry after Retry-After"
+    },
+}
+_BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "The body is not JSON"},
+    **_ERRORS,
+    413: {"description": f"Request body over {MAX_BODY_BYTES} bytes"},
+}
+_NOT_FOUND = {404: {"description": "No such export in your tenant (another tenant's looks the same)"}}
+
+IdempotencyKey = Annotated[
+    str,
+    Header(
+        alias="Idempotency-Key",
+        description="One value per request, reused on retry: the same key and body return the first export.",
+        min_length=1,
+        max_length=200,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+    ),
+]
+IfMatch = Annotated[
+    str,
+    Header(
+        alias="If-Match",
+        description=(
+            'The ETag you read, e.g. "1" (RFC 9110 strong comparison: a weak tag never matches). '
+            "Missing: 428. Unquoted or unterminated: 400. Another version: 412."
+        ),
+        pattern=IF_MATCH_PATTERN,
+    ),
+]
+
+_EXPORT_ID = "$response.body#/export/id"
+_CREATED_LINKS = {
+    "ReplaceExport": {"operationId": "replace_export", "parameters": {"export_id": _EXPORT_ID}},
+    "ReconcileExport": {"operationId": "reconcile_export", "parameters": {"export_id": _EXPORT_ID}},
+    "GetExport": {"operationId": "get_export", "parameters": {"export_id": _EXPORT_ID}},
+    "EditExport": {
+        "operationId": "edit_export",
+        "parameters": {"export_id": _EXPORT_ID, "header.If-Match": "$response.header.ETag"},
+    },
+    "CancelExport": {"operationId": "cancel_export", "parameters": {"export_id": _EXPORT_ID}},
 }
 
 
@@ -54,6 +110,7 @@ HTTP_STATUS: dict[Kind, int] = {
     Kind.INVALID: 422,
     Kind.PRECONDITION_REQUIRED: 428,
     Kind.BUSY: 503,
+    Kind.PARTIAL: 202,
 }
 
 
@@ -73,32 +130,62 @@ def respond(answer: Answer) -> JSONResponse:
 
 @router.post(
     "",
+    operation_id="create_export",
     summary="Create an export (idempotent per Idempotency-Key)",
     status_code=201,
     responses={
-        200: {"description": "Replay: the first job for this key and request"},
+        200: {"description": "Replay: the first job for this key and request", "links": _CREATED_LINKS},
+        201: {"description": "Created, Queued; ETag is its version", "links": _CREATED_LINKS},
+        400: {"description": "Idempotency-Key missing or malformed, or the body is not JSON"},
         409: {"description": "Key used for a different request"},
-        **_ERRORS,
+        422: {"description": "Invalid body, or a destination_id that is not your tenant's"},
+        **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
     },
 )
 async def create_export(
-    body: CreateExport,
-    caller: CallerDep,
-    ops: ExportsDep,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    body: CreateExport, caller: CallerDep, ops: ExportsDep, idempotency_key: IdempotencyKey
 ) -> JSONResponse:
     return respond(await ops.create(caller, body, idempotency_key))
 
 
-@router.get("", summary="List your tenant's exports, newest first", responses=_ERRORS)
+@router.get(
+    "",
+    operation_id="list_exports",
+    summary="List your tenant's exports, newest first, one page at a time",
+    responses={400: {"description": "before: not a cursor this API gave out"}, **_ERRORS},
+)
 async def list_exports(
-    caller: CallerDep, ops: ExportsDep, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    caller: CallerDep,
+    ops: ExportsDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    before: Annotated[
+        str | None, Query(description="the `next` cursor of the previous page", pattern=CURSOR_PATTERN)
+    ] = None,
+    status: Annotated[list[JobStatus] | None, Query(description="only these statuses")] = None,
+    destination_id: Annotated[UUID | None, Query()] = None,
+    list_name: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)] = None,
+    q: Annotated[
+        str | None, Query(description="an export ID, or its first characters", pattern=ID_PREFIX_PATTERN)
+    ] = None,
 ) -> JSONResponse:
-    return respond(await ops.list(caller, limit))
+    return respond(
+        await ops.list(
+            caller,
+            limit,
+            before=before,
+            statuses=status,
+            destination_id=destination_id,
+            list_name=list_name,
+            id_prefix=q,
+        )
+    )
 
 
 @router.get(
-    "/{export_id}", summary="One export with its timeline and cancellation requests", responses=_ERRORS
+    "/{export_id}",
+    operation_id="get_export",
+    summary="One export with its timeline and cancellation requests",
+    responses={**_NOT_FOUND, **_ERRORS},
 )
 async def get_export(export_id: UUID, caller: CallerDep, ops: ExportsDep) -> JSONResponse:
     return respond(await ops.status(caller, export_id))
@@ -106,40 +193,44 @@ async def get_export(export_id: UUID, caller: CallerDep, ops: ExportsDep) -> JSO
 
 @router.patch(
     "/{export_id}",
-    summary="Edit a queued export's terms (If-Match: the version you read)",
+    operation_id="edit_export",
+    summary="Edit a queued export's terms (If-Match: the ETag you read)",
     responses={
+        400: {"description": "If-Match unquoted or unterminated, or the body is not JSON"},
         409: {"description": "No longer queued"},
-        412: {"description": "Version moved on"},
+        412: {"description": "If-Match names another version, or only weak tags"},
         428: {"description": "If-Match missing"},
-        **_ERRORS,
+        422: {
+            "description": "Invalid body (at least one field, no nulls), or a destination not your tenant's"
+        },
+        **_NOT_FOUND,
+        **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
     },
 )
 async def edit_export(
-    export_id: UUID,
-    body: EditTerms,
-    caller: CallerDep,
-    ops: ExportsDep,
-    if_match: Annotated[str | None, Header(alias="If-Match")] = None,
+    export_id: UUID, body: EditTerms, caller: CallerDep, ops: ExportsDep, if_match: IfMatch
 ) -> JSONResponse:
     return respond(await ops.edit(caller, export_id, body, if_match))
 
 
 @router.post(
     "/{export_id}/cancellations",
+    operation_id="cancel_export",
     summary="Request cancellation with your own request ID",
     responses={
         200: {"description": "CanceledWhileQueued, or AlreadyCanceled (this request changed nothing)"},
         202: {
             "description": "StopRequested / StopAlreadyRequested; poll the Location for the attempt's ending"
         },
-        400: {"description": "RequestIdReused: the ID belongs to a different request"},
+        400: {
+            "description": "RequestIdReused: the ID belongs to a different request; or the body is not JSON"
+        },
         404: {"description": "NotFound"},
         409: {"description": "AlreadyEnded, or TooLate (delivery was already authorized)"},
         503: {
             "description": "Busy: nothing decided or recorded; retry with the same request ID after Retry-After"
         },
-        401: _ERRORS[401],
-        422: _ERRORS[422],
+        **{k: v for k, v in _BODY_ERRORS.items() if k != 503},
     },
 )
 async def cancel_export(
@@ -150,9 +241,14 @@ async def cancel_export(
 
 @router.post(
     "/{export_id}/replacements",
+    operation_id="replace_export",
     summary="Create a replacement delivery (named creator, reason, optional overwrite agreement)",
     status_code=201,
-    responses={409: {"description": "The original may not be replaced, or a replacement is live"}, **_ERRORS},
+    responses={
+        409: {"description": "The original may not be replaced, or a replacement is live"},
+        **_NOT_FOUND,
+        **_BODY_ERRORS,
+    },
 )
 async def replace_export(
     export_id: UUID, body: ReplaceExport, caller: CallerDep, ops: ExportsDep
@@ -162,8 +258,13 @@ async def replace_export(
 
 @router.post(
     "/{export_id}/reconciliation",
+    operation_id="reconcile_export",
     summary="Resolve an OutcomeUnknown to Completed or Failed from evidence (once per attempt)",
-    responses={409: {"description": "Not OutcomeUnknown, or already reconciled"}, **_ERRORS},
+    responses={
+        409: {"description": "Not OutcomeUnknown, or already reconciled"},
+        **_NOT_FOUND,
+        **_BODY_ERRORS,
+    },
 )
 async def reconcile_export(
     export_id: UUID, body: ReconcileExport, caller: CallerDep, ops: ExportsDep
@@ -173,14 +274,110 @@ async def reconcile_export(
 
 @router.post(
     "/{export_id}/corrections",
+    operation_id="correct_export",
     summary="Correct a recorded Completed/Failed once (reconciler role only)",
     responses={
         403: {"description": "Not a reconciler"},
         409: {"description": "Nothing matched, or already corrected"},
-        **_ERRORS,
+        **_NOT_FOUND,
+        **_BODY_ERRORS,
     },
 )
 async def correct_export(
     export_id: UUID, body: CorrectExport, caller: CallerDep, ops: ExportsDep
 ) -> JSONResponse:
     return respond(await ops.correct(caller, export_id, body))
+
+
+@destinations.get(
+    "",
+    operation_id="list_destinations",
+    summary="Your tenant's destinations: the destination_id an export or a bulk cancel names",
+    responses={
+        200: {
+            "description": "The destinations, by ID and name",
+            "links": {
+                "CreateExport": {
+                    "operationId": "create_export",
+                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
+                },
+                "PreviewBulkCancel": {
+                    "operationId": "preview_bulk_cancel",
+                    "parameters": {"destination_id": "$response.body#/destinations/0/id"},
+                },
+                "BulkCancel": {
+                    "operationId": "bulk_cancel",
+                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
+                },
+            },
+        },
+        **_ERRORS,
+    },
+)
+async def list_destinations(caller: CallerDep, ops: ExportsDep) -> JSONResponse:
+    return respond(await ops.destinations(caller))
+
+
+# -- bulk cancel ----------------------------------------------------------------------------------------
+
+
+@batches.get(
+    "/preview",
+    operation_id="preview_bulk_cancel",
+    summary="How many live exports a bulk cancel with this filter would cover now (the confirmation)",
+    responses=_ERRORS,
+)
+async def preview_bulk_cancel(
+    caller: CallerDep,
+    ops: ExportsDep,
+    destination_id: Annotated[UUID, Query()],
+    list_name: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)] = None,
+) -> JSONResponse:
+    return respond(await ops.bulk_cancel_preview(caller, destination_id, list_name))
+
+
+@batches.post(
+    "",
+    operation_id="bulk_cancel",
+    summary="Cancel every live export of a destination (or of one list), each through its own request",
+    status_code=201,
+    responses={
+        200: {
+            "description": "A replay: this batch ID was recorded before and every export it covers is decided"
+        },
+        201: {
+            "description": "Recorded, and every export it covers decided: the counts of each outcome",
+            "links": {
+                "GetBatch": {
+                    "operationId": "get_cancellation_batch",
+                    "parameters": {"batch_id": "$response.body#/batch_id"},
+                }
+            },
+        },
+        202: {
+            "description": (
+                "Recorded, but some exports were Busy (listed with their request IDs; nothing recorded for "
+                "them): retry with the same batch ID after Retry-After; nothing is recorded twice"
+            )
+        },
+        400: {"description": "This batch ID belongs to a different bulk cancel, or the body is not JSON"},
+        422: {"description": "Invalid body, or a destination_id that is not your tenant's"},
+        **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
+    },
+)
+async def bulk_cancel(body: BulkCancel, caller: CallerDep, ops: ExportsDep) -> JSONResponse:
+    return respond(await ops.bulk_cancel(caller, body))
+
+
+@batches.get(
+    "/{batch_id}",
+    operation_id="get_cancellation_batch",
+    summary="A recorded bulk cancel: its counts, and the exports still without a request",
+    responses={
+        202: {"description": "Some exports it covers have no request yet (Busy): resubmit the batch"},
+        404: {"description": "No such batch in your tenant"},
+        **_ERRORS,
+    },
+)
+async def get_cancellation_batch(batch_id: UUID, caller: CallerDep, ops: ExportsDep) -> JSONResponse:
+    return respond(await ops.cancellation_batch(caller, batch_id))

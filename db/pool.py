@@ -16,7 +16,13 @@ Role = Literal[
 
 
 async def open_pool(
-    url: str, role: Role, *, min_size: int = 1, max_size: int = 8, name: str | None = None
+    url: str,
+    role: Role,
+    *,
+    min_size: int = 1,
+    max_size: int = 8,
+    name: str | None = None,
+    acquire_timeout: float = 15.0,
 ) -> AsyncConnectionPool:
     """Open an autocommit pool whose connections act as ``role``; fails at start on a bad URL.
 
@@ -36,7 +42,7 @@ async def open_pool(
         configure=configure,
         name=name or role,
         kwargs={"application_name": f"fenced-exports:{role}", "connect_timeout": 10},
-        timeout=15,
+        timeout=acquire_timeout,
     )
     await pool.open(wait=True, timeout=30)
     return pool

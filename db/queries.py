@@ -16,7 +16,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, LiteralString, TypeVar
 
-from psycopg import AsyncConnection, Connection
+from psycopg import AsyncConnection, AsyncCursor, Connection
 from psycopg.rows import class_row, dict_row
 
 from observability.statements import observe_statement
@@ -93,6 +93,16 @@ async def execute(conn: AsyncConnection[Any], name: str, params: dict[str, Any])
         async with conn.cursor() as cur:
             await cur.execute(q(name), params)
             return cur.rowcount
+
+
+async def send(
+    conn: AsyncConnection[Any], name: str, params: dict[str, Any], row: type[Row] | None = None
+) -> AsyncCursor[Any]:
+    """Queue the named statement on a connection in pipeline mode and return its cursor: the statement
+    goes out with the next ones, and its rows are read with ``fetchall()`` once the pipeline has synced."""
+    cur = conn.cursor(row_factory=class_row(row)) if row is not None else conn.cursor()
+    await cur.execute(q(name), params)
+    return cur
 
 
 def fetch_sync(conn: Connection[Any], name: str, params: dict[str, Any]) -> list[dict[str, Any]]:

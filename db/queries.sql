@@ -435,35 +435,84 @@ woke AS (
     SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM swept)
 SELECT id AS job_id FROM swept;
 
+-- name: begin_transaction
+-- Opens the short transaction that the next statements of a pipeline run in (the cancellation ledger).
+BEGIN;
+
+-- name: commit_transaction
+-- Commits the short transaction a pipeline opened with begin_transaction.
+COMMIT;
+
 -- name: lock_job_for_cancel
--- The cancellation transaction's locking read: this tenant's job row, every column, until commit.
-SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s FOR UPDATE;
+-- The cancellation transaction's locking read: bounds this transaction's lock waits (SET LOCAL
+-- lock_timeout: a wait past it is Busy), then locks this tenant's job row until commit. The row lock is
+-- taken above the join, after set_config has run. It is its own statement, sent in the same pipeline as
+-- cancel_and_record, so that statement's snapshot is taken after any wait for the lock: under READ
+-- COMMITTED a single statement that waited would still read the other rows (an earlier request, the job's
+-- own row for its UPDATE) as they were before the wait.
+SELECT j.id
+FROM (SELECT set_config('lock_timeout', %(timeout)s, true)) AS bounded, export_jobs j
+WHERE j.id = %(job_id)s AND j.tenant_id = %(tenant_id)s
+FOR UPDATE OF j;
+
+-- name: cancel_and_record
+-- The cancellation ledger's decision for one request in one statement (000 "Recording Cancellation
+-- Requests", 001 "When Cancellation Loses"), run right after lock_job_for_cancel in the same transaction:
+-- read the locked row, find an earlier submission of this request ID, classify from the locked row, take
+-- the one guarded update the outcome needs, and record the request with what it found (and its batch, if
+-- any). The request is recorded only together with the change its outcome names, so a change that matched
+-- nothing records nothing. Answers with the job as found, the request recorded now or earlier, and whether
+-- it was earlier; no row when this tenant has no such job (nothing is recorded).
+-- The CASE is rules.cancellation.classify_cancellation; a test checks they agree for every status.
+WITH found AS (   -- already locked by lock_job_for_cancel; FOR UPDATE again is free and keeps it so
+    SELECT * FROM export_jobs WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s FOR UPDATE),
+earlier AS (
+    SELECT * FROM cancellation_requests WHERE tenant_id = %(tenant_id)s AND id = %(request_id)s),
+decided AS (
+    SELECT f.id, f.status, f.attempt_id, f.attempt_count, f.delivery_authorized_at,
+           CASE
+               WHEN f.status = 'Queued' THEN 'CanceledWhileQueued'
+               WHEN f.status = 'Running' AND f.stop_request_id IS NULL THEN 'StopRequested'
+               WHEN f.status = 'Running' THEN 'StopAlreadyRequested'
+               WHEN f.status = 'Canceled' THEN 'AlreadyCanceled'
+               WHEN f.status IN ('Rejected', 'Stopped', 'Failed') THEN 'AlreadyEnded'
+               ELSE 'TooLate'   -- Delivering, Completed, OutcomeUnknown: delivery was authorized
+           END AS outcome
+    FROM found f
+    WHERE NOT EXISTS (SELECT 1 FROM earlier)),
+canceled AS (   -- Queued -> Canceled, recording the request that canceled it
+    UPDATE export_jobs j
+    SET status = 'Canceled', cancellation_request_id = %(request_id)s
+    FROM decided d
+    WHERE j.id = d.id AND j.tenant_id = %(tenant_id)s AND j.status = 'Queued'
+      AND d.outcome = 'CanceledWhileQueued'
+    RETURNING j.id),
+stopped AS (   -- the first stop request on a Running job; cutoff 2 refuses while it is set
+    UPDATE export_jobs j
+    SET stop_request_id = %(request_id)s
+    FROM decided d
+    WHERE j.id = d.id AND j.tenant_id = %(tenant_id)s AND j.status = 'Running' AND j.stop_request_id IS NULL
+      AND d.outcome = 'StopRequested'
+    RETURNING j.id),
+recorded AS (
+    INSERT INTO cancellation_requests (tenant_id, id, job_id, requested_by, reason, outcome, found_status,
+                                       found_attempt_id, found_attempt_count, found_delivery_authorized_at,
+                                       batch_id)
+    SELECT %(tenant_id)s, %(request_id)s, d.id, %(requested_by)s, %(reason)s, d.outcome, d.status,
+           d.attempt_id, d.attempt_count, d.delivery_authorized_at, %(batch_id)s
+    FROM decided d
+    -- the two outcomes that change the job are true only if their change matched its row
+    WHERE d.outcome NOT IN ('CanceledWhileQueued', 'StopRequested')
+       OR EXISTS (SELECT 1 FROM canceled) OR EXISTS (SELECT 1 FROM stopped)
+    RETURNING *)
+SELECT f.*,
+       coalesce((SELECT to_jsonb(r) FROM recorded r), (SELECT to_jsonb(e) FROM earlier e)) AS request,
+       EXISTS (SELECT 1 FROM earlier) AS replayed
+FROM found f;
 
 -- name: find_cancellation_request
 -- An earlier submission of this request ID in this tenant, if any.
 SELECT * FROM cancellation_requests WHERE tenant_id = %(tenant_id)s AND id = %(request_id)s;
-
--- name: cancel_if_queued
--- Queued -> Canceled, recording the request that canceled it. Defense in depth: the row is already locked.
-UPDATE export_jobs
-SET status = 'Canceled', cancellation_request_id = %(request_id)s
-WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND status = 'Queued'
-RETURNING id;
-
--- name: request_stop_if_running
--- Records the first stop request on a Running job; cutoff 2 refuses while it is set.
-UPDATE export_jobs
-SET stop_request_id = %(request_id)s
-WHERE id = %(job_id)s AND tenant_id = %(tenant_id)s AND status = 'Running' AND stop_request_id IS NULL
-RETURNING id;
-
--- name: insert_cancellation_request
--- Every request for a visible job is recorded, with the state and attempt it found.
-INSERT INTO cancellation_requests (tenant_id, id, job_id, requested_by, reason, outcome, found_status,
-                                   found_attempt_id, found_attempt_count, found_delivery_authorized_at)
-VALUES (%(tenant_id)s, %(request_id)s, %(job_id)s, %(requested_by)s, %(reason)s, %(outcome)s, %(found_status)s,
-        %(found_attempt_id)s, %(found_attempt_count)s, %(found_delivery_authorized_at)s)
-RETURNING *;
 
 -- name: get_job
 -- One export by ID (the worker's and recovery's view; job IDs are globally unique).
@@ -505,7 +554,3 @@ RETURNING message_id;
 -- attempt. An attempt that is not live never becomes live again (a requeue clears it; a claim mints a new one).
 SELECT attempt_id FROM export_jobs
 WHERE attempt_id = ANY(%(attempt_ids)s::uuid[]) AND status IN ('Running', 'Delivering');
-
--- name: set_lock_timeout
--- Bounds each lock wait of the current transaction only (SET LOCAL): the cancellation transaction's Busy.
-SELECT set_config('lock_timeout', %(timeout)s, true);

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
 from uuid import UUID
 
-from domain.models import JobStatus, Row
+from domain.models import CancellationOutcome, ExportJob, JobStatus, Row
 
 
 class ClaimAnswer(Row):
@@ -92,3 +94,39 @@ class DestinationName(Row):
     host: str
     port: int
     remote_dir: str
+
+
+class LedgerAnswer(ExportJob):
+    """The cancellation ledger's answer: the job as its locking read found it, the request recorded now
+    or by an earlier submission of the same ID (as JSON, validated into ``CancellationRequest``), and
+    whether it was earlier."""
+
+    request: dict[str, Any] | None
+    replayed: bool
+
+
+class CancellationBatch(Row):
+    """One ``cancellation_batches`` row: who asked, when, for which filter, why, and how many matched."""
+
+    tenant_id: UUID
+    id: UUID
+    requested_by: str
+    reason: str
+    destination_id: UUID
+    list_name: str | None
+    matched: int
+    recorded_at: datetime
+
+
+class OutcomeCount(Row):
+    outcome: CancellationOutcome
+    n: int
+
+
+class StatusCount(Row):
+    status: JobStatus
+    n: int
+
+
+class ExpiryRow(Row):
+    expires_at: datetime

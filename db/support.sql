@@ -91,6 +91,93 @@ SET ROLE exports_dispatcher;
 -- Wake-ups: the outbox's insert trigger sends a NOTIFY on this channel after each committed insert.
 LISTEN outbox;
 
+-- name: record_cancellation_batch
+-- Records a bulk cancel (who, the filter, why) and the live exports of the tenant it covers, fixed now,
+-- in one statement; nothing when the batch ID is already recorded in this tenant (the caller reads it).
+-- Each covered export then gets its own request through cancel_and_record.
+WITH live AS (
+    SELECT id FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
+      AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+      AND status IN ('Queued', 'Running', 'Delivering')),
+batch AS (
+    INSERT INTO cancellation_batches (tenant_id, id, requested_by, reason, destination_id, list_name, matched)
+    SELECT %(tenant_id)s, %(batch_id)s, %(requested_by)s, %(reason)s, %(destination_id)s, %(list_name)s::text,
+           (SELECT count(*) FROM live)
+    ON CONFLICT ON CONSTRAINT pk_cancellation_batches DO NOTHING
+    RETURNING *),
+covered AS (
+    INSERT INTO cancellation_batch_jobs (tenant_id, batch_id, job_id)
+    SELECT b.tenant_id, b.id, live.id FROM batch b, live)
+SELECT * FROM batch;
+
+-- name: find_cancellation_batch
+-- A recorded bulk cancel of this tenant.
+SELECT * FROM cancellation_batches WHERE tenant_id = %(tenant_id)s AND id = %(batch_id)s;
+
+-- name: batch_jobs_without_request
+-- The exports a bulk cancel covers that have no request of that batch recorded yet: the ones that were
+-- Busy, or never reached. A retry of the batch decides these and only these.
+SELECT m.job_id FROM cancellation_batch_jobs m
+JOIN export_jobs j ON j.tenant_id = m.tenant_id AND j.id = m.job_id
+WHERE m.tenant_id = %(tenant_id)s AND m.batch_id = %(batch_id)s
+  AND NOT EXISTS (SELECT 1 FROM cancellation_requests r
+                  WHERE r.tenant_id = m.tenant_id AND r.batch_id = m.batch_id AND r.job_id = m.job_id)
+ORDER BY j.created_at, j.id;
+
+-- name: batch_outcomes
+-- How many requests of a bulk cancel were recorded with each outcome.
+SELECT outcome, count(*)::int AS n FROM cancellation_requests
+WHERE tenant_id = %(tenant_id)s AND batch_id = %(batch_id)s
+GROUP BY outcome;
+
+-- name: count_live_exports
+-- The live exports of a tenant that a bulk cancel with this filter would cover, by status: what the
+-- console's confirmation shows before the operator commits to it.
+SELECT status, count(*)::int AS n FROM export_jobs
+WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
+  AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+  AND status IN ('Queued', 'Running', 'Delivering')
+GROUP BY status;
+
+-- name: open_console_session
+-- Opens a console session for a known token: stores the session ID's hash and its expiry, never the ID.
+-- Expired sessions are removed on the way, so the table does not grow with abandoned sign-ins.
+WITH expired AS (
+    DELETE FROM console_sessions WHERE expires_at < clock_timestamp())
+INSERT INTO console_sessions (session_sha256, token_sha256, expires_at)
+VALUES (%(session_sha256)s, %(token_sha256)s, clock_timestamp() + make_interval(secs => %(ttl_seconds)s))
+RETURNING expires_at;
+
+-- name: find_console_session
+-- The tenant, principal and role a live (unexpired) console session is bound to, through its token.
+SELECT t.tenant_id, t.principal, t.role
+FROM console_sessions s JOIN api_tokens t ON t.token_sha256 = s.token_sha256
+WHERE s.session_sha256 = %(session_sha256)s AND s.expires_at > clock_timestamp();
+
+-- name: close_console_session
+-- Sign-out: the session is deleted, so its cookie no longer authenticates anything.
+DELETE FROM console_sessions WHERE session_sha256 = %(session_sha256)s
+RETURNING session_sha256;
+
+-- name: page_tenant_jobs
+-- One page of a tenant's exports, newest first, after a keyset bound (created_at, id): the row comparison
+-- seeks on ix_export_jobs_tenant_created_id instead of counting past an offset. Optional filters: statuses,
+-- destination, list, and an export ID prefix (the console's search).
+SELECT * FROM export_jobs
+WHERE tenant_id = %(tenant_id)s
+  AND (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
+  AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+  AND (%(id_prefix)s::text IS NULL OR starts_with(id::text, %(id_prefix)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: tenant_list_names
+-- The list names a tenant's exports use, for the console's filter.
+SELECT DISTINCT list_name AS name FROM export_jobs WHERE tenant_id = %(tenant_id)s ORDER BY 1 LIMIT 200;
+
 -- name: ping_database
 -- Readiness (/readyz): the database answers on a connection of the process's own pool.
 SELECT 1 AS ok;

@@ -218,6 +218,7 @@ class CancellationRequest(Row):
     found_attempt_count: int
     found_delivery_authorized_at: datetime | None
     recorded_at: datetime
+    batch_id: UUID | None = None  # the bulk cancel this request belongs to, if any
 
 
 class CancellationResult(Row):

@@ -48,8 +48,7 @@ class Statement(StrEnum):
     RESOLVE_EXPIRED_DELIVERY = "resolve_expired_delivery"
     RECONCILE_UNKNOWN = "reconcile_unknown"
     CORRECT_OUTCOME = "correct_outcome"
-    CANCEL_IF_QUEUED = "cancel_if_queued"
-    REQUEST_STOP_IF_RUNNING = "request_stop_if_running"
+    CANCEL_AND_RECORD = "cancel_and_record"  # written: Queued -> Canceled, or a Running job's stop request
     REJECT_IF_QUEUED = "reject_if_queued"
     RELEASE_ATTEMPT_IF_RUNNING = "release_attempt_if_running"
     FENCE_UPLOAD_IF_DELIVERING = "fence_upload_if_delivering"
@@ -312,7 +311,7 @@ class ExportMetrics:
 
         Called by ``JobStore`` once per call of a transition method (claim_if_queued, cutoff 2, the
         terminal writes, recovery's takeovers, reconcile, correct, reject, and inside the cancellation
-        transaction for cancel_if_queued / request_stop_if_running), after the lost-response re-read has
+        transaction's cancel_and_record when it changed the job), after the lost-response re-read has
         decided; ``transition_result()`` maps the store's answer.
         """
         labels = (Statement(statement).value, TransitionResult(result).value, *self._tenant(tenant_id))

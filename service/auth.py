@@ -55,3 +55,53 @@ async def caller_for_token(store: JobStore, token: str) -> Caller | None:
         return None
     role: Role = "reconciler" if row.role == "reconciler" else "operator"
     return Caller(tenant_id=row.tenant_id, principal=row.principal, role=role)
+
+
+SESSION_TTL_SECONDS = 8 * 3600
+_SESSION_ID_LENGTH = 43  # secrets.token_urlsafe(32)
+
+
+def session_sha256(session_id: str) -> bytes:
+    """The stored form of a console session ID: its SHA-256 digest."""
+    return hashlib.sha256(session_id.encode("ascii")).digest()
+
+
+def csrf_token_for(session_id: str) -> str:
+    """The anti-forgery token of a console session: derived from its ID, so nothing more is stored, and
+    unknowable to a page that cannot read the session's HttpOnly cookie."""
+    return hashlib.sha256(b"csrf:" + session_id.encode("ascii")).hexdigest()
+
+
+async def open_session(store: JobStore, token: str) -> tuple[str, Caller] | None:
+    """Sign a console in with a token: a new random session ID bound to the token's hash (only the
+    session ID's hash is stored), or ``None`` for an unknown token. The ID goes in the cookie; the token
+    never does."""
+    caller = await caller_for_token(store, token)
+    if caller is None:
+        return None
+    session_id = secrets.token_urlsafe(32)
+    await store.open_console_session(session_sha256(session_id), token_sha256(token), SESSION_TTL_SECONDS)
+    return session_id, caller
+
+
+def _plausible_session(session_id: str) -> bool:
+    return len(session_id) == _SESSION_ID_LENGTH and session_id.isascii()
+
+
+async def caller_for_session(store: JobStore, session_id: str) -> Caller | None:
+    """The caller a live console session is bound to, or ``None`` (unknown, expired, signed out, or its
+    token gone)."""
+    if not _plausible_session(session_id):
+        return None
+    row = await store.find_console_session(session_sha256(session_id))
+    if row is None or row.role not in ROLES:
+        return None
+    role: Role = "reconciler" if row.role == "reconciler" else "operator"
+    return Caller(tenant_id=row.tenant_id, principal=row.principal, role=role)
+
+
+async def close_session(store: JobStore, session_id: str) -> bool:
+    """Sign a console session out: its row is deleted. Whether there was one."""
+    if not _plausible_session(session_id):
+        return False
+    return await store.close_console_session(session_sha256(session_id))

@@ -3,10 +3,10 @@ fields, oversized strings and NUL characters are refused with a 422 that says wh
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, StringConstraints, WithJsonSchema, model_validator
 
 from domain.models import FailureCode
 
@@ -14,23 +14,24 @@ MAX_NAME = 200
 MAX_REASON = 1000
 
 
-def _no_control_characters(value: str) -> str:
-    if any(ord(c) < 32 and c not in "\t\n\r" for c in value):
-        raise ValueError("must not contain control characters")
-    return value
+# The published constraints, as JSON Schema patterns the server enforces as written (so the OpenAPI document
+# says exactly what is refused): no control characters (a reason may hold tabs and line breaks), no
+# leading or trailing whitespace, at least one character. A name is one line.
+# Whitespace is spelled out (ASCII and Unicode White_Space, and the BOM) rather than written \s, whose
+# meaning differs between regex engines (the server's, and a client's that reads the schema).
+_BLANK = r"\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NAME_PATTERN = rf"^[^{_BLANK}](?:[^\x00-\x1f\x7f]*[^{_BLANK}])?$"
+REASON_PATTERN = rf"^[^{_BLANK}](?:[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*[^{_BLANK}])?$"
 
-
-Name = Annotated[
-    str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_NAME),
-    AfterValidator(_no_control_characters),
-]
-Reason = Annotated[
-    str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON),
-    AfterValidator(_no_control_characters),
-]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)]
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON, pattern=REASON_PATTERN)]
 RecordedOutcome = Literal["Completed", "Failed"]
+_NAME_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_NAME,
+    "pattern": NAME_PATTERN,
+}
 
 
 class Body(BaseModel):
@@ -45,10 +46,20 @@ class CreateExport(Body):
 
 
 class EditTerms(Body):
-    """PATCH /exports/{id}: new terms for a queued export; fields left out keep their value."""
+    """PATCH /exports/{id}: new terms for a queued export; fields left out keep their value. At least one
+    field, and no nulls (the schema says so: ``minProperties``, and neither field is nullable)."""
 
-    destination_id: UUID | None = None
-    list_name: Name | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 1})
+
+    destination_id: Annotated[UUID | None, WithJsonSchema({"type": "string", "format": "uuid"})] = None
+    list_name: Annotated[Name | None, WithJsonSchema(_NAME_SCHEMA)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(v is None for v in data.values()):
+            raise ValueError("a field given must have a value; leave a field out to keep it")
+        return data
 
     @model_validator(mode="after")
     def _changes_something(self) -> EditTerms:
@@ -80,7 +91,34 @@ class ReconcileExport(Body):
 
 
 class CorrectExport(Body):
-    """POST /exports/{id}/corrections: a recorded outcome corrected once, by a reconciler, with why."""
+    """POST /exports/{id}/corrections: a recorded outcome corrected once, by a reconciler, with why.
+
+    The schema states the two shapes the server accepts: Completed to Failed with a failure reason, or
+    Failed to Completed without one (a correction to the same status is no correction)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "properties": {
+                        "recorded_status": {"const": "Completed"},
+                        "corrected_status": {"const": "Failed"},
+                        "failure_reason": {"not": {"type": "null"}},
+                    },
+                    "required": ["failure_reason"],
+                },
+                {
+                    "properties": {
+                        "recorded_status": {"const": "Failed"},
+                        "corrected_status": {"const": "Completed"},
+                        "failure_reason": {"type": "null"},
+                    },
+                },
+            ]
+        },
+    )
 
     recorded_status: RecordedOutcome
     corrected_status: RecordedOutcome
@@ -96,3 +134,16 @@ class CorrectExport(Body):
         if (self.corrected_status == "Failed") != (self.failure_reason is not None):
             raise ValueError("failure_reason is required for Failed and only for Failed")
         return self
+
+
+class BulkCancel(Body):
+    """POST /cancellation-batches: cancel every live export of a destination (optionally of one list).
+
+    ``batch_id`` is the client's, reused on retry: the same batch ID replays the outcomes recorded and
+    decides only the exports that were Busy.
+    """
+
+    batch_id: UUID
+    destination_id: UUID
+    list_name: Name | None = None
+    reason: Reason

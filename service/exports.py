@@ -14,8 +14,9 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -32,7 +33,9 @@ from domain.models import (
 )
 from observability.metrics import CancellationSource, get_metrics
 from service.auth import Caller
+from service.bulk import BulkCancels
 from service.commands import (
+    BulkCancel,
     CancelExport,
     CorrectExport,
     CreateExport,
@@ -57,8 +60,33 @@ log = logging.getLogger(__name__)
 CREATE_OPERATION = "create_export"
 FINGERPRINT_VERSION = 1
 RETRY_AFTER_SECONDS = 2
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
-_IF_MATCH = re.compile(r'^(?:W/)?"?(\d{1,9})"?$')
+IDEMPOTENCY_KEY_PATTERN = r"^[!-~]{1,200}$"  # 1-200 visible ASCII characters
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+ID_PREFIX_PATTERN = r"^[0-9a-fA-F-]{1,36}$"  # an export ID, or its first characters
+# RFC 9110 §13.1.1: If-Match = "*" / #entity-tag; entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE. The
+# pattern is the one the OpenAPI document publishes (visible ASCII, as header values here are).
+IF_MATCH_PATTERN = r'^[ \t]*(\*|(W/)?"[!#-~]*"([ \t]*,[ \t]*(W/)?"[!#-~]*")*)[ \t]*$'
+_IF_MATCH = re.compile(IF_MATCH_PATTERN)
+_ENTITY_TAG = re.compile(r'(W/)?"([!#-~]*)"')
+ANY_VERSION = -1
+
+
+def if_match_versions(value: str) -> set[int] | None:
+    """The versions an If-Match header names under strong comparison, ``{ANY_VERSION}`` for ``*``, or
+    ``None`` when it is malformed (an unquoted or unterminated tag).
+
+    A weak tag (``W/"4"``) never matches under strong comparison, so it names no version; nor does a strong
+    tag that is not one of ours (ours are ``"<version>"``).
+    """
+    if not _IF_MATCH.match(value):
+        return None
+    if value.strip() == "*":
+        return {ANY_VERSION}
+    return {
+        int(opaque)
+        for weak, opaque in _ENTITY_TAG.findall(value)
+        if not weak and opaque.isdigit() and opaque.isascii() and len(opaque) <= 9
+    }
 
 
 def request_fingerprint(caller: Caller, body: CreateExport) -> str:
@@ -92,6 +120,33 @@ def export_json(job: ExportJob) -> dict[str, Any]:
 def request_json(request: CancellationRequest) -> dict[str, Any]:
     """One recorded cancellation request as JSON."""
     return request.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of exports and the cursor of the next page, if there is one."""
+
+    jobs: list[ExportJob]
+    next: str | None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CURSOR_PATTERN = r"^[0-9]{1,16}\.[0-9a-f]{32}$"
+_CURSOR = re.compile(CURSOR_PATTERN)
+
+
+def encode_cursor(job: ExportJob) -> str:
+    """The keyset bound after ``job``: its creation time in microseconds since the epoch, and its ID."""
+    micros = (job.created_at - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}.{job.id.hex}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID] | None:
+    """The keyset bound a cursor names, or ``None`` if it is not one (every string the pattern allows is)."""
+    if not _CURSOR.match(cursor):
+        return None
+    micros, _, hex_id = cursor.partition(".")
+    return _EPOCH + timedelta(microseconds=int(micros)), UUID(hex=hex_id)
 
 
 @dataclass(frozen=True)
@@ -138,6 +193,7 @@ class Exports:
         self.temporal_ui_url = temporal_ui_url
         self.namespace = namespace
         self.cancel_lock_timeout = cancel_lock_timeout
+        self.bulk = BulkCancels(api_store, self.signaller, lock_timeout=cancel_lock_timeout)
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -148,6 +204,11 @@ class Exports:
     async def destination_names(self, tenant_id: UUID) -> dict[UUID, str]:
         """The tenant's destinations by ID, for display."""
         return {d.id: d.name for d in await self.store.tenant_destinations(tenant_id)}
+
+    async def destinations(self, caller: Caller) -> Answer:
+        """``GET /destinations``: the tenant's destinations (ID and name; never a credential reference)."""
+        rows = await self.store.tenant_destinations(caller.tenant_id)
+        return Answer(Kind.DONE, {"destinations": [{"id": str(d.id), "name": d.name} for d in rows]})
 
     async def detail(self, caller: Caller, job_id: UUID) -> Detail | None:
         """One export of the caller's tenant with its timeline, or ``None`` (missing or another tenant's)."""
@@ -179,10 +240,65 @@ class Exports:
             return refusal(Kind.NOT_FOUND, "no such export")
         return Answer(Kind.DONE, detail.as_json(), version=detail.job.version)
 
-    async def list(self, caller: Caller, limit: int = 100) -> Answer:
-        """``GET /exports``: the tenant's exports, newest first."""
-        jobs = await self.store.list_tenant_jobs(caller.tenant_id, limit)
-        return Answer(Kind.DONE, {"exports": [export_json(j) for j in jobs]})
+    async def list(
+        self,
+        caller: Caller,
+        limit: int = 100,
+        *,
+        before: str | None = None,
+        statuses: list[JobStatus] | None = None,
+        destination_id: UUID | None = None,
+        list_name: str | None = None,
+        id_prefix: str | None = None,
+    ) -> Answer:
+        """``GET /exports``: one page of the tenant's exports, newest first, with optional filters.
+
+        ``before`` is the ``next`` cursor of the previous page (keyset pagination: a page never repeats
+        or skips a row because rows were added meanwhile).
+        """
+        bound = None
+        if before is not None:
+            bound = decode_cursor(before)
+            if bound is None:
+                return refusal(Kind.MALFORMED, "before: not a cursor this API gave out")
+        page = await self.page(
+            caller,
+            limit,
+            before=bound,
+            statuses=statuses,
+            destination_id=destination_id,
+            list_name=list_name,
+            id_prefix=id_prefix,
+        )
+        return Answer(
+            Kind.DONE,
+            {"exports": [export_json(j) for j in page.jobs], "next": page.next},
+        )
+
+    async def page(
+        self,
+        caller: Caller,
+        limit: int,
+        *,
+        before: tuple[datetime, UUID] | None = None,
+        statuses: Sequence[JobStatus] | None = None,
+        destination_id: UUID | None = None,
+        list_name: str | None = None,
+        id_prefix: str | None = None,
+    ) -> Page:
+        """One page of the tenant's exports and the cursor of the next one (``None`` on the last page)."""
+        jobs = await self.store.page_tenant_jobs(
+            caller.tenant_id,
+            limit=limit + 1,
+            before=before,
+            statuses=[*statuses] if statuses else None,
+            destination_id=destination_id,
+            list_name=list_name,
+            id_prefix=id_prefix.lower() if id_prefix else None,
+        )
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        return Page(jobs, encode_cursor(jobs[-1]) if more and jobs else None)
 
     # -- creation and terms ---------------------------------------------------------------------------
 
@@ -233,17 +349,23 @@ class Exports:
                 Kind.PRECONDITION_REQUIRED,
                 'the If-Match header is required: the version you read, e.g. If-Match: "1"',
             )
-        matched = _IF_MATCH.match(if_match.strip())
-        if matched is None:
-            return refusal(Kind.MALFORMED, 'If-Match must be the version you read, e.g. "1"')
-        expected = int(matched.group(1))
+        versions = if_match_versions(if_match)
+        if versions is None:
+            return refusal(
+                Kind.MALFORMED,
+                'If-Match must be entity tags as the ETag header gives them, e.g. If-Match: "1" (quoted)',
+            )
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
             return refusal(Kind.NOT_FOUND, "no such export")
-        if job.version != expected:
+        if ANY_VERSION not in versions and job.version not in versions:
+            why = "" if versions else " (a weak entity tag never matches: If-Match uses strong comparison)"
             return refusal(
-                Kind.STALE, f"the export is at version {job.version}, not {expected}", version=job.version
+                Kind.STALE,
+                f'the export is at version {job.version}; If-Match names no "{job.version}"{why}',
+                version=job.version,
             )
+        expected = job.version
         if job.status != JobStatus.QUEUED:
             return refusal(
                 Kind.REFUSED, f"the export is {job.status.value}; only a queued export's terms can change"
@@ -386,6 +508,23 @@ class Exports:
                 body["failure_reason"] = job.failure_reason.value if job.failure_reason else None
                 body["status_url"] = status_url
                 return Answer(Kind.REFUSED, body)
+
+    # -- bulk cancel ------------------------------------------------------------------------------------
+
+    async def bulk_cancel(self, caller: Caller, body: BulkCancel) -> Answer:
+        """Cancel every live export of a destination (or of one of its lists), each through its own
+        request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones."""
+        return await self.bulk.submit(caller, body)
+
+    async def bulk_cancel_preview(
+        self, caller: Caller, destination_id: UUID, list_name: str | None
+    ) -> Answer:
+        """How many live exports a bulk cancel with this filter would cover now."""
+        return await self.bulk.preview(caller, destination_id, list_name)
+
+    async def cancellation_batch(self, caller: Caller, batch_id: UUID) -> Answer:
+        """A recorded bulk cancel: its counts and the exports still without a request."""
+        return await self.bulk.read(caller, batch_id)
 
     # -- replacement, reconciliation, correction --------------------------------------------------------
 

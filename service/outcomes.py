@@ -22,6 +22,7 @@ class Kind(StrEnum):
     INVALID = "invalid"  # a reference that does not exist in the tenant
     PRECONDITION_REQUIRED = "precondition_required"  # the version the caller read is missing
     BUSY = "busy"  # nothing decided, nothing recorded: retry with the same request ID
+    PARTIAL = "partial"  # a batch recorded, some of its exports Busy: retry with the same batch ID
 
 
 @dataclass(frozen=True)

@@ -328,3 +328,17 @@ def temporal_ui_links(ui_url: str, namespace: str, job: ExportJob) -> dict[str, 
     if job.workflow_id:
         links["current_workflow"] = f"{base}/{quote(job.workflow_id, safe='')}"
     return links
+
+
+def cancel_can_matter(job: ExportJob) -> bool:
+    """Whether the console offers Cancel: where a cancel can still change something (Queued is canceled;
+    Running without a stop request gets one) or be recorded usefully (Delivering: the operator learns at
+    once that delivery was authorized, and the request is on record). Not on an ended export, nor on a
+    Running one whose stop is already requested: a cancel there changes nothing the page does not show."""
+    match job.status:
+        case JobStatus.QUEUED | JobStatus.DELIVERING:
+            return True
+        case JobStatus.RUNNING:
+            return job.stop_request_id is None
+        case _:
+            return False

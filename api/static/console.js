@@ -1,14 +1,16 @@
 // The Cancel button: a fresh request ID per click, the same ID again after Busy or a lost answer
 // (the retry then returns whatever an earlier submission recorded). Then poll the export until the
 // attempt records how it ended, and show the message the server derives from the records.
+// Without a Cancel button (a stop already requested, or the export ended) the page still follows an
+// export that has not settled.
 (function () {
   "use strict";
   const button = document.getElementById("cancel");
-  if (!button) return;
-  const exportId = button.dataset.export;
+  const statusBadge = document.getElementById("status");
+  if (!statusBadge) return;
+  const exportId = statusBadge.dataset.export;
   const message = document.getElementById("message");
   const pending = document.getElementById("pending");
-  const statusBadge = document.getElementById("status");
   const statusLine = document.getElementById("status-line");
   const settled = ["Canceled", "Rejected", "Stopped", "Failed", "Completed", "OutcomeUnknown"];
   const headers = { "Content-Type": "application/json", "X-Console-Request": "1" };
@@ -77,6 +79,11 @@
     } finally {
       polling = false;
     }
+  }
+
+  if (!button) {
+    if (!settled.includes(statusBadge.textContent.trim())) poll();
+    return;
   }
 
   button.addEventListener("click", async () => {

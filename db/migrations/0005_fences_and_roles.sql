@@ -64,7 +64,7 @@ ALTER TABLE export_status_edges ADD COLUMN roles text[] NOT NULL DEFAULT '{}';
 
 UPDATE export_status_edges SET roles = '{exports_worker}', via = 'claim_if_queued'
     WHERE (from_status, to_status) = ('Queued', 'Running');
-UPDATE export_status_edges SET roles = '{exports_api}', via = 'cancel_if_queued'
+UPDATE export_status_edges SET roles = '{exports_api}', via = 'cancel_and_record (the cancellation transaction)'
     WHERE (from_status, to_status) = ('Queued', 'Canceled');
 UPDATE export_status_edges SET roles = '{exports_worker}', via = 'reject_if_queued'
     WHERE (from_status, to_status) = ('Queued', 'Rejected');

@@ -113,3 +113,24 @@ async def snapshot(factory: Factory, job_id: UUID) -> dict[str, Any]:
         {"id": job_id},
     )
     return {**row, **counts[0]}
+
+
+async def sign_in(client: httpx.AsyncClient, keys: TenantKeys) -> str:
+    """Sign the console in as ``keys``' operator, as a browser on this site would (the login form's
+    anti-forgery token, our own Origin); the client keeps the session cookie. Returns the session ID."""
+    import re
+
+    from api.auth import COOKIE_NAME
+
+    form = await client.get("/console/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert csrf is not None
+    r = await client.post(
+        "/console/login",
+        data={"token": keys.operator["Authorization"].removeprefix("Bearer "), "csrf": csrf.group(1)},
+        headers={"Origin": "http://testserver"},
+    )
+    assert r.status_code == 303, r.text
+    session = client.cookies.get(COOKIE_NAME)
+    assert session is not None
+    return session

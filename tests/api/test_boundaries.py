@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from api.auth import CONSOLE_HEADER, COOKIE_NAME
+from api.auth import CONSOLE_HEADER
 from domain.models import JobStatus
-from tests.api.conftest import cancel_body, snapshot
+from tests.api.conftest import cancel_body, sign_in, snapshot
 
 CORRECTION = {
     "recorded_status": "Completed",
@@ -75,7 +75,7 @@ async def test_another_tenants_export_looks_exactly_like_a_missing_one_on_every_
 
 
 async def test_the_console_shows_another_tenants_export_as_not_found(client, acme, globex_jobs):
-    client.cookies.set(COOKIE_NAME, acme.operator["Authorization"].removeprefix("Bearer "))
+    await sign_in(client, acme)
     try:
         theirs = await client.get(f"/console/exports/{globex_jobs['queued'].id}")
         absent = await client.get(f"/console/exports/{uuid.uuid4()}")
@@ -217,7 +217,7 @@ async def test_a_request_without_a_valid_bearer_token_is_401(client, factory, ac
 
 async def test_a_cookie_authenticated_write_needs_the_console_header(client, factory, acme):
     job = await factory.queued(acme.id, acme.destination_id)
-    client.cookies.set(COOKIE_NAME, acme.operator["Authorization"].removeprefix("Bearer "))
+    await sign_in(client, acme)
     try:
         forged = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body())
         assert forged.status_code == 403

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
 from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus
 from tests.api.conftest import snapshot
 
@@ -134,7 +136,7 @@ async def test_edit_with_the_read_version_changes_terms_bumps_the_version_and_wa
 async def test_edit_with_a_stale_version_is_412_and_without_if_match_428(client, factory, acme):
     job = await factory.queued(acme.id, acme.destination_id)
     await client.patch(
-        f"/exports/{job.id}", json={"list_name": "v2"}, headers={**acme.operator, "If-Match": "1"}
+        f"/exports/{job.id}", json={"list_name": "v2"}, headers={**acme.operator, "If-Match": '"1"'}
     )
     before = await snapshot(factory, job.id)
 
@@ -304,3 +306,118 @@ async def test_openapi_is_served(client):
     assert r.status_code == 200
     paths = r.json()["paths"]
     assert "/exports/{export_id}/cancellations" in paths and "/exports" in paths
+
+
+# -- If-Match, RFC 9110 §13.1.1: strong comparison ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("if_match", "status"),
+    [
+        ("1", 400),  # unquoted
+        ('"1', 400),  # unterminated
+        ("W/1", 400),
+        ('"1" "2"', 400),  # a list needs commas
+        ('W/"1"', 412),  # a weak tag never matches under strong comparison
+        ('W/"1", W/"2"', 412),
+        ('"2"', 412),  # another version
+        ('"v1"', 412),  # a well-formed tag that is not one of ours
+    ],
+)
+async def test_if_match_is_strong_comparison_of_quoted_tags(client, factory, acme, if_match, status):
+    job = await factory.queued(acme.id, acme.destination_id)
+    before = await snapshot(factory, job.id)
+
+    r = await client.patch(
+        f"/exports/{job.id}", json={"list_name": "vip"}, headers={**acme.operator, "If-Match": if_match}
+    )
+
+    assert r.status_code == status, r.text
+    assert isinstance(r.json()["detail"], str)
+    assert await snapshot(factory, job.id) == before
+
+
+@pytest.mark.parametrize("if_match", ['"1"', ' "1" ', 'W/"1", "1"', '"7", "1"', "*"])
+async def test_if_match_matches_a_strong_tag_of_the_current_version_in_a_list_or_star(
+    client, factory, acme, if_match
+):
+    job = await factory.queued(acme.id, acme.destination_id)
+
+    r = await client.patch(
+        f"/exports/{job.id}", json={"list_name": "vip"}, headers={**acme.operator, "If-Match": if_match}
+    )
+
+    assert r.status_code == 200, r.text
+    assert r.headers["ETag"] == '"2"'
+    assert (await factory.job(job.id)).list_name == "vip"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"list_name": None},
+        {"destination_id": None, "list_name": "vip"},
+        {"list_name": " vip"},
+        {"list_name": "vip\n"},
+        {"list_name": "v\x07ip"},
+    ],
+)
+async def test_what_the_schema_refuses_in_a_patch_is_422_and_changes_nothing(client, factory, acme, body):
+    job = await factory.queued(acme.id, acme.destination_id)
+    before = await snapshot(factory, job.id)
+
+    r = await client.patch(f"/exports/{job.id}", json=body, headers={**acme.operator, "If-Match": '"1"'})
+
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"]
+    assert await snapshot(factory, job.id) == before
+
+
+async def test_the_openapi_document_marks_the_required_headers_and_the_constraints(client):
+    spec = (await client.get("/openapi.json")).json()
+
+    def header(path: str, method: str, name: str) -> dict:
+        params = spec["paths"][path][method]["parameters"]
+        return next(p for p in params if p["in"] == "header" and p["name"] == name)
+
+    assert header("/exports", "post", "Idempotency-Key")["required"] is True
+    assert header("/exports/{export_id}", "patch", "If-Match")["required"] is True
+    assert "413" in spec["paths"]["/exports/{export_id}/cancellations"]["post"]["responses"]
+    schemas = spec["components"]["schemas"]
+    assert schemas["EditTerms"]["minProperties"] == 1
+    assert "pattern" in schemas["CreateExport"]["properties"]["list_name"]
+    shapes = schemas["CorrectExport"]["oneOf"]
+    assert {
+        (s["properties"]["recorded_status"]["const"], s["properties"]["corrected_status"]["const"])
+        for s in shapes
+    } == {
+        ("Completed", "Failed"),
+        ("Failed", "Completed"),
+    }
+    links = spec["paths"]["/exports"]["post"]["responses"]["201"]["links"]
+    assert {link["operationId"] for link in links.values()} >= {"get_export", "edit_export", "cancel_export"}
+    assert links["EditExport"]["parameters"]["header.If-Match"] == "$response.header.ETag"
+    assert "bearerAuth" in str(spec["components"]["securitySchemes"]) or spec["components"]["securitySchemes"]
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/exports", {"GET", "POST", "OPTIONS"}),
+        ("/exports/{id}", {"GET", "PATCH", "OPTIONS"}),
+        ("/exports/{id}/cancellations", {"POST", "OPTIONS"}),
+        ("/cancellation-batches", {"POST", "OPTIONS"}),
+    ],
+)
+async def test_options_and_405_list_every_method_the_path_serves(client, factory, acme, path, allowed):
+    job = await factory.queued(acme.id, acme.destination_id)
+    url = path.replace("{id}", str(job.id))
+
+    options = await client.options(url, headers=acme.operator)
+    not_allowed = await client.request("DELETE", url, headers=acme.operator)
+
+    assert options.status_code == 204
+    assert set(options.headers["Allow"].split(", ")) == allowed
+    assert not_allowed.status_code == 405
+    assert set(not_allowed.headers["Allow"].split(", ")) == allowed

@@ -9,6 +9,7 @@ answers Busy, and the client retries with the same ID.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from uuid import UUID
 
@@ -22,6 +23,7 @@ from domain.models import (
     JobStatus,
     StopPoint,
 )
+from rules.cancellation import classify_cancellation
 from tests.db.race import Gate, cancel, claim_params, matched, still_waiting
 
 LONG_LOCK_TIMEOUT = "30s"
@@ -278,3 +280,230 @@ async def test_cancellation_never_rewrites_a_recorded_failure(factory, api_store
     job, _ = await factory.in_status(JobStatus.FAILED, code=FailureCode.BUILD_FAILED)
     assert (await cancel(api_store, job)).outcome == CancellationOutcome.ALREADY_ENDED
     assert await factory.job(job.id) == job
+
+
+# -- the ledger in one statement: its classification is the rule's -------------------------------------
+
+
+def _every_state() -> list[tuple[JobStatus, bool]]:
+    """Every status, and Running once more with a stop request already recorded."""
+    return [(s, False) for s in JobStatus] + [(JobStatus.RUNNING, True)]
+
+
+@pytest.mark.parametrize(("status", "stop_requested"), _every_state())
+async def test_the_ledger_statement_classifies_exactly_as_the_rule_for_every_status(
+    factory, api_store, status, stop_requested
+):
+    # The CASE in cancel_and_record is rules.cancellation.classify_cancellation written in SQL.
+    job, _ = await factory.in_status(status)
+    if stop_requested:
+        assert (await cancel(api_store, job)).outcome == CancellationOutcome.STOP_REQUESTED
+        job = await factory.job(job.id)
+
+    result = await cancel(api_store, job)
+
+    assert result.outcome == classify_cancellation(job)
+    assert result.request is not None and result.request.outcome == result.outcome
+    assert result.job == job  # the row as the locking read found it
+
+
+class _SlowReplies:
+    """A loopback TCP proxy that holds every server reply for ``delay`` seconds: each client round trip
+    then costs at least ``delay``, so the time of one operation counts its round trips."""
+
+    def __init__(self, target_port: int, delay: float) -> None:
+        self.target_port = target_port
+        self.delay = delay
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._link, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _link(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+            # Each chunk is delivered ``delay`` after it arrived (latency, not a queue of sleeps), so
+            # replies that follow one another closely still cost one delay together.
+            loop = asyncio.get_running_loop()
+            chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+            async def deliver() -> None:
+                while True:
+                    due, data = await chunks.get()
+                    if not data:
+                        break
+                    await asyncio.sleep(max(0.0, due - loop.time()))
+                    writer.write(data)
+                    await writer.drain()
+
+            delivering = asyncio.create_task(deliver())
+            try:
+                while data := await reader.read(65536):
+                    chunks.put_nowait((loop.time() + delay, data))
+            except ConnectionError:
+                pass
+            finally:
+                chunks.put_nowait((0.0, b""))
+                with contextlib.suppress(ConnectionError):
+                    await delivering
+                writer.close()
+
+        await asyncio.gather(pipe(client_r, server_w, 0.0), pipe(server_r, client_w, self.delay))
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_one_cancellation_is_one_round_trip(factory, database):
+    from urllib.parse import urlsplit, urlunsplit
+
+    from db.pool import open_pool
+    from db.store import JobStore
+
+    job = await factory.queued()
+    url = urlsplit(database.app_url)
+    delay = 0.25
+    proxy = _SlowReplies(url.port or 5432, delay)
+    port = await proxy.start()
+    proxied = urlunsplit(url._replace(netloc=f"{url.username}@127.0.0.1:{port}"))
+    if url.password:
+        proxied = urlunsplit(url._replace(netloc=f"{url.username}:{url.password}@127.0.0.1:{port}"))
+    pool = await open_pool(
+        proxied + ("&" if "?" in proxied else "?") + "sslmode=disable", "exports_api", max_size=1
+    )
+    try:
+        store = JobStore(pool)
+        started = asyncio.get_running_loop().time()
+        result = await cancel(store, job)
+        elapsed = asyncio.get_running_loop().time() - started
+    finally:
+        await pool.close()
+        await proxy.stop()
+
+    assert result.outcome == CancellationOutcome.CANCELED_WHILE_QUEUED
+    # One reply waited for: about one delay; the old transaction waited for six.
+    assert delay <= elapsed < 2 * delay, f"{elapsed:.3f}s for a {delay}s round trip"
+
+
+# -- bulk cancel: one request per export, grouped under a batch ------------------------------------------
+
+
+async def _batch(api_store, job, batch_id, **kw):
+    return await api_store.record_cancellation_batch(
+        tenant_id=job.tenant_id,
+        batch_id=batch_id,
+        requested_by="sam.ops",
+        reason="contract ended",
+        destination_id=job.destination_id,
+        **{"list_name": None, **kw},
+    )
+
+
+async def test_a_batch_covers_the_live_exports_of_its_filter_fixed_when_recorded(factory, api_store):
+    queued = await factory.queued()
+    tenant, destination = queued.tenant_id, queued.destination_id
+    running, _ = await factory.running(await factory.queued(tenant, destination))
+    delivering, _ = await factory.delivering(await factory.queued(tenant, destination))
+    other_list = await factory.queued(tenant, destination, list_name="vip")
+    ended, _ = await factory.in_status(JobStatus.STOPPED, job=await factory.queued(tenant, destination))
+    elsewhere = await factory.queued(tenant, await factory.destination(tenant, name="partner-new"))
+
+    batch, created = await _batch(api_store, queued, uuid.uuid4())
+    main_only, _ = await _batch(api_store, queued, uuid.uuid4(), list_name="main")
+    later = await factory.queued(tenant, destination)
+
+    assert created and batch.matched == 4 and main_only.matched == 3
+    covered = set(await api_store.batch_jobs_without_request(tenant, batch.id))
+    assert covered == {queued.id, running.id, delivering.id, other_list.id}
+    assert later.id not in covered and ended.id not in covered and elsewhere.id not in covered
+    again, created_again = await _batch(api_store, queued, batch.id)
+    assert (again, created_again) == (batch, False)
+
+
+async def test_each_export_of_a_batch_gets_its_own_request_through_the_ledger(factory, api_store):
+    from service.bulk import request_id_for
+
+    queued = await factory.queued()
+    running, attempt = await factory.running(await factory.queued(queued.tenant_id, queued.destination_id))
+    delivering, _ = await factory.delivering(await factory.queued(queued.tenant_id, queued.destination_id))
+    batch, _ = await _batch(api_store, queued, uuid.uuid4())
+    pending = await api_store.batch_jobs_without_request(queued.tenant_id, batch.id)
+
+    results = await api_store.request_cancellations(
+        tenant_id=queued.tenant_id,
+        batch_id=batch.id,
+        requests=[(j, request_id_for(batch.id, j)) for j in pending],
+        requested_by="sam.ops",
+        reason="contract ended",
+    )
+
+    by_job = {r.request.job_id: r for r in results if r.request}
+    assert by_job[queued.id].outcome == CancellationOutcome.CANCELED_WHILE_QUEUED
+    assert by_job[running.id].outcome == CancellationOutcome.STOP_REQUESTED
+    assert by_job[delivering.id].outcome == CancellationOutcome.TOO_LATE
+    assert all(
+        r.request.batch_id == batch.id and r.request.reason == "contract ended" for r in by_job.values()
+    )
+    assert (await factory.job(queued.id)).cancellation_request_id == request_id_for(batch.id, queued.id)
+    assert (await factory.job(running.id)).stop_request_id == request_id_for(batch.id, running.id)
+    assert await api_store.batch_jobs_without_request(queued.tenant_id, batch.id) == []
+    assert await api_store.batch_outcomes(queued.tenant_id, batch.id) == {
+        CancellationOutcome.CANCELED_WHILE_QUEUED: 1,
+        CancellationOutcome.STOP_REQUESTED: 1,
+        CancellationOutcome.TOO_LATE: 1,
+    }
+
+
+async def test_a_busy_export_of_a_batch_records_nothing_and_a_retry_decides_only_it(factory, kit, api_store):
+    from service.bulk import request_id_for
+
+    free = await factory.queued()
+    held = await factory.queued(free.tenant_id, free.destination_id)
+    after = await factory.queued(free.tenant_id, free.destination_id)  # queued behind the Busy one
+    batch, _ = await _batch(api_store, free, uuid.uuid4())
+    claim = await kit.hold("exports_worker")
+    assert await claim.run("claim_if_queued", claim_params(held, uuid.uuid4()))
+
+    def pairs(jobs):
+        return [(j, request_id_for(batch.id, j)) for j in jobs]
+
+    first = await api_store.request_cancellations(
+        tenant_id=free.tenant_id,
+        batch_id=batch.id,
+        requests=pairs(await api_store.batch_jobs_without_request(free.tenant_id, batch.id)),
+        requested_by="sam.ops",
+        reason="contract ended",
+        lock_timeout="200ms",
+    )
+    outcomes = {r.request_id: r.outcome for r in first}
+    assert outcomes[request_id_for(batch.id, held.id)] == CancellationOutcome.BUSY
+    assert outcomes[request_id_for(batch.id, free.id)] == CancellationOutcome.CANCELED_WHILE_QUEUED
+    assert outcomes[request_id_for(batch.id, after.id)] == CancellationOutcome.CANCELED_WHILE_QUEUED
+    assert await recorded_with_id(factory, request_id_for(batch.id, held.id)) == 0
+    assert await api_store.batch_jobs_without_request(free.tenant_id, batch.id) == [held.id]
+
+    await claim.commit()
+    retry = await api_store.request_cancellations(
+        tenant_id=free.tenant_id,
+        batch_id=batch.id,
+        requests=pairs(await api_store.batch_jobs_without_request(free.tenant_id, batch.id)),
+        requested_by="sam.ops",
+        reason="contract ended",
+    )
+    assert [r.outcome for r in retry] == [CancellationOutcome.STOP_REQUESTED]
+    # Submitting every export again records nothing twice: the recorded ones replay.
+    again = await api_store.request_cancellations(
+        tenant_id=free.tenant_id,
+        batch_id=batch.id,
+        requests=pairs([free.id, held.id, after.id]),
+        requested_by="sam.ops",
+        reason="contract ended",
+    )
+    assert all(r.replayed for r in again)
+    rows = await factory.admin(
+        "SELECT count(*) AS n FROM cancellation_requests WHERE batch_id = %(b)s", {"b": batch.id}
+    )
+    assert rows[0]["n"] == 3

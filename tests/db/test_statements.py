@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from db.queries import all_queries, q
-from db.rows import ClaimAnswer, CutoffAnswer
+from db.rows import CancellationBatch, ClaimAnswer, CutoffAnswer, LedgerAnswer
 from domain.destination import Destination
 from domain.models import (
     AttemptEvent,
@@ -80,7 +80,7 @@ def test_every_named_statement_loads_with_a_description():
 
 # How the store runs a named statement: through one of its helpers, by name.
 _RUNS = re.compile(
-    r'(?:_rows|_row|_matched|_unless_lost|_fence|fetch|fetch_maybe|execute|_finish)\(\s*(?:conn,\s*)?"(\w+)"'
+    r'(?:_rows|_row|_matched|_unless_lost|_fence|fetch|fetch_maybe|execute|send|_finish)\(\s*(?:conn,\s*)?"(\w+)"'
 )
 
 
@@ -227,7 +227,7 @@ async def test_model_fields_are_exactly_the_table_columns(database, table, model
 
 
 _RETURNED_ROWS: list[tuple[str, type[BaseModel]]] = [
-    ("lock_job_for_cancel", ExportJob),
+    ("cancel_and_record", LedgerAnswer),
     ("get_job", ExportJob),
     ("get_tenant_job", ExportJob),
     ("list_tenant_jobs", ExportJob),
@@ -236,7 +236,8 @@ _RETURNED_ROWS: list[tuple[str, type[BaseModel]]] = [
     ("job_events", AttemptEvent),
     ("job_cancellation_requests", CancellationRequest),
     ("find_cancellation_request", CancellationRequest),
-    ("insert_cancellation_request", CancellationRequest),
+    ("record_cancellation_batch", CancellationBatch),
+    ("find_cancellation_batch", CancellationBatch),
     ("take_unpublished", OutboxMessage),
     ("claim_if_queued", ClaimAnswer),
     ("authorize_delivery_if_running", CutoffAnswer),

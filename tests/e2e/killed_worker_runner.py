@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from uuid import UUID
@@ -33,12 +34,15 @@ def write_marker(marker: Path, point: str, job_id: UUID, bytes_sent: int | None)
     os.replace(partial, marker)
 
 
-def block_at(point: str, job_id: UUID, marker: Path) -> Callable[[ExportActivities], None]:
-    """An ``export_hooks`` installer: the named seam, for ``job_id`` only, marks and then never returns."""
+def block_at(
+    point: str, job_id: UUID, marker: Path, released: asyncio.Event | None = None
+) -> Callable[[ExportActivities], None]:
+    """An ``export_hooks`` installer: the named seam, for ``job_id`` only, marks and then never returns,
+    or returns once ``released`` is set (a drain lets the work go on)."""
 
     async def hold_forever(bytes_sent: int | None) -> None:
         write_marker(marker, point, job_id, bytes_sent)
-        await asyncio.Event().wait()  # the process is killed here
+        await (released or asyncio.Event()).wait()  # the process is killed here, or drained
 
     async def hook(seen: UUID) -> None:
         if seen == job_id:
@@ -49,7 +53,8 @@ def block_at(point: str, job_id: UUID, marker: Path) -> Callable[[ExportActiviti
             await hold_forever(sent)
 
     def install(activities: ExportActivities) -> None:
-        activities.lease_timer_disabled = True  # nothing renews the lease once the process is gone
+        if released is None:
+            activities.lease_timer_disabled = True  # nothing renews the lease once the process is gone
         if point == "during_upload":
             activities.during_upload = upload_hook
         else:
@@ -64,17 +69,33 @@ def main() -> None:
     parser.add_argument("--block-at", choices=BLOCK_POINTS, required=True)
     parser.add_argument("--job", type=UUID, required=True)
     parser.add_argument("--marker", type=Path, required=True)
+    parser.add_argument(
+        "--drain-on-sigterm", action="store_true", help="install worker.py's own SIGTERM handling (a drain)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
 
     async def serve() -> None:
-        # No signal handlers: SIGKILL is the point, and SIGTERM's default ends the process just as well.
+        # Without --drain-on-sigterm no signal handlers: SIGKILL is the point, and SIGTERM's default ends the
+        # process just as well. With it, SIGTERM drains exactly as worker.py's main() does.
+        stop = asyncio.Event()
+        released: asyncio.Event | None = None
+        if args.drain_on_sigterm:
+            released = asyncio.Event()
+
+            def drain() -> None:
+                stop.set()
+                # An upload is let go on, to its terminal write; a build stays held: the drain itself stops it.
+                if args.block_at == "during_upload":
+                    released.set()
+
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, drain)
         await run_worker(
             settings,
-            stop=asyncio.Event(),
+            stop=stop,
             schedules=False,
-            export_hooks=block_at(args.block_at, args.job, args.marker),
+            export_hooks=block_at(args.block_at, args.job, args.marker, released),
         )
 
     asyncio.run(serve())

@@ -120,6 +120,11 @@ class KillableWorker:
             await asyncio.sleep(0.02)
         return json.loads(self.marker.read_text())
 
+    async def terminate(self) -> int:
+        """SIGTERM (a deploy), and wait for the process to end by itself; returns its exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.process.wait(), WAIT)
+
     async def kill(self) -> None:
         """SIGKILL, and wait until the kernel has reaped it: its sockets are closed from here on."""
         self.process.send_signal(signal.SIGKILL)
@@ -145,6 +150,7 @@ async def killable_worker(
     client: Client,
     task_queue: str,
     work_dir: Path,
+    drain_on_sigterm: bool = False,
 ) -> AsyncIterator[KillableWorker]:
     """Start the runner process blocked at ``point`` for ``job``; it is killed on the way out if still alive."""
     marker, log = worker_paths(work_dir)
@@ -168,6 +174,7 @@ async def killable_worker(
             str(job.id),
             "--marker",
             str(marker),
+            *(["--drain-on-sigterm"] if drain_on_sigterm else []),
             cwd=ROOT,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
@@ -398,3 +405,69 @@ async def test_killed_mid_upload_ends_not_delivered_with_the_attempts_temp_file_
     assert (after.status, after.attempt_count) == (JobStatus.FAILED, 1)
     assert await factory.outbox_count(job.id) == 1 and await outbox_unpublished(factory, job.id) == 0
     assert partner.files() == left  # nothing new, nothing grown: no second upload
+
+
+# -- a drain (issue 10: a deploy's SIGTERM) -------------------------------------------------------------
+
+
+async def test_sigterm_while_building_gives_the_attempt_back_at_once_without_using_it_up(
+    ts_env, database, factory, worker_store, partner, task_queue, tmp_path
+):
+    job = await queue_export(factory, partner, contacts=20)
+    async with killable_worker(
+        "after_build",
+        job,
+        database_url=database.app_url,
+        client=ts_env.client,
+        task_queue=task_queue,
+        work_dir=tmp_path / "draining",
+        drain_on_sigterm=True,
+    ) as draining:
+        await draining.reached()
+        building = await factory.job(job.id)
+        assert (building.status, building.attempt_count) == (JobStatus.RUNNING, 1)
+        assert await draining.terminate() == 0  # it drained and exited by itself
+
+    # Requeued at once by its own worker, with a fresh wake-up, not waiting out its lease ...
+    released = await factory.job(job.id)
+    assert (released.status, released.attempt_id, released.attempts_released) == (JobStatus.QUEUED, None, 1)
+    assert await factory.event_kinds(job.id) == ["Claimed", "Released"]
+    assert await factory.outbox_count(job.id) == 2
+    assert build_dirs(tmp_path / "draining" / "files") == {}  # the partial build is gone
+    assert partner.files() == {}
+
+    # ... and delivered once by the next worker, the drained attempt not counted against the cap.
+    async with healthy_worker(ts_env.client, database.app_url, task_queue, tmp_path / "healthy"):
+        claimed = await wait_for_job(factory, job.id, lambda j: j.attempt_count == 2 and j.workflow_id)
+        assert claimed.workflow_id is not None
+        second = await ts_env.client.get_workflow_handle(
+            claimed.workflow_id, result_type=ExportResult
+        ).result()
+    assert second.outcome == AttemptOutcome.COMPLETED
+    done = await factory.job(job.id)
+    assert (done.status, done.attempt_count, done.attempts_released) == (JobStatus.COMPLETED, 2, 1)
+    assert partner.files() == {done.final_name: done.expected_file_bytes}
+
+
+async def test_sigterm_during_an_upload_lets_it_finish_its_terminal_write_before_exiting(
+    ts_env, database, factory, partner, task_queue, tmp_path
+):
+    job = await queue_export(factory, partner, contacts=UPLOAD_CONTACTS)
+    async with killable_worker(
+        "during_upload",
+        job,
+        database_url=database.app_url,
+        client=ts_env.client,
+        task_queue=task_queue,
+        work_dir=tmp_path / "draining",
+        drain_on_sigterm=True,
+    ) as draining:
+        reached = await draining.reached()
+        assert reached["bytes_sent"] > 0
+        assert await draining.terminate() == 0
+
+    done = await factory.job(job.id)
+    assert (done.status, done.attempt_count, done.attempts_released) == (JobStatus.COMPLETED, 1, 0)
+    kinds = await factory.event_kinds(job.id)
+    assert kinds.count("Finished") == 1 and "ResolvedByRecovery" not in kinds
+    assert partner.files() == {done.final_name: done.expected_file_bytes}  # delivered once, no temp left

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from db.builder import build_export
+from db.migrate import APP_ROLES
 from db.pool import open_pool
 from db.queries import q
 from db.store import JobStore
@@ -36,7 +37,7 @@ from tests.conftest import require
 from tests.support.factories import Factory
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLES = ("exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler")
+ROLES = APP_ROLES  # every role a process may SET ROLE to
 
 
 def server_side_tls(admin_url: str, pid: int) -> tuple[bool, str]:

@@ -25,7 +25,7 @@ from service.temporal import connect_client
 from settings import Settings
 from testbed.pg import TestDatabase
 from tests.support.factories import Factory
-from worker import build_workers, open_export_activities
+from worker import HostWorkers, build_workers, open_export_activities
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
 from workflows.models import ExportInput, ExportResult
 
@@ -73,18 +73,28 @@ class Host:
     work_dir: Path
     timings: tuple[float, float] = (60.0, 20.0)  # the host's lease and renewal interval, restored by reset
     _workers: list[Worker] = field(default_factory=list)
+    _built: HostWorkers | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def start(self) -> None:
-        # The worker's own wiring: the same two workers as worker.py, without recovery and the sweeper.
-        self._workers = list(build_workers(self.client, self.activities.settings, self.activities))
-        self._tasks = [asyncio.create_task(w.run()) for w in self._workers]
+        # The worker's own wiring: the same workers as worker.py, without recovery and the sweeper.
+        self.start_only("workflows", "claims", "own")
+
+    def start_only(self, *names: str) -> None:
+        """Start some of the host's workers ("workflows", "claims", "own"), wired as worker.py wires them;
+        the others can be started later (a host whose own queue is slow to come up)."""
+        if self._built is None:
+            self._built = build_workers(self.client, self.activities.settings, self.activities)
+        for name in names:
+            worker = getattr(self._built, name)
+            self._workers.append(worker)
+            self._tasks.append(asyncio.create_task(worker.run()))
 
     async def stop(self) -> None:
         """Stop both workers (a host going away); what it had not finished is left to the lease."""
         await asyncio.gather(*(w.shutdown() for w in self._workers), return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._workers, self._tasks = [], []
+        self._workers, self._tasks, self._built = [], [], None
 
     async def close(self) -> None:
         await self.stop()
@@ -137,6 +147,10 @@ async def make_host(
     search_attributes: bool | None = True,
     worker_url: str | None = None,
     reread_timeout: float = 5.0,
+    worker_pool_size: int | None = None,
+    max_concurrent_builds: int = 4,
+    build_url: str | None = None,
+    build_pool_timeout: float = 15.0,
 ) -> Host:
     """A started host, wired as worker.py wires one: an ``exports_worker`` pool (and ``exports_api`` for a
     Temporal cancel), its export activities, and the two workers.
@@ -152,7 +166,8 @@ async def make_host(
         lease_seconds=lease_seconds,
         renew_every_seconds=renew_every_seconds,
         work_dir=work_dir,
-        worker_pool_size=4 if worker_url else 8,
+        worker_pool_size=worker_pool_size or (4 if worker_url else 8),
+        max_concurrent_builds=max_concurrent_builds,
         shutdown_grace_seconds=0,  # a host stopping in a test goes away at once
     )
     resources = contextlib.AsyncExitStack()
@@ -162,6 +177,8 @@ async def make_host(
         worker_id=name,
         search_attributes=search_attributes,  # True: registered by the session's conftest
         worker_url=worker_url,
+        build_url=build_url,
+        build_pool_timeout=build_pool_timeout,
         reread_timeout=reread_timeout,
     )
     client = await separate_client(env_client) if own_client else env_client

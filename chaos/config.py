@@ -1,0 +1,58 @@
+"""The soak's knobs: how many exports, which seed, which faults, and the short leases that let faults
+resolve within a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAULT_KINDS: tuple[str, ...] = (
+    "worker_kill",  # SIGKILL a worker, restart it
+    "worker_pause",  # SIGSTOP a worker past its lease, then SIGCONT
+    "worker_drain",  # SIGTERM a worker (graceful drain), restart it
+    "pg_sever",  # cut every worker connection to PostgreSQL at the proxy (and refuse new ones briefly)
+    "sftp_sever",  # cut every worker connection to the partner at the proxy (and refuse new ones briefly)
+    "pg_restart_immediate",  # pg_ctl stop -m immediate, start again
+    "pg_restart_fast",  # pg_ctl stop -m fast, start again
+    "temporal_restart",  # stop the dev server (SIGTERM or SIGKILL), start it on the same --db-filename
+    "workflow_terminate",  # temporal workflow terminate of an open export workflow
+    "workflow_cancel",  # temporal workflow cancel of an open export workflow
+    "api_restart",  # SIGTERM the API process, start it again
+)
+
+# Contact lists the tenant has, with their sizes: a mix so builds and uploads take from milliseconds to
+# about a second, and cancels land at every point.
+LISTS: dict[str, int] = {"tiny": 20, "small": 400, "medium": 4_000, "large": 40_000, "huge": 150_000}
+LIST_WEIGHTS: dict[str, float] = {"tiny": 0.2, "small": 0.3, "medium": 0.27, "large": 0.18, "huge": 0.05}
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    """One soak run. ``duration`` is the load-and-fault phase (exports arrive and faults fire within it);
+    ``settle`` bounds the wait for recovery afterwards."""
+
+    exports: int = 300
+    seed: int = 1
+    workers: int = 3
+    duration: float | None = None  # default: derived from ``exports``
+    settle: float = 180.0
+    faults: tuple[str, ...] = FAULT_KINDS
+    fault_every: float = 5.0  # mean seconds between faults
+    report_json: Path | None = None
+    run_dir: Path | None = None  # default: a fresh directory under /tmp, kept (logs), partner files removed
+    keep: bool = False  # keep the partner's files and the databases' directories too
+    # The workers' settings (EXPORTS_*): short, so a lease lost to a fault is recovered within the run.
+    lease_seconds: float = 6.0
+    renew_every_seconds: float = 2.0
+    recovery_every_seconds: float = 3.0
+    sweep_after_seconds: float = 20.0
+    sweep_every_seconds: float = 5.0
+    shutdown_grace_seconds: float = 5.0
+    max_attempts: int = 3
+    lists: dict[str, int] = field(default_factory=lambda: dict(LISTS))
+    verbose: bool = False
+
+    @property
+    def load_seconds(self) -> float:
+        """The load-and-fault phase: given, or 20 s plus 0.4 s per export."""
+        return self.duration if self.duration is not None else 20.0 + 0.4 * self.exports

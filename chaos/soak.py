@@ -1,0 +1,210 @@
+"""One soak run, start to end: bring up the stack, run the plan's clients and faults together, let
+recovery settle, audit, report, and take everything down again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+import psycopg
+from temporalio.client import Client
+
+from chaos.audit import AuditInput, Auditor
+from chaos.client import ApiClient, StatusBoard
+from chaos.config import SoakConfig
+from chaos.driver import Driver
+from chaos.faults import FaultInjector
+from chaos.plan import make_plan
+from chaos.report import build_report
+from chaos.stack import Stack
+
+
+class Progress:
+    """Timestamped lines on ``out``: seconds since the soak started."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.started = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.started:7.1f}s] {text}", file=self.out, flush=True)
+
+
+async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -> dict[str, Any]:
+    """Run one soak and return its report (a JSON-able dict; ``report["violations"]`` empty on success)."""
+    say = Progress(out)
+    plan = make_plan(config)
+    run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-s{config.seed}-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(0o755)  # PostgreSQL runs as its own user below it
+    say(f"seed {config.seed}, plan {plan.digest()}: {len(plan.exports)} exports, {len(plan.faults)} faults "
+        f"over {config.load_seconds:.0f}s; logs in {run_dir}")  # fmt: skip
+    timings: dict[str, float] = {}
+    loads = [os.getloadavg()[0]]  # 1-minute load average, sampled every 10 s: timing findings depend on it
+    stack = Stack(config, run_dir)
+    harness: list[str] = []
+    api: ApiClient | None = None
+    board: StatusBoard | None = None
+    drive: asyncio.Task[None] | None = None
+    try:
+        await stack.start(say)
+        timings["start"] = stack.timings["start"]
+        assert stack.temporal is not None and stack.token is not None and stack.watch is not None
+        api = ApiClient(stack.api_url, stack.token)
+        board = StatusBoard(api)
+        board.start()
+        client = await Client.connect(stack.temporal.address)
+        t0 = time.monotonic()
+        load = config.load_seconds
+        hard_deadline = t0 + load + config.settle
+        driver = Driver(
+            api, board, str(stack.destination_id), plan.exports, t0=t0, hard_deadline=hard_deadline
+        )
+        injector = FaultInjector(stack, plan.faults, t0=t0, client=client, say=say)
+        say("load and faults begin")
+        drive = asyncio.create_task(driver.run(), name="driver")
+        reporter = asyncio.create_task(
+            _report_progress(say, driver, board, injector, api, len(plan.exports), loads)
+        )
+        await injector.run()
+        await asyncio.sleep(max(0.0, t0 + load - time.monotonic()))
+        timings["load"] = time.monotonic() - t0
+        load_ended_at = time.time()
+
+        settle_started = time.monotonic()
+        say("faults stopped; every process resumed; waiting for recovery to settle")
+        await stack.ensure_all_running()
+        settled = await _wait_settled(stack, drive, hard_deadline, say)
+        # Late writes on the partner (a resumed worker finishing an upload) land within a lease or two.
+        await asyncio.sleep(2 * config.lease_seconds)
+        timings["settle"] = time.monotonic() - settle_started
+        reporter.cancel()
+        await board.stop()
+        if not drive.done():
+            drive.cancel()
+            harness.append("some clients were still waiting at the settle bound")
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await drive
+        harness += driver.errors
+
+        say("auditing: database, partner watch, client answers, API log, workflow histories")
+        audit_started = time.monotonic()
+        logs = {m.name: m.child.log_path for m in stack.managed()}
+        logs["temporal"] = stack.temporal.child.log_path
+        assert stack.upload_dir is not None and stack.tenant_id is not None
+        audit = await Auditor(
+            AuditInput(
+                admin_url=stack.admin_url,
+                tenant_id=str(stack.tenant_id),
+                upload_dir=stack.upload_dir,
+                watch_events=stack.watch.snapshot(),
+                watch_problems=[
+                    *stack.watch.errors,
+                    *(["inotify queue overflowed"] if stack.watch.overflowed else []),
+                ],
+                records=driver.records,
+                journal=api.journal,
+                faults=injector.records,
+                exits=[e for m in stack.managed() for e in m.exits],
+                lists=config.lists,
+                marker=stack.marker,
+                temporal_address=stack.temporal.address,
+                logs=logs,
+                shutdown_grace_seconds=config.shutdown_grace_seconds,
+                recovery_every_seconds=config.recovery_every_seconds,
+                load_ended_at=load_ended_at,
+            )
+        ).run()
+        timings["audit"] = time.monotonic() - audit_started
+        timings["total"] = time.monotonic() - say.started
+        return build_report(
+            config=config,
+            plan=plan,
+            command=command,
+            run_dir=run_dir,
+            timings=timings,
+            settled=settled,
+            audit=audit,
+            faults=injector.records,
+            records=driver.records,
+            harness=harness,
+            load={
+                "cpus": os.cpu_count(),
+                "at_start": loads[0],
+                "max": max(loads),
+                "mean": sum(loads) / len(loads),
+            },
+        )
+    finally:
+        if drive is not None and not drive.done():
+            drive.cancel()
+        if board is not None:
+            await board.stop()
+        if api is not None:
+            await api.aclose()
+        say("stopping everything the soak started")
+        await stack.stop()
+
+
+async def _wait_settled(stack: Stack, drive: asyncio.Task[None], deadline: float, say: Progress) -> bool:
+    """Until no job is Queued, Running or Delivering and every client is done, or ``deadline``."""
+    last_report = 0.0
+    open_jobs = -1
+    while time.monotonic() < deadline:
+        try:
+            async with await psycopg.AsyncConnection.connect(stack.admin_url, connect_timeout=3) as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM export_jobs WHERE status IN ('Queued', 'Running', 'Delivering')"
+                )
+                row = await cur.fetchone()
+                open_jobs = row[0] if row else -1
+        except psycopg.Error:
+            open_jobs = -1
+        if open_jobs == 0 and drive.done():
+            say("settled: no open job, every client done")
+            return True
+        if time.monotonic() - last_report > 10:
+            say(f"settling: {open_jobs} open jobs, clients {'done' if drive.done() else 'still waiting'}")
+            last_report = time.monotonic()
+        await asyncio.sleep(1.0)
+    say(f"not settled at the bound: {open_jobs} open jobs")
+    return False
+
+
+async def _report_progress(
+    say: Progress,
+    driver: Driver,
+    board: StatusBoard,
+    injector: FaultInjector,
+    api: ApiClient,
+    planned: int,
+    loads: list[float],
+) -> None:
+    while True:
+        await asyncio.sleep(10)
+        loads.append(os.getloadavg()[0])
+        statuses = Counter(row["status"] for row in board.jobs.values())
+        fivexx = sum(1 for r in api.journal if r.status is not None and r.status >= 500)
+        errors = sum(1 for r in api.journal if r.status is None)
+        done = sum(1 for f in injector.records if f.ended)
+        say(
+            f"{sum(1 for r in driver.records if r.job_id and r.role == 'original')}/{planned} created; "
+            + ", ".join(f"{k} {v}" for k, v in statuses.most_common())
+            + f"; faults {done}/{len(injector.faults)}; 5xx {fivexx}; client errors {errors}; load {loads[-1]:.1f}"
+        )
+
+
+def config_dict(config: SoakConfig) -> dict[str, Any]:
+    data = asdict(config)
+    data["report_json"] = str(config.report_json) if config.report_json else None
+    data["run_dir"] = str(config.run_dir) if config.run_dir else None
+    data["load_seconds"] = config.load_seconds
+    return data

@@ -1,0 +1,1 @@
+"""The soak, short: the real stack under every fault kind, in `make test`."""

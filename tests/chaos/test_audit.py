@@ -1,0 +1,354 @@
+"""The soak's auditor catches what it claims to catch: each invariant is broken on purpose, on crafted rows,
+watch events and client answers, and the auditor names it. The partner watch attributes real renames on a
+real directory (OpenSSH's link+unlink and posix_rename's rename) to the attempt in the temporary name."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from chaos.audit import AuditInput, Auditor
+from chaos.client import HttpRecord
+from chaos.driver import Answer, CancelRecord, ExportRecord
+from testbed.partner_watch import PartnerWatch, WatchEvent, final_writes
+
+NOW = datetime.now(UTC)
+
+
+def make_auditor(tmp_path: Path, **overrides: Any) -> Auditor:
+    fields: dict[str, Any] = {
+        "admin_url": "postgresql://unused",
+        "tenant_id": str(uuid.uuid4()),
+        "upload_dir": tmp_path,
+        "watch_events": [],
+        "watch_problems": [],
+        "records": [],
+        "journal": [],
+        "faults": [],
+        "exits": [],
+        "lists": {"tiny": 2},
+        "marker": "zqmarker",
+        "temporal_address": "127.0.0.1:1",
+        "logs": {},
+    }
+    fields.update(overrides)
+    auditor = Auditor(AuditInput(**fields))
+    auditor.db_now = NOW.timestamp()
+    auditor.list_sizes = {"tiny": 2}
+    return auditor
+
+
+def add_job(auditor: Auditor, status: str, *, key: str | None = None, **columns: Any) -> dict[str, Any]:
+    job_id, attempt = uuid.uuid4(), uuid.uuid4()
+    job: dict[str, Any] = {
+        "id": job_id,
+        "status": status,
+        "attempt_id": attempt,
+        "delivery_key": key or str(uuid.uuid4()),
+        "failure_reason": None,
+        "overwrite_agreement_ref": None,
+        "stop_request_id": None,
+        "cancellation_request_id": None,
+        "claimed_by": "w1.1",
+        "lease_expires_at": None,
+        "woken_at": NOW,
+        "sweep_count": 0,
+        "expected_file_name": None,
+        "expected_file_bytes": None,
+        "expected_file_sha256": None,
+        "list_name": "tiny",
+        "version": 1,
+        "replaces_job_id": None,
+        "workflow_id": None,
+        **columns,
+    }
+    auditor.jobs[str(job_id)] = job
+    return job
+
+
+def add_event(auditor: Auditor, job: dict[str, Any], kind: str, detail: str = "", **columns: Any) -> None:
+    events = auditor.events[str(job["id"])]
+    event = {
+        "id": len(events) + 1,
+        "job_id": job["id"],
+        "attempt_id": columns.pop("attempt_id", job["attempt_id"]),
+        "kind": kind,
+        "version": 1,
+        "worker_id": "w1.1",
+        "observed_by": None,
+        "detail": detail,
+        "recorded_at": NOW,
+        **columns,
+    }
+    events.append(event)
+    auditor.attempt_job[str(event["attempt_id"])] = str(job["id"])
+
+
+def linked(name: str, attempt: uuid.UUID, inode: int, t: float = 1.0) -> list[WatchEvent]:
+    """What OpenSSH's rename (link + unlink) of the attempt's temporary file looks like to the watch."""
+    temp = f".partial-{attempt}-{name}"
+    return [
+        WatchEvent(t, "create", temp, inode=inode),
+        WatchEvent(t + 0.1, "create", name, inode=inode),
+        WatchEvent(t + 0.1, "delete", temp),
+    ]
+
+
+def invariants(auditor: Auditor) -> list[str]:
+    return [v.invariant for v in auditor.result.violations]
+
+
+def test_a_file_under_a_canceled_or_stopped_jobs_name_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    stopped = add_job(auditor, "Stopped")
+    add_event(auditor, stopped, "Claimed")
+    name = f"contacts-{stopped['delivery_key']}.csv"
+    auditor.writes = final_writes(linked(name, stopped["attempt_id"], inode=11))
+    auditor._partner_files()
+    assert "file_under_stopped_name" in invariants(auditor)
+    assert "write_without_cutoff_2" in invariants(auditor)  # it never passed cutoff 2 either
+
+
+def test_a_final_name_written_twice_needs_an_overwrite_agreement(tmp_path: Path) -> None:
+    for agreement, expected in ((None, True), ("agreement-7", False)):
+        auditor = make_auditor(tmp_path)
+        original = add_job(auditor, "OutcomeUnknown")
+        replacement = add_job(
+            auditor, "Completed", key=original["delivery_key"], overwrite_agreement_ref=agreement
+        )
+        for job in (original, replacement):
+            add_event(auditor, job, "DeliveryAuthorized")
+        name = f"contacts-{original['delivery_key']}.csv"
+        auditor.writes = final_writes(
+            linked(name, original["attempt_id"], inode=21)
+            + linked(name, replacement["attempt_id"], inode=22, t=5)
+        )
+        auditor._partner_files()
+        assert ("final_name_written_twice" in invariants(auditor)) is expected
+
+
+def test_a_completed_job_needs_its_file_with_the_recorded_size_hash_and_rows(tmp_path: Path) -> None:
+    good = b"email,first_name,last_name\na@x,A,B\nc@x,C,D\n"
+    auditor = make_auditor(tmp_path)
+    ok = add_job(
+        auditor,
+        "Completed",
+        expected_file_bytes=len(good),
+        expected_file_sha256=hashlib.sha256(good).digest(),
+    )
+    (tmp_path / f"contacts-{ok['delivery_key']}.csv").write_bytes(good)
+    bad = add_job(
+        auditor,
+        "Completed",
+        expected_file_bytes=len(good),
+        expected_file_sha256=hashlib.sha256(good).digest(),
+    )
+    (tmp_path / f"contacts-{bad['delivery_key']}.csv").write_bytes(good[:-5])
+    missing = add_job(auditor, "Completed", expected_file_bytes=1, expected_file_sha256=b"x")
+    auditor._completed_files()
+    flagged = {v.job_id for v in auditor.result.violations if v.invariant == "completed_file_mismatch"}
+    assert flagged == {str(bad["id"]), str(missing["id"])}
+
+
+def test_a_job_left_running_on_an_expired_lease_is_stranded_and_a_queued_one_without_a_wake_up_too(
+    tmp_path: Path,
+) -> None:
+    auditor = make_auditor(tmp_path)
+    expired = add_job(auditor, "Running", lease_expires_at=NOW - timedelta(seconds=30))
+    add_event(auditor, expired, "Claimed")
+    queued = add_job(auditor, "Queued", attempt_id=None)
+    woken = add_job(auditor, "Queued", attempt_id=None)
+    auditor.unpublished[str(woken["id"])] = 1
+    auditor._stranded()
+    by_job = {v.job_id: v.invariant for v in auditor.result.violations}
+    assert by_job == {
+        str(expired["id"]): "stranded",
+        str(queued["id"]): "stranded",
+        str(woken["id"]): "not_settled",
+    }
+
+
+def test_a_cancellation_answer_that_disagrees_with_what_was_recorded_is_a_violation(tmp_path: Path) -> None:
+    job_id = str(uuid.uuid4())
+    told_too_late = CancelRecord(str(uuid.uuid4()), job_id, "delivering", "Delivering")
+    told_too_late.answers.append(Answer(1.0, 409, outcome="TooLate", replayed=False))
+    wrong_status = CancelRecord(str(uuid.uuid4()), job_id, "building", "Running")
+    wrong_status.answers.append(Answer(1.0, 200, outcome="StopRequested", replayed=False))
+    auditor = make_auditor(tmp_path)
+    auditor._check_cancel_answers(told_too_late, None)  # told TooLate, nothing recorded
+    auditor._check_cancel_answers(wrong_status, {"outcome": "StopRequested"})
+    details = [v.detail for v in auditor.result.violations]
+    assert len(details) == 2
+    assert "nothing is recorded" in details[0] and "HTTP 200 with outcome StopRequested" in details[1]
+
+
+def test_a_stop_request_whose_attempt_still_passed_cutoff_2_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    request_id = uuid.uuid4()
+    job = add_job(auditor, "Completed", stop_request_id=request_id)
+    add_event(auditor, job, "DeliveryAuthorized", recorded_at=NOW + timedelta(seconds=1))
+    auditor._check_request(
+        {
+            "id": request_id,
+            "job_id": job["id"],
+            "outcome": "StopRequested",
+            "found_status": "Running",
+            "found_attempt_id": job["attempt_id"],
+            "found_delivery_authorized_at": None,
+            "recorded_at": NOW,
+            "requested_by": "chaos.client",
+        }
+    )
+    assert invariants(auditor) == ["cancellation_inconsistent"]
+    assert "passed cutoff 2 after the stop request" in auditor.result.violations[0].detail
+
+
+def test_only_a_503_with_retry_after_is_an_allowed_5xx(tmp_path: Path) -> None:
+    journal = [
+        HttpRecord(1.0, "GET", "GET /exports", None, 500, None, 0.1),
+        HttpRecord(
+            2.0,
+            "POST",
+            "POST /exports/{id}/cancellations",
+            "j",
+            503,
+            None,
+            0.1,
+            outcome="Busy",
+            retry_after="2",
+        ),
+        HttpRecord(3.0, "GET", "GET /exports", None, None, "ConnectError", 0.1),  # no answer: not a 5xx
+        HttpRecord(4.0, "GET", "GET /exports", None, 503, None, 0.1),  # 503 without Retry-After
+    ]
+    auditor = make_auditor(tmp_path, journal=journal)
+    auditor._http_5xx()
+    assert [v.evidence["status"] for v in auditor.result.violations] == [500, 503]
+
+
+def test_a_duplicate_create_that_made_a_second_export_is_an_idempotency_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    job = add_job(auditor, "Completed")
+    record = ExportRecord(index=0, role="original", list_name="tiny", job_id=str(job["id"]))
+    record.creates.append(Answer(1.0, 201, job_id=str(job["id"])))
+    record.duplicates.append(("sequential", Answer(2.0, 201, job_id=str(uuid.uuid4()))))
+    auditor.inp.records.append(record)
+    auditor._idempotency_and_edits()
+    assert invariants(auditor) == ["idempotency"]
+
+
+def test_the_watch_attributes_link_and_rename_publications_to_the_attempt_in_the_temporary_name(
+    tmp_path: Path,
+) -> None:
+    watch = PartnerWatch(tmp_path).start()
+    try:
+        linked_attempt, renamed_attempt = uuid.uuid4(), uuid.uuid4()
+        for attempt, final, how in (
+            (linked_attempt, "contacts-a.csv", "link"),
+            (renamed_attempt, "contacts-b.csv", "rename"),
+        ):
+            temp = tmp_path / f".partial-{attempt}-{final}"
+            temp.write_bytes(b"email\n")
+            if how == "link":  # OpenSSH's SSH_FXP_RENAME: link, then unlink
+                os.link(temp, tmp_path / final)
+                temp.unlink()
+            else:  # posix-rename@openssh.com
+                os.rename(temp, tmp_path / final)
+        deadline = time.monotonic() + 5
+        while len(final_writes(watch.snapshot())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+    writes = {w.name: (w.how, w.attempt_id) for w in final_writes(watch.snapshot())}
+    assert writes == {
+        "contacts-a.csv": ("link", linked_attempt),
+        "contacts-b.csv": ("rename", renamed_attempt),
+    }
+    assert not watch.errors and not watch.overflowed
+
+
+def test_a_claim_at_an_old_version_breaks_the_terms_but_an_edit_after_a_requeue_and_a_cancel_does_not(
+    tmp_path: Path,
+) -> None:
+    from chaos.driver import EditRecord
+
+    auditor = make_auditor(tmp_path)
+    completed = add_job(auditor, "Completed", version=2, list_name="small")
+    add_event(auditor, completed, "Claimed", version=1)  # claimed at the version before the edit
+    canceled = add_job(auditor, "Canceled", version=2, list_name="small")
+    add_event(auditor, canceled, "Claimed", version=1)  # requeued, then edited, then canceled: fine
+    lost = add_job(
+        auditor, "Canceled", version=2, list_name="small"
+    )  # the edit committed, its answer was lost
+    for job in (completed, canceled, lost):
+        record = ExportRecord(index=0, role="original", list_name="tiny", job_id=str(job["id"]))
+        status = None if job is lost else 200
+        record.edits.append(EditRecord("ok", '"1"', "small", "Queued", status, 2 if status else None))
+        auditor.inp.records.append(record)
+    auditor._idempotency_and_edits()
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("terms_edit", str(completed["id"]))
+    ]
+
+
+def test_an_upload_that_never_started_is_explained_by_its_workflow_history() -> None:
+    from chaos.histories import delivery_fate as _delivery_fate
+
+    drained = [
+        "wf started",
+        "10:00:01.000 deliver scheduled on exports-w1.1",
+        "10:01:01.000 deliver timed out (type 2): x",
+    ]
+    late = [
+        "wf started",
+        "10:00:01.000 deliver started (attempt 1) by w1.1@own",
+        "10:00:09.000 deliver completed finish=NotOwner",
+    ]
+    assert _delivery_fate(drained).startswith("deliver never started: ScheduleToStart timeout")
+    assert _delivery_fate(late).startswith("deliver started after recovery had taken over")
+    assert _delivery_fate(None) == "its workflow's history was not found"
+
+
+def test_a_stop_on_a_job_still_running_at_the_audit_is_left_to_the_settle_checks(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    request_id = uuid.uuid4()
+    running = add_job(auditor, "Running", stop_request_id=request_id)
+    failed = add_job(auditor, "Failed", stop_request_id=request_id, failure_reason="BuildFailed")
+    for job in (running, failed):
+        auditor._check_request(
+            {
+                "id": request_id,
+                "job_id": job["id"],
+                "outcome": "StopRequested",
+                "found_status": "Running",
+                "found_attempt_id": job["attempt_id"],
+                "found_delivery_authorized_at": None,
+                "recorded_at": NOW,
+                "requested_by": "chaos.client",
+            }
+        )
+    assert [v.job_id for v in auditor.result.violations] == [
+        str(failed["id"])
+    ]  # a stopped job must end Stopped
+
+
+def test_a_failed_row_needs_a_transition_that_ends_in_failed(tmp_path: Path) -> None:
+    """Recovery proving NotDelivered from the fences ends the row Failed by a ResolvedByRecovery event;
+    a Failed row whose attempt's last transition is its claim contradicts its events."""
+    auditor = make_auditor(tmp_path)
+    proven = add_job(auditor, "Failed", failure_reason="NotDelivered")
+    add_event(auditor, proven, "Claimed")
+    add_event(auditor, proven, "DeliveryAuthorized")
+    add_event(
+        auditor, proven, "ResolvedByRecovery", "Failed NotDelivered: the attempt never fenced its upload"
+    )
+    contradicted = add_job(auditor, "Failed", failure_reason="NotDelivered")
+    add_event(auditor, contradicted, "Claimed")
+    auditor._events_agree_with_status()
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("events_contradict_status", str(contradicted["id"]))
+    ]
