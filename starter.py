@@ -238,6 +238,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_bulk_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel every live export of a destination (or of one list), each through its own request, under one
     batch ID; exit 75 when some were Busy: retry with the same ``--batch-id`` (printed)."""
+    from observability.metrics import CancellationSource
     from service.commands import BulkCancel
 
     batch_id = args.batch_id or uuid.uuid4()
@@ -259,7 +260,7 @@ def cmd_bulk_cancel(args: argparse.Namespace, settings: Settings) -> int:
         body = BulkCancel(
             batch_id=batch_id, destination_id=destination_id, list_name=args.list_name, reason=args.reason
         )
-        return await ops.bulk_cancel(caller, body)
+        return await ops.bulk_cancel(caller, body, source=CancellationSource.CLI)
 
     def render(answer: Any) -> str:
         if args.dry_run:

@@ -511,10 +511,13 @@ class Exports:
 
     # -- bulk cancel ------------------------------------------------------------------------------------
 
-    async def bulk_cancel(self, caller: Caller, body: BulkCancel) -> Answer:
+    async def bulk_cancel(
+        self, caller: Caller, body: BulkCancel, *, source: CancellationSource = CancellationSource.API
+    ) -> Answer:
         """Cancel every live export of a destination (or of one of its lists), each through its own
-        request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones."""
-        return await self.bulk.submit(caller, body)
+        request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones.
+        Each export's answer is counted in ``fenced_exports_cancellations_total`` under ``source``."""
+        return await self.bulk.submit(caller, body, source=source)
 
     async def bulk_cancel_preview(
         self, caller: Caller, destination_id: UUID, list_name: str | None

@@ -325,6 +325,9 @@ def test_health_readiness_and_the_sdk_metrics_are_served_where_the_demo_says(dem
     assert ours[("fenced_exports_build_duration_seconds_count", ())] >= 2
     assert ours[("fenced_exports_upload_duration_seconds_count", (("outcome", "Completed"),))] >= 2
     assert ours[("fenced_exports_statement_duration_seconds_count", (("statement", "claim_if_queued"),))] >= 4
+    # Every lease keeper the run opened was closed again with its attempt's last write.
+    held = ("fenced_exports_leases_held", ())
+    assert ours[held] - demo_run.baseline.get(held, 0.0) == 0
 
 
 # -- traces ----------------------------------------------------------------------------------------------
