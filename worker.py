@@ -41,7 +41,7 @@ from db.pool import open_pool
 from db.store import REREAD_TIMEOUT_SECONDS, JobStore
 from observability.metrics import get_metrics
 from observability.setup import configure_process, start_worker_endpoints, worker_runtime
-from observability.temporal import LogContextInterceptor
+from observability.temporal import LogContextInterceptor, workflow_runner
 from observability.tracing import shutdown_tracing
 from partner.client import passphrase_from, set_key_passphrase
 from runtime.dispatcher import OutboxDispatcher
@@ -158,6 +158,7 @@ def build_workers(
             client,
             task_queue=settings.task_queue,
             workflows=workflows,
+            workflow_runner=workflow_runner(),
             graceful_shutdown_timeout=grace,
             identity=f"{export.worker_id}@workflows",
             interceptors=[LogContextInterceptor()],

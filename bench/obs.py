@@ -22,7 +22,7 @@ which is why this is a benchmark and not a test; ``tests/observability/test_gaug
 plan on a few thousand rows of the same mix.
 
     python -m bench obs                      # both
-    python -m bench.obs overhead [--exports 20] [--contacts 200] [--rounds 6]
+    python -m bench.obs overhead [--exports 10] [--contacts 200] [--rounds 10]
     python -m bench.obs scrape
 """
 
@@ -82,6 +82,9 @@ TENANT = "00000000-0000-0000-0000-0000000000b1"
 DESTINATION = "00000000-0000-0000-0000-0000000000d1"
 SETTLED = ("Completed", "Failed", "Stopped", "Canceled", "Rejected", "OutcomeUnknown")
 BATCH_TIMEOUT_SECONDS = 300.0
+# What "on" turns on: metrics, statement and SFTP spans, the Temporal interceptor, the FastAPI middleware.
+ALL_PARTS = ("metrics", "spans", "temporal", "fastapi")
+PARTS: set[str] = set(ALL_PARTS)
 
 # A production-like history of ``rows`` jobs (see the module docstring); test_gauges_plan.py loads a few
 # thousand of the same mix.
@@ -261,8 +264,9 @@ class Stack:
     are built with tracing off. Both share the dev server and the SFTP partner; only one works at a time.
     """
 
-    def __init__(self, variant: str, database: TestDatabase) -> None:
+    def __init__(self, variant: str, database: TestDatabase, provider: Any) -> None:
         self.variant = variant
+        self.provider = provider
         self.database = database
         self.stop = asyncio.Event()
         self.closers: list[Any] = []
@@ -299,7 +303,9 @@ class Stack:
             dispatcher_poll_seconds=1.0,
         )
         self.metrics_url = f"http://127.0.0.1:{metrics_port}" if on else None
-        client = Client(**{**env.client.config(), "interceptors": temporal_interceptors()})
+        with tracing_for(on and "temporal" in PARTS, self.provider):
+            interceptors = temporal_interceptors()  # the tracing interceptor when tracing is on
+        client = Client(**{**env.client.config(), "interceptors": interceptors})
         ready = asyncio.Event()
         worker = asyncio.create_task(
             run_worker(settings, stop=self.stop, client=client, ready=ready, schedules=False)
@@ -314,10 +320,19 @@ class Stack:
         stack = contextlib.AsyncExitStack()
         self.closers.append(stack.aclose)
         exports = await stack.enter_async_context(open_exports(settings, signaller=NoSignaller()))
-        server = BackgroundServer(create_app(settings, exports=exports))
+        with tracing_for(on and "fastapi" in PARTS, self.provider):
+            app = create_app(settings, exports=exports)  # instrumented when tracing is on
+        server = BackgroundServer(app)
         url = await server.start()
         stack.push_async_callback(server.stop)
-        self.http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        self.http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+            # Below uvicorn's 5 s keep-alive: a connection idle through the other stack's round is not
+            # reused just as the server closes it.
+            limits=httpx.Limits(keepalive_expiry=1.0),
+        )
         stack.push_async_callback(self.http.aclose)
 
     async def close(self) -> None:
@@ -366,10 +381,21 @@ class _Discard(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def switched(on: bool, provider: Any, metrics: ExportMetrics) -> Iterator[None]:
-    """Metrics and tracing on (or both off) for one round; logs are the same either way."""
+def tracing_for(on: bool, provider: Any) -> Iterator[None]:
+    """Tracing on (or off) while a client or an app is built: they keep the provider they were given."""
     tracing.use_provider(provider if on else None)
-    set_metrics(metrics if on else NoMetrics())
+    try:
+        yield
+    finally:
+        tracing.use_provider(None)
+
+
+@contextlib.contextmanager
+def switched(on: bool, provider: Any, metrics: ExportMetrics) -> Iterator[None]:
+    """Metrics and tracing on (or both off) for one round; logs are the same either way. ``PARTS`` (the
+    ``--on`` option) narrows what "on" means, to find what costs."""
+    tracing.use_provider(provider if on and "spans" in PARTS else None)
+    set_metrics(metrics if on and "metrics" in PARTS else NoMetrics())
     try:
         yield
     finally:
@@ -379,7 +405,7 @@ def switched(on: bool, provider: Any, metrics: ExportMetrics) -> Iterator[None]:
 
 async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]:
     """The same batches through the real stack with metrics and tracing on and off, rounds alternating."""
-    sink = _Discard()  # lines formatted as in production, then dropped
+    sink = sys.stderr if os.environ.get("BENCH_LOGS") else _Discard()  # formatted as in production, dropped
     configure_logging("json", stream=sink, level=logging.INFO)  # JSON lines at INFO on both sides
     spans = InMemorySpanExporter()
     provider = tracing.setup_tracing("fenced-exports-bench", exporter=spans, set_global=False)
@@ -401,7 +427,7 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
         try:
             for variant in ("on", "off"):
                 with switched(variant == "on", provider, metrics):
-                    stacks[variant] = Stack(variant, clone_database(server_url, template))
+                    stacks[variant] = Stack(variant, clone_database(server_url, template), provider)
                     await stacks[variant].start(env, sftp, work_root, contacts, run_id)
             for variant in ("on", "off"):  # warm both (workflow caches, pools, SSH, the JIT of everything)
                 with switched(variant == "on", provider, metrics):
@@ -428,7 +454,10 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
             await sftp.stop()
             await env.shutdown()
             tracing.shutdown_tracing()
-    if 'fenced_exports_transitions_total{result="written",statement="finish_delivery"}' not in scraped:
+    delivered = 'fenced_exports_transitions_total{result="written",statement="finish_delivery"}'
+    if "metrics" in PARTS and not any(
+        line.startswith(delivered) and float(line.split()[-1]) > 0 for line in scraped.splitlines()
+    ):
         raise SystemExit("the 'on' worker's /metrics did not count the deliveries")
     on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
     cpu_on, cpu_off = statistics.median(cpus["on"]), statistics.median(cpus["off"])
@@ -524,17 +553,22 @@ def per_call_costs(provider: Any, calls: int = 20_000) -> dict[str, float]:
 
 def run_with_defaults() -> None:
     """``python -m bench obs``: both parts, the default configuration."""
-    asyncio.run(overhead(exports=20, contacts=200, rounds=6))
+    asyncio.run(overhead(exports=10, contacts=200, rounds=10))
     asyncio.run(scrape())
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", choices=["overhead", "scrape", "both"], default="both")
-    parser.add_argument("--exports", type=int, default=20)
+    parser.add_argument("--exports", type=int, default=10)
     parser.add_argument("--contacts", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--on", default=",".join(ALL_PARTS), help=f"what 'on' turns on, of {', '.join(ALL_PARTS)} (all)"
+    )
     options = parser.parse_args()
+    PARTS.clear()
+    PARTS.update(part for part in options.on.split(",") if part)
     if options.part in ("overhead", "both"):
         asyncio.run(overhead(options.exports, options.contacts, options.rounds))
     if options.part in ("scrape", "both"):
