@@ -369,6 +369,15 @@ class Stack:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         self.exports_run += n
         if statuses != {"Completed": n}:
+            async with await psycopg.AsyncConnection.connect(self.database.admin_url) as conn:
+                cur = await conn.execute(
+                    "SELECT j.id, j.failure_reason, array_agg(e.kind || ': ' || coalesce(e.detail, '')"
+                    " ORDER BY e.id) FROM export_jobs j JOIN export_attempt_events e ON e.job_id = j.id"
+                    " WHERE j.id = ANY(%(ids)s) AND j.status <> 'Completed' GROUP BY j.id, j.failure_reason",
+                    {"ids": jobs},
+                )
+                for row in await cur.fetchall():
+                    print(row, file=sys.stderr)
             raise SystemExit(f"{self.variant}: the batch ended {statuses}")
         return wall, cpu
 
