@@ -4,7 +4,7 @@
 readiness check passes within its timeout (PostgreSQL answers through the process's own pool, Temporal
 answers, the database has every migration this build ships), else 503 with each check's verdict::
 
-    {"status": "not ready", "checks": {"postgres": "OperationalError", "temporal": "ok", "migrations": "ok"}}
+    {"status": "not ready", "checks": {"postgres": "timeout", "temporal": "ok", "migrations": "ok"}}
 
 The API includes ``health_router`` (it has its own port) and ``instrument_fastapi``; ``worker.py`` runs
 ``MetricsServer`` on ``EXPORTS_METRICS_PORT`` with ``/metrics``, ``/healthz`` and ``/readyz``. The checks'
