@@ -35,6 +35,7 @@ COPY activities/ activities/
 COPY runtime/ runtime/
 COPY service/ service/
 COPY api/ api/
+COPY observability/ observability/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
