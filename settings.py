@@ -56,6 +56,16 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, description="attempt cap: recovery fails a job after this many")
     recovery_every_seconds: float = Field(default=30.0, description="recovery Schedule interval")
     recovery_batch: int = Field(default=100, description="expired leases taken over per recovery batch")
+    recovery_concurrency: int = Field(
+        default=8,
+        ge=1,
+        description="takeovers recovery decides at once (a partner's listing is the slow part)",
+    )
+    recovery_heartbeat_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        description="heartbeat timeout of a recovery batch: a stalled worker's batch moves on",
+    )
     sweep_after_seconds: float = Field(
         default=30 * 60.0, description="a Queued job whose last wake-up is older than this is re-woken"
     )

@@ -91,7 +91,13 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     url = args.database_url or settings.database_url
     if not url:
         return _fail_usage("give --database-url (an administrator's) or set EXPORTS_DATABASE_URL")
-    token = asyncio.run(mint_token(url, tenant_id=args.tenant, principal=args.principal, role=args.role))
+    from db.admin import PrincipalRefused
+
+    try:
+        token = asyncio.run(mint_token(url, tenant_id=args.tenant, principal=args.principal, role=args.role))
+    except PrincipalRefused as exc:
+        print(f"starter.py: no token minted: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     _emit(
         args,
         {"token": token, "tenant_id": args.tenant, "principal": args.principal, "role": args.role},
@@ -386,6 +392,95 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     return _run_operation(args, settings, call, render)
 
 
+# -- delivery switches ----------------------------------------------------------------------------------
+
+
+def _switch_request(args: argparse.Namespace) -> Any:
+    from service.switches import SWITCH_REQUEST
+
+    if args.global_scope:
+        return SWITCH_REQUEST.validate_python({"scope": "global", "reason": args.reason})
+    if args.destination is not None:
+        body = {"scope": "destination", "destination_id": args.destination, "reason": args.reason}
+        return SWITCH_REQUEST.validate_python(body)
+    return SWITCH_REQUEST.validate_python({"scope": "tenant", "reason": args.reason})
+
+
+def _run_switches(
+    args: argparse.Namespace,
+    settings: Settings,
+    call: Callable[[Any], Awaitable[Any]],
+    render: Callable[[Any], str] | None = None,
+) -> int:
+    """Run one switch operation over an ``exports_api`` pool and print its answer."""
+    from service.switches import open_switches
+
+    if not settings.database_url:
+        return _fail_usage("EXPORTS_DATABASE_URL is not set")
+
+    async def go() -> Any:
+        async with open_switches(settings) as ops:
+            return await call(ops)
+
+    answer = asyncio.run(go())
+    text = render(answer) if render and answer.ok else answer.text
+    _emit(args, {"outcome_kind": answer.kind.value, **answer.body}, text)
+    return exit_code_for(answer.kind)
+
+
+def _switch_change(args: argparse.Namespace, settings: Settings, *, resume: bool) -> int:
+    from service.switches import Operator
+
+    try:
+        request = _switch_request(args)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+        return _fail_usage(f"invalid input: {problems}")
+    if not args.global_scope and args.tenant is None:
+        return _fail_usage("give --tenant (or set EXPORTS_TENANT), or --global")
+    operator = Operator(principal=args.principal, tenant_id=args.tenant, platform=True)
+
+    async def call(ops: Any) -> Any:
+        return await (ops.resume if resume else ops.pause)(operator, request)
+
+    return _run_switches(args, settings, call)
+
+
+def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    """Pause deliveries (the tenant's, one destination's, or --global) with a reason; takes effect at once."""
+    return _switch_change(args, settings, resume=False)
+
+
+def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Resume deliveries in a scope and wake its queued exports."""
+    return _switch_change(args, settings, resume=True)
+
+
+def cmd_switches(args: argparse.Namespace, settings: Settings) -> int:
+    """The delivery switches (global, the tenant's, each destination's) and their latest changes."""
+
+    async def call(ops: Any) -> Any:
+        return await ops.view(args.tenant)
+
+    def render(answer: Any) -> str:
+        lines = []
+        for s in answer.body["switches"]:
+            name = s["scope"] if s["scope"] != "destination" else f"destination {s['destination_name']}"
+            since = f" since {s['changed_at']} by {s['changed_by']}: {s['reason']}" if s["changed_at"] else ""
+            lines.append(f"{name:<32} {s['state']:<14}{since}")
+        if answer.body["history"]:
+            lines.append("latest changes:")
+        for c in answer.body["history"]:
+            what = "resumed" if c["enabled"] else "paused"
+            target = c["destination_id"] or c["tenant_id"] or "every tenant"
+            lines.append(
+                f"  {c['changed_at']}  {what:<8} {c['scope']:<12} {target}  by {c['changed_by']}: {c['reason']}"
+            )
+        return "\n".join(lines)
+
+    return _run_switches(args, settings, call, render)
+
+
 # -- serve and demo -------------------------------------------------------------------------------------
 
 
@@ -505,6 +600,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("list", cmd_list, "the tenant's exports")
     acting(sub, export=False)
     sub.add_argument("--limit", type=int, default=50)
+
+    def switch_scope(sub: argparse.ArgumentParser) -> None:
+        acting(sub, export=False)
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument("--destination", type=_uuid, help="one destination of the tenant")
+        where.add_argument(
+            "--global", dest="global_scope", action="store_true", help="every tenant (the platform's switch)"
+        )
+        sub.add_argument("--reason", required=True, help="why (recorded with who and when)")
+
+    sub = command("pause", cmd_pause, "pause deliveries: the tenant's, --destination D's, or --global")
+    switch_scope(sub)
+    sub = command("resume", cmd_resume, "resume deliveries in a scope and wake its queued exports")
+    switch_scope(sub)
+    sub = command("switches", cmd_switches, "the delivery switches and their latest changes")
+    acting(sub, export=False)
 
     sub = command("serve", cmd_serve, "serve the HTTP API and console")
     sub.add_argument("--host")

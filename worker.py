@@ -56,6 +56,9 @@ from workflows.sweeper import SweeperWorkflow
 
 log = logging.getLogger("worker")
 
+# After a drain with nothing left to finish, how long to wait for Temporal to release the workers' polls.
+POLL_RELEASE_SECONDS = 3.0
+
 
 def own_task_queue(task_queue: str, worker_id: str) -> str:
     """A host's own task queue, where the activities after the claim run."""
@@ -190,13 +193,16 @@ async def run_worker(
     ready: asyncio.Event | None = None,
     schedules: bool = True,
     export_hooks: Callable[[ExportActivities], None] | None = None,
-) -> None:
+) -> bool:
     """Run one host's workers, the outbox dispatcher and the scavenger until ``stop`` is set, then shut
-    down gracefully.
+    down gracefully. Returns False when a Temporal worker never stopped (its polls were not released:
+    the server is partitioned or hung) although nothing was held any more; the process should then exit
+    without waiting for it.
 
     ``client`` defaults to one connected from ``settings``; ``ready`` is set once both workers run and the
     dispatcher listens. The metrics port (``metrics_port``; 0 serves nothing) serves ``/metrics`` with the
-    database gauges, ``/healthz`` and ``/readyz`` until the workers have stopped. With ``schedules`` the recovery and sweeper Schedules are ensured. ``export_hooks``
+    database gauges, ``/healthz`` and ``/readyz`` until the workers have stopped. With ``schedules`` the
+    recovery and sweeper Schedules are ensured. ``export_hooks``
     receives the ``ExportActivities`` before the workers start (a test seam for its hooks). On ``stop``
     the dispatcher stops first, then both workers stop polling and give running activities
     ``shutdown_grace_seconds`` before cancelling them; recovery takes over whatever was abandoned.
@@ -221,7 +227,10 @@ async def run_worker(
         resources.push_async_callback(dispatcher_pool.close)
         # Takeovers run as their own role: the trigger lets exports_recovery take only recovery's edges.
         recovery_pool = await open_pool(
-            settings.database_url, "exports_recovery", max_size=2, name=f"recovery-{worker_id}"
+            settings.database_url,
+            "exports_recovery",
+            max_size=min(4, settings.recovery_concurrency),
+            name=f"recovery-{worker_id}",
         )
         resources.push_async_callback(recovery_pool.close)
         workers = build_workers(
@@ -248,10 +257,11 @@ async def run_worker(
             name="scavenger",
         )
         try:
-            await _serve(workers, dispatcher, export, settings, stop=stop, ready=ready)
+            clean = await _serve(workers, dispatcher, export, settings, stop=stop, ready=ready)
         finally:
             scavenger.cancel()
         log.info("worker %s stopped", worker_id)
+        return clean
 
 
 async def _serve(
@@ -262,7 +272,7 @@ async def _serve(
     *,
     stop: asyncio.Event,
     ready: asyncio.Event | None,
-) -> None:
+) -> bool:
     """Run the workers and the dispatcher until ``stop`` (or one of them ends), then drain:
 
     1. no new wake-ups (the dispatcher stops) and no new claims (the claim worker shuts down at once);
@@ -293,23 +303,46 @@ async def _serve(
     export.begin_drain()
     began = time.monotonic()
     # In-flight claims finish first (bounded by the grace), so the attempts they open are drained too.
-    await asyncio.gather(workers.claims.shutdown(), return_exceptions=True)
+    # (Bounded: a partitioned Temporal server never releases the claim worker's polls.)
+    claims_down = asyncio.ensure_future(workers.claims.shutdown())
+    await asyncio.wait([claims_down], timeout=settings.shutdown_grace_seconds)
     left = max(0.0, settings.shutdown_grace_seconds - (time.monotonic() - began))
     if not await export.wait_quiet(left):
         log.warning(
             "drain: %d attempt(s) still held after the grace window; their leases decide", export.busy
         )
-    await asyncio.gather(workers.workflows.shutdown(), workers.own.shutdown(), return_exceptions=True)
-    results = await asyncio.gather(*runs, return_exceptions=True)
+    finishing = asyncio.ensure_future(
+        asyncio.gather(
+            workers.workflows.shutdown(), workers.own.shutdown(), claims_down, return_exceptions=True
+        )
+    )
+    if export.busy:
+        await finishing  # an upload still running is never cut short by the drain
+    else:
+        # Nothing is held any more: what is left is Temporal releasing the polls, which a partitioned or
+        # hung server never answers. That must not hold up a deploy.
+        await asyncio.wait([finishing], timeout=POLL_RELEASE_SECONDS)
+        if not finishing.done():
+            log.warning(
+                "drain: Temporal did not release the polls in %.0fs; stopping anyway", POLL_RELEASE_SECONDS
+            )
+            for run in runs:
+                run.cancel()
+    done, hung = await asyncio.wait(runs, timeout=POLL_RELEASE_SECONDS)
+    if hung:
+        log.warning(
+            "drain: %s did not stop; exiting without it", ", ".join(sorted(t.get_name() for t in hung))
+        )
     failures = [
-        (task.get_name(), outcome)
-        for task, outcome in zip(runs, results, strict=True)
-        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError)
+        (task.get_name(), error)
+        for task in done
+        if not task.cancelled() and (error := task.exception()) is not None
     ]
     for name, outcome in failures:
         log.error("%s ended with %s", name, type(outcome).__name__)
     if failures and not stop.is_set():
         raise RuntimeError(f"{failures[0][0]} ended unexpectedly") from failures[0][1]
+    return finishing.done() and not hung
 
 
 def main() -> None:
@@ -338,7 +371,11 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         # One runtime per process: it serves the SDK's own worker metrics on temporal_metrics_port.
         client = await connect_client(settings, runtime=worker_runtime(settings))
-        await run_worker(settings, stop=stop, client=client)
+        if not await run_worker(settings, stop=stop, client=client):
+            # asyncio.run would wait forever for the task Temporal never released; nothing is held.
+            shutdown_tracing()
+            logging.shutdown()
+            os._exit(0)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):

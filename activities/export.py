@@ -213,6 +213,7 @@ class ExportActivities:
         self.after_build: Hook | None = (
             None  # in the build phase, after the file is written (a stop cancels it)
         )
+        self.before_build: Hook | None = None  # in the build phase, before the build waits for its turn
         self.before_authorize: Hook | None = None  # after the build, before cutoff 2
         self.before_upload: Hook | None = None  # in deliver, after ownership is confirmed, before the fence
         self.during_upload: UploadHook | None = None  # forwarded to DeliveryHooks.during_upload (bytes sent)
@@ -251,6 +252,8 @@ class ExportActivities:
     async def wait_quiet(self, seconds: float) -> bool:
         """Wait until this host holds no attempt (every one reached its last write, was given back, or was
         left to its lease), or ``timeout``; True when quiet. Authorized deliveries are waited for."""
+        if self._quiet.is_set():
+            return True
         try:
             await asyncio.wait_for(self._quiet.wait(), seconds)
         except TimeoutError:
@@ -330,53 +333,71 @@ class ExportActivities:
 
     @activity.defn(name="export.claim")
     async def claim(self, inp: ClaimInput) -> ClaimOutcome:
-        """Read the row, evaluate policy, and claim it (cutoff 1) with this attempt's ID.
+        """Read the row with the policy's facts, evaluate the policy, and claim it (cutoff 1) with this
+        attempt's ID.
 
-        The message is only a hint: a row that is not Queued settles it. A denied policy rejects the
-        checked version only. A claim whose answer and re-read were both lost raises a retryable
-        ``ClaimUnknown``; the retry uses the same attempt ID, so it finds its own claim if it committed.
-        A confirmed claim opens the attempt's lease keeper.
+        The message is only a hint: a row that is not Queued settles it. While a delivery switch of the
+        job's scope is paused nothing is decided: the wake-up is settled and the job stays Queued (the
+        resume wakes it). A denied policy rejects the checked version only, with its reason code and
+        message. A claim whose answer and re-read were both lost raises a retryable ``ClaimUnknown``; the
+        retry uses the same attempt ID, so it finds its own claim if it committed. A switch or fact that
+        cannot be read raises: nothing is claimed. A confirmed claim opens the attempt's lease keeper.
         """
-        job = await self.store.get_job(inp.job_id)
-        if job is None:
+        facts = await self.store.read_policy_facts(inp.job_id)
+        if facts is None:
             return ClaimOutcome(step=ClaimStep.SETTLED)
-        logs.bind_rest_of_task(tenant_id=job.tenant_id)
+        logs.bind_rest_of_task(tenant_id=facts.tenant_id)
         registered = await self._search_attributes_registered()
-        if job.status == JobStatus.RUNNING and job.attempt_id == inp.attempt_id:
+        if facts.status == JobStatus.RUNNING and facts.attempt_id == inp.attempt_id:
             # A retry of this claim after a lost response: the claim committed.
-            return self._claimed(job, inp.attempt_id, registered)
-        if job.status != JobStatus.QUEUED:
-            return ClaimOutcome(step=ClaimStep.SETTLED, tenant_id=job.tenant_id, search_attributes=registered)
+            return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id, registered)
+        if facts.status != JobStatus.QUEUED:
+            return ClaimOutcome(
+                step=ClaimStep.SETTLED, tenant_id=facts.tenant_id, search_attributes=registered
+            )
         if self.after_load is not None:
-            await self.after_load(job.id)
+            await self.after_load(facts.job_id)
 
-        decision = evaluate_policy(job)
+        if not facts.deliveries_open:
+            # Paused: no decision is taken on the job, not even a rejection; the resume wakes it.
+            return ClaimOutcome(
+                step=ClaimStep.PAUSED, tenant_id=facts.tenant_id, search_attributes=registered
+            )
+        decision = evaluate_policy(facts)
         if not decision.allowed:
             # This version only: if the terms changed meanwhile, the edit's own wake-up brings it back.
-            rejected = await self.store.reject_if_queued(job.id, job.version, decision.reason)
+            assert decision.code is not None
+            rejected = await self.store.reject_if_queued(
+                facts.job_id, facts.version, decision.code, decision.message
+            )
             step = ClaimStep.REJECTED if rejected else ClaimStep.NOT_CLAIMED
-            return ClaimOutcome(step=step, tenant_id=job.tenant_id, search_attributes=registered)
+            return ClaimOutcome(step=step, tenant_id=facts.tenant_id, search_attributes=registered)
 
         result = await self.store.claim_if_queued(
-            job.id, job.version, inp.attempt_id, self.worker_id, workflow_id=inp.workflow_id
+            facts.job_id, facts.version, inp.attempt_id, self.worker_id, workflow_id=inp.workflow_id
         )
         if result == ClaimResult.UNKNOWN:
             raise ApplicationError("the claim's answer and its re-read were both lost", type="ClaimUnknown")
+        if result == ClaimResult.PAUSED:
+            # Paused between the facts and the claim: the claim, under the switch's lock, matched nothing.
+            return ClaimOutcome(
+                step=ClaimStep.PAUSED, tenant_id=facts.tenant_id, search_attributes=registered
+            )
         if result == ClaimResult.LOST:
             return ClaimOutcome(
-                step=ClaimStep.NOT_CLAIMED, tenant_id=job.tenant_id, search_attributes=registered
+                step=ClaimStep.NOT_CLAIMED, tenant_id=facts.tenant_id, search_attributes=registered
             )
-        return self._claimed(job, inp.attempt_id, registered)
+        return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id, registered)
 
-    def _claimed(self, job: ExportJob, attempt_id: UUID, registered: bool) -> ClaimOutcome:
+    def _claimed(self, job_id: UUID, tenant_id: UUID, attempt_id: UUID, registered: bool) -> ClaimOutcome:
         # From the confirmed claim on, one keeper renews this attempt's lease (the claim has just set it).
-        attempt, created = self._open(job.id, attempt_id)
+        attempt, created = self._open(job_id, attempt_id)
         if created:
             attempt.keeper.start_timer()
             attempt.idle = asyncio.create_task(self._end_when_idle(attempt))
         return ClaimOutcome(
             step=ClaimStep.CLAIMED,
-            tenant_id=job.tenant_id,
+            tenant_id=tenant_id,
             task_queue=self.own_task_queue,
             search_attributes=registered,
         )
@@ -505,6 +526,11 @@ class ExportActivities:
                         else None,
                         cutoff_answers=answers,
                     )
+                if answer in (AuthorizationResult.PAUSED, AuthorizationResult.DESTINATION_INACTIVE):
+                    # Nothing has left the host: give the job back without using up an attempt. The next
+                    # claim decides: a paused scope keeps it Queued, a retired destination is rejected.
+                    given_back = await self._give_back(job, attempt, f"cutoff 2: {answer.value}")
+                    return given_back.model_copy(update={"cutoff_answers": answers})
                 # LeaseLapsed again, NotOwner or Unknown: write nothing; recovery reads the row.
                 return PrepareResult(outcome=after_refused_cutoff(answer), cutoff_answers=answers)
             finally:
@@ -518,6 +544,8 @@ class ExportActivities:
         def progress(rows: int, size: int) -> None:
             attempt.rows, attempt.bytes = rows, size
 
+        if self.before_build is not None:
+            await self.before_build(job.id)
         # At most max_concurrent_builds at once: waiting here holds no connection, and the keeper renews.
         async with self._builds:
             started = time.perf_counter()

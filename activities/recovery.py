@@ -25,6 +25,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.export import keep_heartbeating
 from db.errors import StoreError
 from db.store import JobStore
 from domain.destination import Destination
@@ -53,6 +54,8 @@ class RecoveryActivities:
         self.store = store
         self.settings = settings
         self._observe = observe or observe_final_name
+        # Test seam: while true, the batch sends no heartbeat (a stalled, e.g. SIGSTOPped, worker).
+        self.heartbeats_paused: Callable[[], bool] = lambda: False
 
     def activities(self) -> list[Callable[..., Any]]:
         """The activities to register on the shared task queue."""
@@ -60,15 +63,33 @@ class RecoveryActivities:
 
     @activity.defn(name="recover_expired_leases")
     async def recover_expired_leases(self, inp: RecoveryBatchInput) -> RecoveryBatchResult:
-        """Scan one batch of expired leases and apply the conditional takeover for each candidate."""
+        """Scan one batch of expired leases and apply the conditional takeover for each candidate.
+
+        Candidates are independent (each takeover is one conditional statement on its own row), so up to
+        ``recovery_concurrency`` are decided at once: a Delivering one waits on its partner's listing
+        without holding up the Running ones behind it. The activity heartbeats on a timer, not per
+        candidate, so a short heartbeat timeout moves a batch stuck on a paused worker to another one.
+        """
         result = RecoveryBatchResult()
         candidates = await self.store.find_expired_leases(limit=inp.limit)
         result.scanned = len(candidates)
-        for candidate in candidates:
-            activity.heartbeat(str(candidate.id))
-            takeover = await self.take_over(candidate, inp.recovery_run_id)
+        slots = asyncio.Semaphore(max(1, self.settings.recovery_concurrency))
+
+        async def decide(candidate: ExpiredLease) -> None:
+            async with slots:
+                takeover = await self.take_over(candidate, inp.recovery_run_id)
             log.info("recovery %s: job %s %s", inp.recovery_run_id, candidate.id, takeover.value)
             result.count(takeover)
+
+        beat = asyncio.create_task(
+            keep_heartbeating(
+                lambda: {"scanned": result.scanned, "taken_over": result.taken_over}, self.heartbeats_paused
+            )
+        )
+        try:
+            await asyncio.gather(*(decide(candidate) for candidate in candidates))
+        finally:
+            beat.cancel()
         return result
 
     async def take_over(self, candidate: ExpiredLease, recovery_run_id: str) -> Takeover:

@@ -20,6 +20,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from api.auth import COOKIE_NAME, console_caller, same_origin
+from api.switches import banner_for
 from domain.models import JobStatus
 from service.auth import SESSION_TTL_SECONDS, Caller, close_session, csrf_token_for, open_session
 from service.exports import ID_PREFIX_PATTERN, Exports, decode_cursor
@@ -186,6 +187,7 @@ async def export_list(
     if caller is None:
         return _to_login()
     context = await _list_context(request, caller, status, destination, list_name, q, before)
+    context["switch_banner"] = await banner_for(request, caller)
     return templates.TemplateResponse(request, "list.html", context)
 
 

@@ -40,16 +40,16 @@ CallerDep = Annotated[Caller, Depends(authenticate)]
 
 # What every route can answer besides its own outcomes. Each is JSON with a ``detail`` for people; a
 # request the schema refuses also carries ``errors`` (which field, why), never the submitted value.
-_ERRORS: dict[int | str, dict[str, Any]] = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or unknown bearer token"},
     422: {"description": "Invalid body, path or query: wrong UUIDs, missing fields, what the schema refuses"},
     503: {
         "description": "The database did not answer: nothing is known to have changed; retry after Retry-After"
     },
 }
-_BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "The body is not JSON"},
-    **_ERRORS,
+    **ERRORS,
     413: {"description": f"Request body over {MAX_BODY_BYTES} bytes"},
 }
 _NOT_FOUND = {404: {"description": "No such export in your tenant (another tenant's looks the same)"}}
@@ -139,7 +139,7 @@ def respond(answer: Answer) -> JSONResponse:
         400: {"description": "Idempotency-Key missing or malformed, or the body is not JSON"},
         409: {"description": "Key used for a different request"},
         422: {"description": "Invalid body, or a destination_id that is not your tenant's"},
-        **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
+        **{k: v for k, v in BODY_ERRORS.items() if k != 422},
     },
 )
 async def create_export(
@@ -152,7 +152,7 @@ async def create_export(
     "",
     operation_id="list_exports",
     summary="List your tenant's exports, newest first, one page at a time",
-    responses={400: {"description": "before: not a cursor this API gave out"}, **_ERRORS},
+    responses={400: {"description": "before: not a cursor this API gave out"}, **ERRORS},
 )
 async def list_exports(
     caller: CallerDep,
@@ -185,7 +185,7 @@ async def list_exports(
     "/{export_id}",
     operation_id="get_export",
     summary="One export with its timeline and cancellation requests",
-    responses={**_NOT_FOUND, **_ERRORS},
+    responses={**_NOT_FOUND, **ERRORS},
 )
 async def get_export(export_id: UUID, caller: CallerDep, ops: ExportsDep) -> JSONResponse:
     return respond(await ops.status(caller, export_id))
@@ -204,7 +204,7 @@ async def get_export(export_id: UUID, caller: CallerDep, ops: ExportsDep) -> JSO
             "description": "Invalid body (at least one field, no nulls), or a destination not your tenant's"
         },
         **_NOT_FOUND,
-        **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
+        **{k: v for k, v in BODY_ERRORS.items() if k != 422},
     },
 )
 async def edit_export(
@@ -230,7 +230,7 @@ async def edit_export(
         503: {
             "description": "Busy: nothing decided or recorded; retry with the same request ID after Retry-After"
         },
-        **{k: v for k, v in _BODY_ERRORS.items() if k != 503},
+        **{k: v for k, v in BODY_ERRORS.items() if k != 503},
     },
 )
 async def cancel_export(
@@ -247,7 +247,7 @@ async def cancel_export(
     responses={
         409: {"description": "The original may not be replaced, or a replacement is live"},
         **_NOT_FOUND,
-        **_BODY_ERRORS,
+        **BODY_ERRORS,
     },
 )
 async def replace_export(
@@ -263,7 +263,7 @@ async def replace_export(
     responses={
         409: {"description": "Not OutcomeUnknown, or already reconciled"},
         **_NOT_FOUND,
-        **_BODY_ERRORS,
+        **BODY_ERRORS,
     },
 )
 async def reconcile_export(
@@ -280,7 +280,7 @@ async def reconcile_export(
         403: {"description": "Not a reconciler"},
         409: {"description": "Nothing matched, or already corrected"},
         **_NOT_FOUND,
-        **_BODY_ERRORS,
+        **BODY_ERRORS,
     },
 )
 async def correct_export(
@@ -311,7 +311,7 @@ async def correct_export(
                 },
             },
         },
-        **_ERRORS,
+        **ERRORS,
     },
 )
 async def list_destinations(caller: CallerDep, ops: ExportsDep) -> JSONResponse:
@@ -325,7 +325,7 @@ async def list_destinations(caller: CallerDep, ops: ExportsDep) -> JSONResponse:
     "/preview",
     operation_id="preview_bulk_cancel",
     summary="How many live exports a bulk cancel with this filter would cover now (the confirmation)",
-    responses=_ERRORS,
+    responses=ERRORS,
 )
 async def preview_bulk_cancel(
     caller: CallerDep,
@@ -362,7 +362,7 @@ async def preview_bulk_cancel(
         },
         400: {"description": "This batch ID belongs to a different bulk cancel, or the body is not JSON"},
         422: {"description": "Invalid body, or a destination_id that is not your tenant's"},
-        **{k: v for k, v in _BODY_ERRORS.items() if k != 422},
+        **{k: v for k, v in BODY_ERRORS.items() if k != 422},
     },
 )
 async def bulk_cancel(body: BulkCancel, caller: CallerDep, ops: ExportsDep) -> JSONResponse:
@@ -376,7 +376,7 @@ async def bulk_cancel(body: BulkCancel, caller: CallerDep, ops: ExportsDep) -> J
     responses={
         202: {"description": "Some exports it covers have no request yet (Busy): resubmit the batch"},
         404: {"description": "No such batch in your tenant"},
-        **_ERRORS,
+        **ERRORS,
     },
 )
 async def get_cancellation_batch(batch_id: UUID, caller: CallerDep, ops: ExportsDep) -> JSONResponse:

@@ -85,6 +85,14 @@ async def create_jobs(admin_url: str, api: JobStore, count: int) -> tuple[UUID, 
         " '/nonexistent', '/upload' FROM t RETURNING id",
         {"t": tenant_id, "d": destination_id},
     )
+    # Deliveries are fail-closed (issue 9): the tenant and its destination are enabled explicitly.
+    await admin_rows(
+        admin_url,
+        "INSERT INTO delivery_switches (scope, tenant_id, destination_id, enabled, reason, changed_by)"
+        " VALUES ('tenant', %(t)s, NULL, true, 'bench', 'bench'), ('destination', %(t)s, %(d)s, true, 'bench', 'bench')"
+        " RETURNING scope",
+        {"t": tenant_id, "d": destination_id},
+    )
     created: list[UUID] = []
 
     async def create(n: int) -> None:

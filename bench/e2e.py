@@ -249,6 +249,18 @@ class Bench:
                         "cred": str(self.sftp.client_key_path),
                     },
                 )
+                # Deliveries are fail-closed and the policy checks the creator (issue 9): enable both scopes
+                # and make the creator a principal of the tenant.
+                admin.execute(
+                    "INSERT INTO delivery_switches (scope, tenant_id, destination_id, enabled, reason, changed_by)"
+                    " VALUES ('tenant', %(t)s, NULL, true, 'bench', 'bench'),"
+                    " ('destination', %(t)s, %(d)s, true, 'bench', 'bench')",
+                    {"t": tenant_id, "d": destination_id},
+                )
+                admin.execute(
+                    "INSERT INTO principals (tenant_id, name, role) VALUES (%(t)s, 'bench', 'operator')",
+                    {"t": tenant_id},
+                )
                 admin.execute(
                     "INSERT INTO contacts (tenant_id, list_name, email, first_name, last_name)"
                     " SELECT %(t)s, 'main', 'person' || g || '@bench.example', 'First' || g, 'Last' || g"

@@ -1,19 +1,22 @@
-"""What only an administrator's connection does: seed tenants, destinations and contacts, store tokens.
+"""What only an administrator's connection does: seed tenants, destinations and contacts, store tokens,
+manage principals (grant, revoke), retire destinations and set their contracts.
 
 No application role may write these tables; the demo, ``starter.py seed-demo`` / ``token`` and the
-benchmarks use this module with a database owner's URL.
+benchmarks use this module with a database owner's URL. A tenant or destination created here starts
+paused unless created enabled (``seed_tenant`` creates both enabled: the caller asked for a working one).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
-from db.errors import translated
+from db.errors import StoreError, translated
 from db.queries import execute
 
 DEMO_LIST = "newsletter"
@@ -32,13 +35,147 @@ class Seeded:
 async def insert_token(
     admin_url: str, *, token_sha256: bytes, tenant_id: UUID, principal: str, role: str
 ) -> None:
-    """Record a token by its SHA-256 only, bound to a tenant, a principal and a role."""
+    """Record a token by its SHA-256 only, bound to a tenant, a principal and a role.
+
+    A name that is not yet a principal of the tenant becomes one with ``role``; a revoked principal, or
+    one that holds another role, gets no token (``PrincipalRefused``).
+    """
     async with translated(), await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
-        await execute(
+        inserted = await execute(
             conn,
             "insert_api_token",
             {"token_sha256": token_sha256, "tenant_id": tenant_id, "principal": principal, "role": role},
         )
+    if inserted != 1:
+        raise PrincipalRefused(f"{principal} is revoked or holds another role than {role} in this tenant")
+
+
+class PrincipalRefused(StoreError):
+    """A token was not minted: its principal is revoked, or holds another role."""
+
+
+async def _admin(admin_url: str, name: str, params: dict[str, Any]) -> int:
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        return await execute(conn, name, params)
+
+
+async def upsert_principal(
+    admin_url: str, *, tenant_id: UUID, name: str, role: str, export_lists: list[str] | None = None
+) -> None:
+    """Make ``name`` a principal of the tenant with ``role`` (and, if given, the only lists it may
+    export); an existing principal gets them and is reinstated."""
+    await _admin(
+        admin_url,
+        "upsert_principal",
+        {"tenant_id": tenant_id, "name": name, "role": role, "export_lists": export_lists},
+    )
+
+
+async def revoke_principal(admin_url: str, *, tenant_id: UUID, name: str, revoked_by: str) -> bool:
+    """Revoke a principal: its tokens stop working and its queued exports are rejected when next
+    evaluated. False when it was already revoked or does not exist."""
+    return (
+        await _admin(
+            admin_url, "revoke_principal", {"tenant_id": tenant_id, "name": name, "revoked_by": revoked_by}
+        )
+        == 1
+    )
+
+
+async def retire_destination(
+    admin_url: str, *, tenant_id: UUID, destination_id: UUID, retired_by: str
+) -> bool:
+    """Retire a destination: what is building for it stops at cutoff 2, what is queued is rejected.
+    False when it was already retired or is not the tenant's."""
+    params = {"tenant_id": tenant_id, "destination_id": destination_id, "retired_by": retired_by}
+    return await _admin(admin_url, "retire_destination", params) == 1
+
+
+async def set_destination_contract(
+    admin_url: str, *, tenant_id: UUID, destination_id: UUID, starts_on: date, ends_on: date | None
+) -> bool:
+    """Set a destination's contract window (UTC days, both ends inclusive; ``None``: open-ended)."""
+    params = {
+        "tenant_id": tenant_id,
+        "destination_id": destination_id,
+        "starts_on": starts_on,
+        "ends_on": ends_on,
+    }
+    return await _admin(admin_url, "set_destination_contract", params) == 1
+
+
+async def seed_switch(
+    admin_url: str,
+    *,
+    tenant_id: UUID,
+    destination_id: UUID | None = None,
+    enabled: bool = True,
+    reason: str = "created enabled",
+    changed_by: str = "seeding",
+) -> None:
+    """Create a tenant's (or, with ``destination_id``, a destination's) switch, with its history entry."""
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        await _seed_switch(conn, tenant_id, destination_id, enabled, reason, changed_by)
+
+
+async def _seed_switch(
+    conn: psycopg.AsyncConnection[Any],
+    tenant_id: UUID,
+    destination_id: UUID | None,
+    enabled: bool,
+    reason: str,
+    changed_by: str,
+) -> None:
+    await execute(
+        conn,
+        "seed_switch",
+        {
+            "scope": "tenant" if destination_id is None else "destination",
+            "tenant_id": tenant_id,
+            "destination_id": destination_id,
+            "enabled": enabled,
+            "reason": reason,
+            "changed_by": changed_by,
+        },
+    )
+
+
+async def add_destination(
+    admin_url: str,
+    *,
+    tenant_id: UUID,
+    name: str,
+    destination: dict[str, Any],
+    enabled: bool = True,
+    contract_starts_on: date | None = None,
+    contract_ends_on: date | None = None,
+) -> UUID:
+    """Insert one more destination for a tenant (``destination`` holds its columns), created enabled
+    unless ``enabled`` is false, with a contract window when one is given; returns its ID."""
+    destination_id = uuid.uuid4()
+    row = {**_DESTINATION_DEFAULTS, **destination, "id": destination_id, "tenant_id": tenant_id, "name": name}
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn, conn.transaction():
+        await execute(conn, "insert_destination", row)
+        if contract_starts_on is not None or contract_ends_on is not None:
+            window = {
+                "tenant_id": tenant_id,
+                "destination_id": destination_id,
+                "starts_on": contract_starts_on or date.min,
+                "ends_on": contract_ends_on,
+            }
+            await execute(conn, "set_destination_contract", window)
+        await _seed_switch(
+            conn, tenant_id, destination_id, enabled, "created enabled" if enabled else "created", "seeding"
+        )
+    return destination_id
+
+
+_DESTINATION_DEFAULTS: dict[str, Any] = {
+    "name_and_size_identify": False,
+    "hash_evidence": "read_back",
+    "ack_suffix": None,
+    "max_write_request": 32768,
+}
 
 
 async def seed_tenant(
@@ -49,15 +186,14 @@ async def seed_tenant(
     destination: dict[str, Any],
     contacts: int,
     list_name: str = DEMO_LIST,
+    enabled: bool = True,
 ) -> Seeded:
     """Insert a tenant, one destination (``destination`` holds its columns) and ``contacts`` synthetic
-    contacts in ``list_name``, in one transaction; returns their IDs."""
+    contacts in ``list_name``, in one transaction; returns their IDs. Both are created enabled (their
+    delivery switches on) unless ``enabled`` is false."""
     tenant_id, destination_id = uuid.uuid4(), uuid.uuid4()
     row = {
-        "name_and_size_identify": False,
-        "hash_evidence": "read_back",
-        "ack_suffix": None,
-        "max_write_request": 32768,
+        **_DESTINATION_DEFAULTS,
         **destination,
         "id": destination_id,
         "tenant_id": tenant_id,
@@ -66,6 +202,10 @@ async def seed_tenant(
     async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn, conn.transaction():
         await execute(conn, "insert_tenant", {"id": tenant_id, "name": tenant_name})
         await execute(conn, "insert_destination", row)
+        for scoped in (None, destination_id):
+            await _seed_switch(
+                conn, tenant_id, scoped, enabled, "created enabled" if enabled else "created", "seeding"
+            )
         await execute(
             conn,
             "insert_generated_contacts",

@@ -65,48 +65,130 @@ woke AS (
     SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM edited)
 SELECT id AS job_id, version FROM edited;
 
+-- name: read_policy_facts
+-- The policy check's facts, in one read, for the version it evaluates: the job's terms, its destination
+-- row (contract, retirement), the creator's principal row, whether the list has contacts, whether every
+-- switch of its scope is enabled (the claim re-reads those under its own locks), and the database clock's
+-- UTC day. Side-effect free; a missing destination or principal row reads as not found.
+SELECT j.id AS job_id, j.tenant_id, j.status, j.version, j.attempt_id, j.destination_id, j.list_name,
+       j.created_by,
+       d.id IS NOT NULL AS destination_found, d.name AS destination_name,
+       d.retired_at AS destination_retired_at, d.contract_starts_on, d.contract_ends_on,
+       p.name IS NOT NULL AS principal_found, p.role AS principal_role, p.revoked_at AS principal_revoked_at,
+       p.export_lists AS principal_lists,
+       EXISTS (SELECT 1 FROM contacts c WHERE c.tenant_id = j.tenant_id AND c.list_name = j.list_name)
+           AS list_exists,
+       (EXISTS (SELECT 1 FROM delivery_switches s WHERE s.scope = 'global' AND s.enabled)
+        AND EXISTS (SELECT 1 FROM delivery_switches s
+                    WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id AND s.enabled)
+        AND EXISTS (SELECT 1 FROM delivery_switches s
+                    WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
+                      AND s.destination_id = j.destination_id AND s.enabled)) AS deliveries_open,
+       (clock_timestamp() AT TIME ZONE 'UTC')::date AS today
+FROM export_jobs j
+LEFT JOIN destinations d ON d.tenant_id = j.tenant_id AND d.id = j.destination_id
+LEFT JOIN principals p ON p.tenant_id = j.tenant_id AND p.name = j.created_by
+WHERE j.id = %(job_id)s;
+
 -- name: reject_if_queued
 -- Queued -> Rejected, for the evaluated version only: an edit since the evaluation makes this match nothing.
+-- The code is one of the fixed reasons; the message is what the console and the API show.
 UPDATE export_jobs
-SET status = 'Rejected', rejection_reason = %(reason)s
+SET status = 'Rejected', rejection_code = %(code)s, rejection_reason = %(message)s
 WHERE id = %(job_id)s AND status = 'Queued' AND version = %(checked_version)s
 RETURNING id;
 
 -- name: claim_if_queued
--- Cutoff 1: Queued -> Running for the checked version, with the lease and the Claimed event. It answers
--- with the row whether or not it matched (lock, guarded update, return the row), so a refusal is
--- classified from this answer; the locking read returns the latest committed version after any wait.
+-- Cutoff 1: Queued -> Running for the checked version, with the lease and the Claimed event, only while
+-- every delivery switch of the job's scope (global, its tenant, its destination) exists and is enabled: a
+-- missing row is a paused scope (fail-closed). The switch rows are read FOR SHARE here, so a pause or
+-- resume and this claim serialize: whichever commits first, the other sees it. A paused claim matches
+-- nothing and the job stays Queued. It answers with the row whether or not it matched (lock, guarded
+-- update, return the row), so a refusal is classified from this answer; the locking reads return the
+-- latest committed versions after any wait.
 WITH job AS (
-    SELECT id, status, version, attempt_id FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+    SELECT id, status, version, attempt_id, tenant_id, destination_id
+    FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+-- the three switches of the job's scope, each found through uq_delivery_switches_scope
+global_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Queued' AND s.scope = 'global'
+    FOR SHARE OF s),
+tenant_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Queued' AND s.scope = 'tenant' AND s.tenant_id = job.tenant_id
+    FOR SHARE OF s),
+destination_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Queued' AND s.scope = 'destination' AND s.tenant_id = job.tenant_id
+      AND s.destination_id = job.destination_id
+    FOR SHARE OF s),
+gate AS (
+    -- a missing row is a paused scope
+    SELECT coalesce((SELECT enabled FROM global_switch), false)
+           AND coalesce((SELECT enabled FROM tenant_switch), false)
+           AND coalesce((SELECT enabled FROM destination_switch), false) AS open),
 claimed AS (
     UPDATE export_jobs j
     SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = j.attempt_count + 1,
         claimed_by = %(worker_id)s, lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         workflow_id = %(workflow_id)s
-    FROM job
+    FROM job, gate
     WHERE j.id = job.id AND j.status = 'Queued' AND j.version = %(checked_version)s
+      AND gate.open
     RETURNING j.id, j.status, j.version, j.attempt_id, j.claimed_by),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
     SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed)
-SELECT true AS matched, status, version, attempt_id FROM claimed
+SELECT true AS matched, status, version, attempt_id, true AS deliveries_open FROM claimed
 UNION ALL
-SELECT false AS matched, status, version, attempt_id FROM job WHERE NOT EXISTS (SELECT 1 FROM claimed);
+SELECT false AS matched, status, version, attempt_id, (SELECT open FROM gate) AS deliveries_open
+FROM job WHERE NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: authorize_delivery_if_running
 -- Cutoff 2: Running -> Delivering for this attempt, only with no stop request and a current lease; for a
--- replacement, only while its original is not Completed. FOR SHARE on the original conflicts with a
--- correction's update of it, so whichever commits first makes the other wait, and this statement then
--- re-checks. It answers with state and ownership whether or not it matched, so a refusal is classified
--- from this answer (StopRecorded, LeaseLapsed, NotOwner, OriginalCompleted).
+-- replacement, only while its original is not Completed; and only while the job's destination is active
+-- and within its contract today (UTC) and every delivery switch of its scope exists and is enabled. FOR
+-- SHARE on the original conflicts with a correction's update of it, on the destination with its
+-- retirement, on the switches with a pause: whichever commits first makes the other wait, and this
+-- statement then re-checks. It answers with state and ownership whether or not it matched, so a refusal
+-- is classified from this answer (StopRecorded, LeaseLapsed, NotOwner, OriginalCompleted,
+-- DestinationInactive, Paused).
 WITH job AS (
-    SELECT id, status, attempt_id, stop_request_id,
+    SELECT id, status, attempt_id, stop_request_id, tenant_id, destination_id,
            coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
     FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
 original AS (
     SELECT status FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND id = %(replaces_job_id)s::uuid
     FOR SHARE),
+destination AS (
+    SELECT d.retired_at IS NULL
+           AND d.contract_starts_on <= (clock_timestamp() AT TIME ZONE 'UTC')::date
+           AND (d.contract_ends_on IS NULL
+                OR (clock_timestamp() AT TIME ZONE 'UTC')::date <= d.contract_ends_on) AS usable
+    FROM destinations d, job
+    WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
+    FOR SHARE OF d),
+global_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Running' AND s.scope = 'global'
+    FOR SHARE OF s),
+tenant_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Running' AND s.scope = 'tenant' AND s.tenant_id = job.tenant_id
+    FOR SHARE OF s),
+destination_switch AS (
+    SELECT s.enabled FROM delivery_switches s, job
+    WHERE job.status = 'Running' AND s.scope = 'destination' AND s.tenant_id = job.tenant_id
+      AND s.destination_id = job.destination_id
+    FOR SHARE OF s),
+gate AS (
+    -- a missing row is a paused scope, a missing destination an unusable one
+    SELECT coalesce((SELECT enabled FROM global_switch), false)
+           AND coalesce((SELECT enabled FROM tenant_switch), false)
+           AND coalesce((SELECT enabled FROM destination_switch), false) AS open,
+           coalesce((SELECT usable FROM destination), false) AS usable),
 authorized AS (
     UPDATE export_jobs j
     SET status = 'Delivering',
@@ -116,22 +198,25 @@ authorized AS (
         -- the upload starts with a full lease, never with what was left of the build's
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         fence_expected = true, upload_fenced_at = NULL, rename_fenced_at = NULL
-    FROM job
+    FROM job, gate
     WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Running'
       AND j.stop_request_id IS NULL
       AND j.lease_expires_at > clock_timestamp()
       -- typed, so a null binds; the original must exist and not be Completed
       AND (%(replaces_job_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM original WHERE status <> 'Completed'))
+      -- a retired or out-of-contract destination, or a paused scope, stops the attempt before delivery
+      AND gate.usable AND gate.open
     RETURNING j.id, j.status, j.attempt_id, j.stop_request_id, j.delivery_authorized_at),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
     SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized)
 SELECT true AS matched, status, attempt_id, stop_request_id, true AS lease_current,
-       (SELECT status FROM original) AS original_status
+       (SELECT status FROM original) AS original_status, true AS destination_usable, true AS deliveries_open
 FROM authorized
 UNION ALL
 SELECT false AS matched, status, attempt_id, stop_request_id, lease_current,
-       (SELECT status FROM original) AS original_status
+       (SELECT status FROM original) AS original_status,
+       (SELECT usable FROM gate) AS destination_usable, (SELECT open FROM gate) AS deliveries_open
 FROM job WHERE NOT EXISTS (SELECT 1 FROM authorized);
 
 -- name: read_ownership
@@ -418,12 +503,21 @@ RETURNING id;
 -- name: sweep_stale_queued
 -- The sweeper: a bounded batch of Queued jobs whose last wake-up is older than the threshold gets a fresh
 -- outbox row. SKIP LOCKED leaves rows another writer holds to the next sweep; the update re-checks Queued.
+-- A job whose scope is paused (any of its three switches missing or disabled) is skipped, so its
+-- sweep_count does not climb while paused: the resume wakes it.
 WITH due AS (
-    SELECT id FROM export_jobs
-    WHERE status = 'Queued' AND woken_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
-    ORDER BY woken_at
+    SELECT j.id FROM export_jobs j
+    WHERE j.status = 'Queued' AND j.woken_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+      -- every switch of its scope enabled (a missing row is paused)
+      AND EXISTS (SELECT 1 FROM delivery_switches s WHERE s.scope = 'global' AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
+                    AND s.destination_id = j.destination_id AND s.enabled)
+    ORDER BY j.woken_at
     LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED),
+    FOR UPDATE OF j SKIP LOCKED),
 swept AS (
     UPDATE export_jobs j
     SET woken_at = clock_timestamp(), sweep_count = j.sweep_count + 1
@@ -442,6 +536,49 @@ BEGIN;
 -- name: commit_transaction
 -- Commits the short transaction a pipeline opened with begin_transaction.
 COMMIT;
+
+-- name: wake_resumed_queued
+-- After a resume: a bounded batch of the Queued jobs in the resumed scope (every job, one tenant's, or one
+-- destination's) that were last woken before the resume committed and whose whole scope is now enabled
+-- gets a fresh wake-up, conditionally, as the sweeper's (woken_at moves past the resume, so the next
+-- batch takes the next jobs). SKIP LOCKED: a row held now is held by a writer that leaves it with its own
+-- wake-up or out of the queue. sweep_count is not touched: a resume is not a sweep.
+WITH due AS (
+    SELECT j.id FROM export_jobs j
+    WHERE j.status = 'Queued' AND j.woken_at < %(resumed_at)s
+      AND (%(tenant_id)s::uuid IS NULL OR j.tenant_id = %(tenant_id)s::uuid)
+      AND (%(destination_id)s::uuid IS NULL OR j.destination_id = %(destination_id)s::uuid)
+      -- every switch of its scope enabled (a missing row is paused)
+      AND EXISTS (SELECT 1 FROM delivery_switches s WHERE s.scope = 'global' AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id AND s.enabled)
+      AND EXISTS (SELECT 1 FROM delivery_switches s
+                  WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
+                    AND s.destination_id = j.destination_id AND s.enabled)
+    ORDER BY j.woken_at
+    LIMIT %(batch)s
+    FOR UPDATE OF j SKIP LOCKED),
+woken AS (
+    UPDATE export_jobs j
+    SET woken_at = clock_timestamp()
+    FROM due
+    WHERE j.id = due.id AND j.status = 'Queued' AND j.woken_at < %(resumed_at)s
+    RETURNING j.id),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp() FROM woken)
+SELECT id AS job_id FROM woken;
+
+-- name: scope_activity
+-- How many exports of a scope are Queued, Running and Delivering now (what a pause leaves behind it: the
+-- Running ones are given back at cutoff 2, the Delivering ones were authorized before it and finish).
+SELECT count(*) FILTER (WHERE status = 'Queued') AS queued,
+       count(*) FILTER (WHERE status = 'Running') AS running,
+       count(*) FILTER (WHERE status = 'Delivering') AS delivering
+FROM export_jobs
+WHERE status IN ('Queued', 'Running', 'Delivering')
+  AND (%(tenant_id)s::uuid IS NULL OR tenant_id = %(tenant_id)s::uuid)
+  AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid);
 
 -- name: lock_job_for_cancel
 -- The cancellation transaction's locking read: bounds this transaction's lock waits (SET LOCAL

@@ -10,12 +10,14 @@ from domain.models import CancellationOutcome, ExportJob, JobStatus, Row
 
 
 class ClaimAnswer(Row):
-    """The claim's answer: whether it matched, and the row as the locking read found it otherwise."""
+    """The claim's answer: whether it matched, and the row as the locking read found it otherwise, with
+    whether every delivery switch of its scope was enabled (read FOR SHARE by the claim itself)."""
 
     matched: bool
     status: JobStatus
     version: int
     attempt_id: UUID | None
+    deliveries_open: bool
 
 
 class CutoffAnswer(Row):
@@ -27,6 +29,8 @@ class CutoffAnswer(Row):
     stop_request_id: UUID | None
     lease_current: bool
     original_status: JobStatus | None
+    destination_usable: bool  # not retired and within its contract today, read FOR SHARE by cutoff 2
+    deliveries_open: bool  # every delivery switch of the job's scope enabled, read FOR SHARE by cutoff 2
 
 
 class FenceAnswer(Row):
@@ -130,3 +134,9 @@ class StatusCount(Row):
 
 class ExpiryRow(Row):
     expires_at: datetime
+
+
+class SwitchStateRow(Row):
+    """What ``lock_delivery_switch`` read under the lock (no row: the scope was never switched)."""
+
+    enabled: bool

@@ -56,9 +56,11 @@ from db.rows import (
     OutcomeCount,
     RenewalRow,
     StatusCount,
+    SwitchStateRow,
     TokenRow,
     VersionRow,
 )
+from domain.controls import DeliverySwitch, PolicyFacts, ScopeActivity, SwitchChange, SwitchScope
 from domain.destination import Destination
 from domain.models import (
     AttemptEvent,
@@ -78,6 +80,7 @@ from domain.models import (
     JobStatus,
     OutboxMessage,
     OwnershipState,
+    RejectionCode,
     Renewal,
     StopPoint,
 )
@@ -301,11 +304,21 @@ class JobStore:
             raise
         return row.version if row else None
 
+    async def read_policy_facts(self, job_id: UUID) -> PolicyFacts | None:
+        """What the policy check evaluates, read in one statement; ``None`` when there is no such job."""
+        return await self._row("read_policy_facts", {"job_id": job_id}, PolicyFacts)
+
     @transition(Statement.REJECT_IF_QUEUED)
-    async def reject_if_queued(self, job_id: UUID, checked_version: int, reason: str) -> bool:
-        """Queued -> Rejected for the evaluated version only."""
+    async def reject_if_queued(
+        self, job_id: UUID, checked_version: int, code: RejectionCode, message: str
+    ) -> bool:
+        """Queued -> Rejected for the evaluated version only, with its reason code and message."""
         return await self._matched(
-            "reject_if_queued", job_id=job_id, checked_version=checked_version, reason=reason
+            "reject_if_queued",
+            job_id=job_id,
+            checked_version=checked_version,
+            code=code.value,
+            message=message,
         )
 
     # -- cutoff 1 -------------------------------------------------------------------------------------
@@ -320,7 +333,9 @@ class JobStore:
         workflow_id: str | None = None,
     ) -> ClaimResult:
         """Cutoff 1. Claimed only if the row is Running with this attempt: from the statement's own
-        answer, or, when that answer was lost, from a re-read of state and ownership."""
+        answer, or, when that answer was lost, from a re-read of state and ownership. Paused when the
+        claim matched nothing only because a delivery switch of the job's scope is paused (the job is
+        still Queued at the version checked)."""
         answers = await self._unless_lost(
             "claim_if_queued",
             {
@@ -337,6 +352,13 @@ class JobStore:
             found = answers[0] if answers else None
             if found is not None and found.matched:
                 return ClaimResult.CLAIMED
+            if (
+                found is not None
+                and found.status == JobStatus.QUEUED
+                and found.version == checked_version
+                and not found.deliveries_open
+            ):
+                return ClaimResult.PAUSED
             status, owner = (found.status, found.attempt_id) if found else (None, None)
         else:
             try:
@@ -401,6 +423,8 @@ class JobStore:
                 original_status=found.original_status,
             ),
             attempt_id,
+            destination_usable=found.destination_usable,
+            deliveries_open=found.deliveries_open,
         )
 
     # -- lease --------------------------------------------------------------------------------------
@@ -747,6 +771,89 @@ class JobStore:
                 await fetch(conn, "mark_published", {"message_id": msg.message_id}, MessageIdRow)
                 published.append(msg)
         return published
+
+    async def wake_resumed_queued(
+        self,
+        resumed_at: datetime,
+        *,
+        tenant_id: UUID | None = None,
+        destination_id: UUID | None = None,
+        batch: int = 500,
+    ) -> list[UUID]:
+        """One bounded batch of fresh wake-ups for the Queued jobs of a resumed scope woken before
+        ``resumed_at`` whose whole scope is enabled now; returns the jobs woken (empty when done)."""
+        rows = await self._rows(
+            "wake_resumed_queued",
+            {
+                "resumed_at": resumed_at,
+                "tenant_id": tenant_id,
+                "destination_id": destination_id,
+                "batch": batch,
+            },
+            JobIdRow,
+        )
+        return [r.job_id for r in rows]
+
+    # -- delivery switches --------------------------------------------------------------------------
+
+    async def set_delivery_switch(
+        self,
+        *,
+        scope: SwitchScope,
+        tenant_id: UUID | None,
+        destination_id: UUID | None,
+        enabled: bool,
+        reason: str,
+        changed_by: str,
+    ) -> SwitchChange:
+        """Pause (``enabled=False``) or resume one scope, with who and why, and append the change to the
+        history: one short transaction that locks the scope's row first (so it serializes with every
+        claim and cutoff 2 that read it FOR SHARE), then upserts it with its history entry.
+
+        A destination that is not the tenant's raises ``UnknownReference``.
+        """
+        params = {
+            "scope": scope.value,
+            "tenant_id": tenant_id,
+            "destination_id": destination_id,
+            "enabled": enabled,
+            "reason": reason,
+            "changed_by": changed_by,
+        }
+        try:
+            async with translated(), self.pool.connection() as conn, conn.transaction():
+                before = await fetch_maybe(conn, "lock_delivery_switch", params, SwitchStateRow)
+                changed = await fetch_maybe(
+                    conn,
+                    "set_delivery_switch",
+                    {**params, "was_enabled": before.enabled if before else None},
+                    SwitchChange,
+                )
+        except ConstraintRefused as exc:
+            if exc.constraint in ("fk_delivery_switches_destination", "delivery_switches_tenant_id_fkey"):
+                raise UnknownReference("no such destination in this tenant") from exc
+            raise
+        if changed is None:
+            raise InvariantViolation("set_delivery_switch committed without returning its change")
+        return changed
+
+    async def tenant_switches(self, tenant_id: UUID | None) -> list[DeliverySwitch]:
+        """The global switch, the tenant's and one per destination of the tenant (``enabled`` is
+        ``None`` where no row exists: never enabled, so paused); with no tenant, the global one."""
+        return await self._rows("tenant_switches", {"tenant_id": tenant_id}, DeliverySwitch)
+
+    async def switch_history(self, tenant_id: UUID | None, limit: int = 50) -> list[SwitchChange]:
+        """The latest switch changes a tenant's operators may see (global and their tenant's), newest first."""
+        return await self._rows("switch_history", {"tenant_id": tenant_id, "limit": limit}, SwitchChange)
+
+    async def scope_activity(
+        self, *, tenant_id: UUID | None = None, destination_id: UUID | None = None
+    ) -> ScopeActivity:
+        """How many exports of the scope are Queued, Running and Delivering now."""
+        row = await self._row(
+            "scope_activity", {"tenant_id": tenant_id, "destination_id": destination_id}, ScopeActivity
+        )
+        return row or ScopeActivity(queued=0, running=0, delivering=0)
 
     # -- cancellation -------------------------------------------------------------------------------
 

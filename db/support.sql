@@ -4,18 +4,117 @@
 -- export_jobs; every status change is a statement of queries.sql.
 
 -- name: find_api_token
--- The tenant, principal and role a token's SHA-256 is bound to.
-SELECT tenant_id, principal, role FROM api_tokens WHERE token_sha256 = %(token_sha256)s;
+-- The tenant, principal and role a token's SHA-256 is bound to, while its principal is not revoked and
+-- still holds the token's role: revoking a principal disables every token it has at once.
+SELECT t.tenant_id, t.principal, t.role
+FROM api_tokens t
+JOIN principals p ON p.tenant_id = t.tenant_id AND p.name = t.principal
+WHERE t.token_sha256 = %(token_sha256)s AND p.revoked_at IS NULL AND p.role = t.role;
 
 -- name: insert_api_token
 -- Records a new token by its SHA-256 only (an administrator's connection: no application role may insert).
+-- A name that is not yet a principal of the tenant becomes one, with the token's role; a token is never
+-- minted for a revoked principal or for a role the principal does not hold (nothing is inserted).
+WITH principal AS (
+    INSERT INTO principals (tenant_id, name, role)
+    VALUES (%(tenant_id)s, %(principal)s, %(role)s)
+    ON CONFLICT (tenant_id, name) DO NOTHING)
 INSERT INTO api_tokens (token_sha256, tenant_id, principal, role)
-VALUES (%(token_sha256)s, %(tenant_id)s, %(principal)s, %(role)s)
+SELECT %(token_sha256)s, %(tenant_id)s, %(principal)s, %(role)s
+WHERE NOT EXISTS (
+    SELECT 1 FROM principals p
+    WHERE p.tenant_id = %(tenant_id)s AND p.name = %(principal)s
+      AND (p.role <> %(role)s OR p.revoked_at IS NOT NULL))
 RETURNING tenant_id;
+
+-- name: upsert_principal
+-- Makes a name a principal of the tenant with a role and, optionally, the only lists it may export
+-- (administrator's connection); an existing principal gets the role and lists given, and is reinstated.
+INSERT INTO principals (tenant_id, name, role, export_lists)
+VALUES (%(tenant_id)s, %(name)s, %(role)s, %(export_lists)s::text[])
+ON CONFLICT (tenant_id, name) DO UPDATE
+SET role = EXCLUDED.role, export_lists = EXCLUDED.export_lists, revoked_at = NULL, revoked_by = NULL
+RETURNING name;
+
+-- name: revoke_principal
+-- Revokes a principal (administrator's connection): its tokens stop working and the policy check rejects
+-- the exports it created that are still queued. Revoked once; a second revocation changes nothing.
+UPDATE principals SET revoked_at = clock_timestamp(), revoked_by = %(revoked_by)s
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s AND revoked_at IS NULL
+RETURNING name;
+
+-- name: retire_destination
+-- Retires a destination (administrator's connection). Cutoff 2 reads this row FOR SHARE, so an attempt
+-- building for it is stopped before delivery, and the policy check rejects what is still queued.
+UPDATE destinations SET retired_at = clock_timestamp(), retired_by = %(retired_by)s
+WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s AND retired_at IS NULL
+RETURNING id;
+
+-- name: set_destination_contract
+-- Sets a destination's contract window, in UTC days, both ends inclusive; no end means open-ended
+-- (administrator's connection).
+UPDATE destinations SET contract_starts_on = %(starts_on)s, contract_ends_on = %(ends_on)s::date
+WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s
+RETURNING id;
 
 -- name: tenant_name
 -- A tenant's display name.
 SELECT name FROM tenants WHERE id = %(tenant_id)s;
+
+-- name: lock_delivery_switch
+-- The first statement of a switch change: locks the scope's row, if it has one, and reads what it says
+-- now. Taking the row lock waits for every claim and cutoff 2 that read it FOR SHARE, and they wait for
+-- this transaction: a change committed here is seen by every later claim and cutoff 2.
+SELECT enabled FROM delivery_switches
+WHERE scope = %(scope)s AND tenant_id IS NOT DISTINCT FROM %(tenant_id)s::uuid
+  AND destination_id IS NOT DISTINCT FROM %(destination_id)s::uuid
+FOR UPDATE;
+
+-- name: set_delivery_switch
+-- Pauses or resumes one scope (global; a tenant; one of its destinations) with who and why, creating the
+-- scope's row if it has none, and appends the change, with what the switch said before (read under the
+-- lock by lock_delivery_switch, in the same transaction), to the history in the same statement.
+WITH switched AS (
+    INSERT INTO delivery_switches (scope, tenant_id, destination_id, enabled, reason, changed_by)
+    VALUES (%(scope)s, %(tenant_id)s::uuid, %(destination_id)s::uuid, %(enabled)s, %(reason)s, %(changed_by)s)
+    ON CONFLICT ON CONSTRAINT uq_delivery_switches_scope DO UPDATE
+    SET enabled = EXCLUDED.enabled, reason = EXCLUDED.reason, changed_by = EXCLUDED.changed_by,
+        changed_at = clock_timestamp()
+    RETURNING scope, tenant_id, destination_id, enabled, reason, changed_by, changed_at)
+INSERT INTO delivery_switch_changes (scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by,
+                                     changed_at)
+SELECT scope, tenant_id, destination_id, enabled, %(was_enabled)s::boolean, reason, changed_by, changed_at
+FROM switched
+RETURNING id, scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by, changed_at;
+
+-- name: tenant_switches
+-- The switches an operator of a tenant sees: the global one, the tenant's, and one per destination of the
+-- tenant, including destinations that have no row (never enabled: paused), retired ones marked.
+SELECT 'global' AS scope, NULL::uuid AS tenant_id, NULL::uuid AS destination_id, NULL::text AS destination_name,
+       false AS destination_retired, s.enabled, s.reason, s.changed_by, s.changed_at
+FROM (SELECT 1) AS one
+LEFT JOIN delivery_switches s ON s.scope = 'global'
+UNION ALL
+SELECT 'tenant', %(tenant_id)s::uuid, NULL::uuid, NULL::text, false, s.enabled, s.reason, s.changed_by,
+       s.changed_at
+FROM (SELECT 1) AS one
+LEFT JOIN delivery_switches s ON s.scope = 'tenant' AND s.tenant_id = %(tenant_id)s::uuid
+WHERE %(tenant_id)s::uuid IS NOT NULL
+UNION ALL
+SELECT 'destination', d.tenant_id, d.id, d.name, d.retired_at IS NOT NULL, s.enabled, s.reason, s.changed_by,
+       s.changed_at
+FROM destinations d
+LEFT JOIN delivery_switches s ON s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id
+WHERE d.tenant_id = %(tenant_id)s::uuid;
+
+-- name: switch_history
+-- The latest changes a tenant's operators may see (the global switch's and their own tenant's), newest
+-- first; with no tenant, the global switch's alone.
+SELECT id, scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by, changed_at
+FROM delivery_switch_changes
+WHERE scope = 'global' OR tenant_id = %(tenant_id)s::uuid
+ORDER BY id DESC
+LIMIT %(limit)s;
 
 -- name: tenant_destinations
 -- A tenant's destinations for display: names and where they point, never the credential reference.
@@ -70,11 +169,23 @@ SELECT 1 AS found FROM pg_roles WHERE rolname = %(role)s;
 INSERT INTO tenants (id, name) VALUES (%(id)s, %(name)s) RETURNING id;
 
 -- name: insert_destination
--- Seeds a partner destination (administrator's connection).
+-- Seeds a partner destination (administrator's connection). It starts paused, as every new destination
+-- does, until a switch row enables it (seed_switch, or an operator's resume).
 INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
                           name_and_size_identify, hash_evidence, ack_suffix, max_write_request)
 VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
         %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s, %(max_write_request)s)
+RETURNING id;
+
+-- name: seed_switch
+-- Creates a tenant's or destination's switch at seeding time, enabled or not, with its history entry
+-- (administrator's connection: a tenant or destination "created enabled").
+WITH switched AS (
+    INSERT INTO delivery_switches (scope, tenant_id, destination_id, enabled, reason, changed_by)
+    VALUES (%(scope)s, %(tenant_id)s::uuid, %(destination_id)s::uuid, %(enabled)s, %(reason)s, %(changed_by)s)
+    RETURNING scope, tenant_id, destination_id, enabled, reason, changed_by, changed_at)
+INSERT INTO delivery_switch_changes (scope, tenant_id, destination_id, enabled, reason, changed_by, changed_at)
+SELECT scope, tenant_id, destination_id, enabled, reason, changed_by, changed_at FROM switched
 RETURNING id;
 
 -- name: insert_generated_contacts
@@ -150,10 +261,14 @@ VALUES (%(session_sha256)s, %(token_sha256)s, clock_timestamp() + make_interval(
 RETURNING expires_at;
 
 -- name: find_console_session
--- The tenant, principal and role a live (unexpired) console session is bound to, through its token.
+-- The tenant, principal and role a live (unexpired) console session is bound to, through its token, on
+-- the same terms as find_api_token: a revoked principal's sessions end with its tokens.
 SELECT t.tenant_id, t.principal, t.role
-FROM console_sessions s JOIN api_tokens t ON t.token_sha256 = s.token_sha256
-WHERE s.session_sha256 = %(session_sha256)s AND s.expires_at > clock_timestamp();
+FROM console_sessions s
+JOIN api_tokens t ON t.token_sha256 = s.token_sha256
+JOIN principals p ON p.tenant_id = t.tenant_id AND p.name = t.principal
+WHERE s.session_sha256 = %(session_sha256)s AND s.expires_at > clock_timestamp()
+  AND p.revoked_at IS NULL AND p.role = t.role;
 
 -- name: close_console_session
 -- Sign-out: the session is deleted, so its cookie no longer authenticates anything.

@@ -29,6 +29,20 @@ class FailureCode(StrEnum):
     ORIGINAL_DELIVERED = "OriginalDelivered"
 
 
+class RejectionCode(StrEnum):
+    """Why the policy check rejected a version: the codes the ``rejection_code`` column's CHECK allows."""
+
+    LIST_INVALID = "list_invalid"  # blank, oversized or with control characters
+    DESTINATION_NOT_FOUND = "destination_not_found"  # not one of the job's tenant's destinations
+    DESTINATION_RETIRED = "destination_retired"
+    CONTRACT_NOT_STARTED = "contract_not_started"
+    CONTRACT_ENDED = "contract_ended"
+    CREATOR_UNKNOWN = "creator_unknown"  # the creator is not a principal of the tenant
+    CREATOR_REVOKED = "creator_revoked"
+    CREATOR_NOT_PERMITTED = "creator_not_permitted"  # the role may not export, or not this list
+    LIST_MISSING = "list_missing"  # the tenant has no contacts in that list
+
+
 class EventKind(StrEnum):
     CLAIMED = "Claimed"
     DELIVERY_AUTHORIZED = "DeliveryAuthorized"
@@ -63,6 +77,7 @@ class CancellationOutcome(StrEnum):
 class ClaimResult(StrEnum):
     CLAIMED = "Claimed"
     LOST = "Lost"
+    PAUSED = "Paused"  # the claim matched nothing because a switch of the job's scope is paused: still Queued
     UNKNOWN = "Unknown"
 
 
@@ -72,6 +87,8 @@ class AuthorizationResult(StrEnum):
     LEASE_LAPSED = "LeaseLapsed"
     NOT_OWNER = "NotOwner"
     ORIGINAL_COMPLETED = "OriginalCompleted"
+    PAUSED = "Paused"  # a switch of the job's scope is paused: give the attempt back (release)
+    DESTINATION_INACTIVE = "DestinationInactive"  # retired or out of contract: release; the policy rejects
     UNKNOWN = "Unknown"
 
 
@@ -117,6 +134,7 @@ class AttemptOutcome(StrEnum):
     )
     LEFT_TO_RECOVERY = "LeftToRecovery"  # unanswered write, timed-out or failed activity: the lease decides
     RELEASED = "Released"  # this attempt gave the job back to the queue (a drain or a pause) before cutoff 2
+    PAUSED = "Paused"  # a switch of the job's scope is paused: nothing claimed, the job stays Queued
 
 
 class StopPoint(StrEnum):
@@ -163,6 +181,7 @@ class ExportJob(Row):
     fence_expected: bool
     upload_fenced_at: datetime | None
     rename_fenced_at: datetime | None
+    rejection_code: RejectionCode | None
 
     @property
     def final_name(self) -> str:

@@ -62,7 +62,7 @@ class TransitionResult(StrEnum):
     ``written``: it changed the row (or a lost response is found to have). ``not_owner``: the attempt no
     longer owns the row (a takeover or another terminal write came first). ``refused``: a condition of
     the statement did not hold (not Queued any more, a stop recorded, the lease lapsed, the original
-    Completed, a renewal beat recovery). ``unknown``: neither the write nor the re-read answered; the row
+    Completed, a delivery switch paused, the destination inactive, a renewal beat recovery). ``unknown``: neither the write nor the re-read answered; the row
     will say later (an exception is not a "no").
     """
 
@@ -113,7 +113,7 @@ class StopPath(StrEnum):
 _DELIVERY_OUTCOMES = ("Completed", "Failed", "OutcomeUnknown")
 _WRITTEN = {"Claimed", "Authorized", "Written", "Fenced"}
 _NOT_OWNER = {"NotOwner"}
-_REFUSED = {"Lost", "StopRecorded", "LeaseLapsed", "OriginalCompleted"}
+_REFUSED = {"Lost", "StopRecorded", "LeaseLapsed", "OriginalCompleted", "Paused", "DestinationInactive"}
 
 
 def transition_result(answer: Any) -> TransitionResult:

@@ -7,12 +7,21 @@ from uuid import UUID
 from domain.models import AuthorizationResult, JobStatus, OwnershipState
 
 
-def authorization_from(state: OwnershipState | None, attempt_id: UUID) -> AuthorizationResult:
+def authorization_from(
+    state: OwnershipState | None,
+    attempt_id: UUID,
+    *,
+    destination_usable: bool = True,
+    deliveries_open: bool = True,
+) -> AuthorizationResult:
     """Cutoff 2's answer for ``attempt_id`` from state and ownership read together.
 
     Delivering with this attempt is Authorized (a lost response); another attempt or any state but
     Running is NotOwner; a recorded stop request is StopRecorded; a replacement whose original is
-    Completed is OriginalCompleted; anything else is LeaseLapsed, which gets one renewal and retry.
+    Completed is OriginalCompleted; a destination retired or out of contract is DestinationInactive and a
+    paused switch of the job's scope is Paused (both give the attempt back to the queue, as cutoff 2 read
+    them under its own locks; a lost-response re-read does not know them and says LeaseLapsed, whose retry
+    answers again); anything else is LeaseLapsed, which gets one renewal and retry.
     """
     if state is None or state.attempt_id != attempt_id:
         return AuthorizationResult.NOT_OWNER
@@ -24,5 +33,9 @@ def authorization_from(state: OwnershipState | None, attempt_id: UUID) -> Author
         return AuthorizationResult.STOP_RECORDED
     if state.original_status == JobStatus.COMPLETED:
         return AuthorizationResult.ORIGINAL_COMPLETED
+    if not destination_usable:
+        return AuthorizationResult.DESTINATION_INACTIVE
+    if not deliveries_open:
+        return AuthorizationResult.PAUSED
     # Expired, or renewed between the refusal and the re-read: either way LeaseLapsed, with its one retry.
     return AuthorizationResult.LEASE_LAPSED

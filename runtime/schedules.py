@@ -46,7 +46,9 @@ def recovery_schedule(settings: Settings) -> Schedule:
     return _periodic(
         ScheduleActionStartWorkflow(
             RecoveryWorkflow.run,
-            RecoveryInput(batch=settings.recovery_batch),
+            RecoveryInput(
+                batch=settings.recovery_batch, heartbeat_seconds=settings.recovery_heartbeat_seconds
+            ),
             id=RECOVERY_SCHEDULE_ID,
             task_queue=settings.task_queue,
             execution_timeout=timedelta(hours=1),

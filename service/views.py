@@ -184,7 +184,7 @@ def status_line(job: ExportJob, events: list[AttemptEvent]) -> str:
         case JobStatus.CANCELED:
             return "Canceled while queued."
         case JobStatus.REJECTED:
-            return f"Rejected by the policy check: {job.rejection_reason or 'no reason recorded'}."
+            return job.rejection_reason or "Rejected by the policy check."
         case JobStatus.STOPPED:
             return "Stopped before delivery was authorized. Nothing was sent."
         case JobStatus.COMPLETED:

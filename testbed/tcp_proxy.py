@@ -88,6 +88,7 @@ class TcpProxy:
         self._links: list[_Link] = []
         self._threads: list[threading.Thread] = []
         self._refusing = False
+        self._blackhole = threading.Event()
         self._drop_reply: tuple[bytes, ReplyComplete, Callable[[], None] | None] | None = None
         self._drop_request: bytes | None = None
         self.fired = threading.Event()  # set when an armed fault has fired
@@ -137,6 +138,14 @@ class TcpProxy:
         """Close new connections as soon as they are accepted (existing ones are untouched)."""
         with self._lock:
             self._refusing = refuse
+
+    def blackhole(self, on: bool = True) -> None:
+        """A partition: every connection (open and new) stays open but nothing gets through either way,
+        as with a server that hangs or a network that drops packets. Bytes sent meanwhile are lost."""
+        if on:
+            self._blackhole.set()
+        else:
+            self._blackhole.clear()
 
     def close_all(self) -> None:
         """Cut every open connection now."""
@@ -189,6 +198,8 @@ class TcpProxy:
                 if not chunk:
                     link.server.shutdown(socket.SHUT_WR)
                     return
+                if self._blackhole.is_set():
+                    continue
                 window = tail + chunk
                 with self._lock:
                     if self._drop_request is not None and self._drop_request in window:
@@ -214,6 +225,8 @@ class TcpProxy:
                 if not chunk:
                     link.client.shutdown(socket.SHUT_WR)
                     return
+                if self._blackhole.is_set():
+                    continue
                 doomed = link.doomed
                 if doomed is None:
                     link.client.sendall(chunk)

@@ -92,6 +92,7 @@ class ClaimStep(StrEnum):
     SETTLED = "Settled"
     REJECTED = "Rejected"
     NOT_CLAIMED = "NotClaimed"
+    PAUSED = "Paused"  # a delivery switch of the job's scope is paused: nothing claimed, still Queued
 
 
 class ClaimInput(BaseModel):
@@ -179,6 +180,9 @@ class RecoveryInput(BaseModel):
 
     batch: int = 100
     max_batches: int = 20
+    # A batch on a worker that stopped (paused, partitioned) moves to another after this long without a
+    # heartbeat; the activity heartbeats on a timer, so a slow listing does not count as silence.
+    heartbeat_seconds: float = 20.0
 
 
 class RecoveryBatchInput(BaseModel):

@@ -33,7 +33,7 @@ class RecoveryWorkflow:
                 RecoveryActivities.recover_expired_leases,
                 RecoveryBatchInput(recovery_run_id=run_id, limit=inp.batch),
                 start_to_close_timeout=timedelta(minutes=10),
-                heartbeat_timeout=timedelta(minutes=2),
+                heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
             total.add(batch)

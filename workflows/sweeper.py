@@ -24,7 +24,8 @@ class SweeperWorkflow:
             done = await workflow.execute_activity_method(
                 SweeperActivities.sweep_stale_queued,
                 SweepBatchInput(batch=inp.batch, older_than_seconds=inp.older_than_seconds),
-                start_to_close_timeout=timedelta(minutes=2),
+                # One statement per batch: a worker that stalls on it hands the batch on quickly.
+                start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
             total.swept += done.swept

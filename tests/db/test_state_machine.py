@@ -150,6 +150,8 @@ async def test_each_edge_is_open_to_its_roles_and_refused_to_every_other(
     assignment = "status = %(to)s"
     if to_status == "Failed":
         assignment += ", failure_reason = 'NotDelivered'"
+    elif to_status == "Rejected":  # every Rejected carries its reason code and message (0006)
+        assignment += ", rejection_code = 'list_invalid', rejection_reason = 'Rejected: test'"
     elif from_status == "Failed":
         assignment += ", failure_reason = NULL"
     statement = sql.SQL("UPDATE export_jobs SET {a} WHERE id = %(id)s").format(a=sql.SQL(assignment))

@@ -1,6 +1,9 @@
-"""``make demo`` end to end: the four scenarios run on embedded PostgreSQL, the Temporal dev server, the
+"""``make demo`` end to end: the six scenarios run on embedded PostgreSQL, the Temporal dev server, the
 local SFTP partner, the worker and the API, and every printed outcome matches the database and the
-partner's directory. Ctrl-C on ``starter.py demo --keep`` stops everything it started."""
+partner's directory: the incident's three timings and a plain delivery to partner-new, the export queued to
+partner-old (whose contract ended) Rejected before any claim, and an export queued while partner-new was
+paused, left Queued, then delivered after the resume. Ctrl-C on ``starter.py demo --keep`` stops
+everything it started."""
 
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ EXPECTED = [
     ("Canceled", "CanceledWhileQueued", 200, "Canceled while queued. No attempt had started, and none will."),
     ("Stopped", "StopRequested", 202, "Already started at "),
     ("Completed", "TooLate", 409, "Too late: delivery was authorized at about "),
+    ("Completed", None, None, None),
+    ("Rejected", None, None, None),
     ("Completed", None, None, None),
 ]
 
@@ -69,7 +74,13 @@ async def test_every_printed_outcome_matches_the_database():
                         {"id": scenario.job_id},
                     )
                 ).fetchall()
-                assert block["export"] == str(job["id"])
+                assert block["export"] == f"{job['id']} to {scenario.destination}"
+                assert job["destination_id"] == ctx.destinations[scenario.destination]
+                async with httpx.AsyncClient(
+                    base_url=ctx.api_url, headers={"Authorization": f"Bearer {ctx.token}"}
+                ) as http:
+                    view = (await http.get(f"/exports/{job['id']}")).json()
+                assert block["status"] == f'"{view["status_line"]}"'  # what the console says now
                 assert block["final"].startswith(f"{job['status']}; attempts {job['attempt_count']};")
                 assert job["status"] == status
                 final_file = ctx.partner_root / f"contacts-{job['delivery_key']}.csv"
@@ -84,10 +95,6 @@ async def test_every_printed_outcome_matches_the_database():
                     continue
                 assert [r["outcome"] for r in requests] == [outcome]
                 assert block["cancel"] == f"HTTP {http_status} {outcome}"
-                async with httpx.AsyncClient(
-                    base_url=ctx.api_url, headers={"Authorization": f"Bearer {ctx.token}"}
-                ) as http:
-                    view = (await http.get(f"/exports/{job['id']}")).json()
                 assert block["console"] == f'"{view["message"]}"'
                 assert view["message"].startswith(message)
                 checked.append(outcome)
@@ -95,11 +102,76 @@ async def test_every_printed_outcome_matches_the_database():
             assert ctx.scenarios[0].attempts == 0
             assert (await _found(conn, ctx.scenarios[1].job_id)) == "Running"
             assert (await _found(conn, ctx.scenarios[2].job_id)) == "Delivering"
+            await _rejected_before_any_claim(conn, blocks[4], ctx.scenarios[4].job_id)
+            await _paused_then_delivered(conn, blocks[5], ctx, ctx.scenarios[5].job_id)
         assert "Delivery completed at " in ctx.scenarios[2].console_message
 
     await run_demo(Settings(), contacts=50_000, out=out, inspect=inspect, default_ports=False)
 
     assert checked == ["CanceledWhileQueued", "StopRequested", "TooLate"]
+
+
+async def _rejected_before_any_claim(conn, block: dict[str, str], job_id) -> None:
+    """The incident's own case: partner-old's contract ended, so the policy check rejected the export
+    before any claim (no attempt, no event) with its code and the message the console shows."""
+    job = await (await conn.execute("SELECT * FROM export_jobs WHERE id = %(id)s", {"id": job_id})).fetchone()
+    assert job["rejection_code"] == "contract_ended" and job["attempt_count"] == 0
+    ended = await (
+        await conn.execute(
+            "SELECT contract_ends_on FROM destinations WHERE id = %(d)s", {"d": job["destination_id"]}
+        )
+    ).fetchone()
+    assert job["rejection_reason"] == f"Rejected: partner-old's contract ended on {ended['contract_ends_on']}"
+    assert block["status"] == f'"{job["rejection_reason"]}"'
+    events = await (
+        await conn.execute(
+            "SELECT count(*) AS n FROM export_attempt_events WHERE job_id = %(id)s", {"id": job_id}
+        )
+    ).fetchone()
+    assert events["n"] == 0
+
+
+async def _paused_then_delivered(conn, block: dict[str, str], ctx: DemoContext, job_id) -> None:
+    """Queued while partner-new was paused: its first wake-up ended Paused and left it Queued with no
+    attempt; the resume woke it, and its one attempt delivered it."""
+    assert block["paused"].startswith(
+        'HTTP 200: "Paused deliveries to partner-new: partner maintenance window.'
+    )
+    assert block["queued"] == "its wake-up ended Paused; the export is Queued, attempts 0"
+    assert block["resumed"].startswith('HTTP 200: "Resumed deliveries to partner-new: maintenance over.')
+    assert "Woke 1 queued export(s)." in block["resumed"]
+    changes = await (
+        await conn.execute(
+            "SELECT enabled, was_enabled, changed_by, reason FROM delivery_switch_changes"
+            " WHERE destination_id = %(d)s AND changed_by <> 'seeding' ORDER BY id",
+            {"d": ctx.destinations["partner-new"]},
+        )
+    ).fetchall()
+    assert changes == [
+        {
+            "enabled": False,
+            "was_enabled": True,
+            "changed_by": "sam.ops",
+            "reason": "partner maintenance window",
+        },
+        {"enabled": True, "was_enabled": False, "changed_by": "sam.ops", "reason": "maintenance over"},
+    ]
+    job = await (await conn.execute("SELECT * FROM export_jobs WHERE id = %(id)s", {"id": job_id})).fetchone()
+    assert (job["status"], job["attempt_count"], job["attempts_released"]) == ("Completed", 1, 0)
+    claimed = await (
+        await conn.execute(
+            "SELECT min(recorded_at) AS at FROM export_attempt_events WHERE job_id = %(id)s AND kind = 'Claimed'",
+            {"id": job_id},
+        )
+    ).fetchone()
+    resumed_at = await (
+        await conn.execute(
+            "SELECT changed_at FROM delivery_switch_changes WHERE destination_id = %(d)s AND enabled"
+            " ORDER BY id DESC LIMIT 1",
+            {"d": ctx.destinations["partner-new"]},
+        )
+    ).fetchone()
+    assert claimed["at"] > resumed_at["changed_at"]  # nothing was claimed while paused
 
 
 async def _found(conn, job_id) -> str:

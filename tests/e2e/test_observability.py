@@ -349,6 +349,7 @@ def ancestors(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> list[str]:
 # The protocol's statements of one attempt in the order they run, and those each ending must have run (a
 # stop during the build ends at finish_stopped; one that reached cutoff 2 first is refused there).
 ORDER = [
+    "reject_if_queued",
     "claim_if_queued",
     "authorize_delivery_if_running",
     "fence_upload_if_delivering",
@@ -357,17 +358,25 @@ ORDER = [
     "finish_stopped",
 ]
 REQUIRED = {
-    "Completed": ORDER[:5],
+    "Completed": ORDER[1:6],
     "Stopped": ["claim_if_queued", "finish_stopped"],
     "Canceled": ["claim_if_queued"],
+    "Rejected": ["reject_if_queued"],
 }
 
 
-def workflow_trace(run: DemoRun, job_id: UUID) -> tuple[int, list[ReadableSpan]]:
-    """The one trace holding the export's claim, and its spans in start order."""
-    claims = [s for s in run.spans if s.name == "claim_if_queued" and attribute(s, "job_id") == str(job_id)]
-    traces = {s.context.trace_id for s in claims}
-    assert len(traces) == 1, f"export {job_id}: its claim is in {len(traces)} traces"
+def decisive(status: str | None) -> str:
+    """The statement that decided the export's attempt: the policy's rejection, else the claim."""
+    return "reject_if_queued" if status == "Rejected" else "claim_if_queued"
+
+
+def workflow_trace(run: DemoRun, job_id: UUID, status: str | None) -> tuple[int, list[ReadableSpan]]:
+    """The one trace holding the export's claim (or its rejection), and its spans in start order. An
+    export woken more than once (paused, then resumed) has a workflow per wake-up; one of them decided."""
+    anchor = decisive(status)
+    found = [s for s in run.spans if s.name == anchor and attribute(s, "job_id") == str(job_id)]
+    traces = {s.context.trace_id for s in found}
+    assert len(traces) == 1, f"export {job_id}: its {anchor} is in {len(traces)} traces"
     (trace_id,) = traces
     return trace_id, sorted(
         (s for s in run.spans if s.context.trace_id == trace_id), key=lambda s: s.start_time
@@ -378,7 +387,7 @@ def test_each_export_is_one_trace_from_its_workflow_start_to_its_terminal_write(
     by_id = {s.context.span_id: s for s in demo_run.spans}
     for scenario in demo_run.ctx.scenarios:
         assert scenario.job_id is not None and scenario.final_status in REQUIRED
-        trace_id, spans = workflow_trace(demo_run, scenario.job_id)
+        trace_id, spans = workflow_trace(demo_run, scenario.job_id, scenario.final_status)
         roots = [s for s in spans if s.parent is None]
         # One root: the dispatcher's workflow start today; the POST once the outbox carries traceparent.
         assert len(roots) == 1, (scenario.title, [r.name for r in roots])
@@ -391,12 +400,12 @@ def test_each_export_is_one_trace_from_its_workflow_start_to_its_terminal_write(
         assert protocol == sorted(protocol, key=ORDER.index), (scenario.title, protocol)
         assert len(protocol) == len(set(protocol)), (scenario.title, protocol)
         assert set(REQUIRED[scenario.final_status]) <= set(protocol), (scenario.title, protocol)
-        if scenario.final_status == "Canceled":
-            assert protocol == ["claim_if_queued"]
+        if scenario.final_status in ("Canceled", "Rejected"):
+            assert protocol == REQUIRED[scenario.final_status]
         for span in ours:
             assert "StartWorkflow:ExportWorkflow" in ancestors(span, by_id), span.name
-        claim = next(s for s in ours if s.name == "claim_if_queued")
-        assert "RunActivity:export.claim" in ancestors(claim, by_id)
+        decided = next(s for s in ours if s.name == decisive(scenario.final_status))
+        assert "RunActivity:export.claim" in ancestors(decided, by_id)
         if scenario.final_status == "Completed":
             # The SFTP steps ran in the delivery thread, inside the deliver activity's span.
             sftp = [s for s in spans if s.name.startswith("sftp ")]
@@ -424,7 +433,7 @@ def test_each_workflow_trace_links_to_the_post_that_created_the_export(demo_run)
         assert len(created) == 1, scenario.title
         assert ancestors(created[0], by_id)[-1] == "POST /exports"
         # The link today: the export's ID on both traces (and in the workflow ID).
-        trace_id, spans = workflow_trace(demo_run, scenario.job_id)
+        trace_id, spans = workflow_trace(demo_run, scenario.job_id, scenario.final_status)
         start = next(s for s in spans if s.name == "StartWorkflow:ExportWorkflow")
         assert str(scenario.job_id) in str(dict(start.attributes or {}).get("temporalWorkflowID", ""))
 
@@ -436,14 +445,27 @@ def test_each_workflow_trace_links_to_the_post_that_created_the_export(demo_run)
     "work); until then the workflow's trace starts at the dispatcher's StartWorkflow",
 )
 def test_the_post_and_the_workflow_are_one_trace(demo_run):
+    checked = 0
     for scenario in demo_run.ctx.scenarios:
+        starts = [
+            s
+            for s in demo_run.spans
+            if s.name == "StartWorkflow:ExportWorkflow"
+            and str(dict(s.attributes or {}).get("temporalWorkflowID", "")).startswith(
+                f"export-{scenario.job_id}"
+            )
+        ]
+        if len(starts) != 1:
+            continue  # woken again later (a resume): that wake-up continues the trace of what woke it
         post = next(
             s
             for s in demo_run.spans
             if s.name == "create_original" and attribute(s, "job_id") == str(scenario.job_id)
         )
-        trace_id, _ = workflow_trace(demo_run, scenario.job_id)
+        trace_id, _ = workflow_trace(demo_run, scenario.job_id, scenario.final_status)
         assert post.context.trace_id == trace_id, scenario.title
+        checked += 1
+    assert checked >= 4
 
 
 # -- what leaves the process ----------------------------------------------------------------------------
@@ -463,16 +485,18 @@ def test_no_span_attribute_and_no_log_line_carries_contact_data_or_the_token(dem
 
 def test_log_lines_about_an_export_carry_its_ids_and_the_trace(demo_run):
     for scenario in demo_run.ctx.scenarios:
-        claims = [
+        statement = decisive(scenario.final_status)
+        lines = [
             line
             for line in demo_run.log_lines
-            if line.get("statement") == "claim_if_queued" and line.get("job_id") == str(scenario.job_id)
+            if line.get("statement") == statement and line.get("job_id") == str(scenario.job_id)
         ]
-        assert len(claims) == 1, scenario.title
-        (claim,) = claims
-        assert claim["tenant_id"] == str(demo_run.ctx.tenant_id)
-        assert claim["workflow_id"].startswith(f"export-{scenario.job_id}")
-        assert uuid.UUID(claim["attempt_id"])
-        trace_id, _ = workflow_trace(demo_run, scenario.job_id)
-        assert claim["trace_id"] == format(trace_id, "032x")
-        assert claim["result"] == ("refused" if scenario.final_status == "Canceled" else "written")
+        assert len(lines) == 1, scenario.title
+        (line,) = lines
+        assert line["tenant_id"] == str(demo_run.ctx.tenant_id)
+        assert line["workflow_id"].startswith(f"export-{scenario.job_id}")
+        if statement == "claim_if_queued":
+            assert uuid.UUID(line["attempt_id"])
+        trace_id, _ = workflow_trace(demo_run, scenario.job_id, scenario.final_status)
+        assert line["trace_id"] == format(trace_id, "032x")
+        assert line["result"] == ("refused" if scenario.final_status == "Canceled" else "written")

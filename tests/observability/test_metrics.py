@@ -15,7 +15,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from db.embedded import free_port
-from domain.models import AuthorizationResult, CancellationOutcome, ClaimResult, FinishResult
+from domain.models import AuthorizationResult, CancellationOutcome, ClaimResult, FenceResult, FinishResult
 from observability.metrics import (
     CancellationKind,
     ExportMetrics,
@@ -55,6 +55,12 @@ def test_the_store_counts_every_transition_statement():
     recorded = set(re.findall(r"@transition\(Statement\.(\w+)\)", store))
     recorded |= set(re.findall(r"record_transition\(\s*Statement\.(\w+)", store))
     assert recorded == {s.name for s in Statement}
+
+
+@pytest.mark.parametrize("answer", [*ClaimResult, *AuthorizationResult, *FenceResult, *FinishResult])
+def test_every_answer_of_the_store_has_a_result_label(answer):
+    # A new answer (a paused switch, say) must be mapped here, or counting it would raise in the store.
+    assert transition_result(answer) in set(TransitionResult)
 
 
 def test_cancellation_kinds_are_the_nine_outcomes_of_the_seed():

@@ -46,7 +46,8 @@ async def test_a_driver_error_on_one_job_is_counted_and_the_rest_of_the_batch_is
     second, _ = await delivering_to(factory, sftp_target, os.urandom(1000))
     await factory.expire_lease(first.id, seconds_ago=20)  # scanned first: the older lease
     await factory.expire_lease(second.id, seconds_ago=10)
-    recovery = RecoveryActivities(store, Settings(max_attempts=3))
+    # One at a time, so the cut meets the first job's destination read (the batch is concurrent by default).
+    recovery = RecoveryActivities(store, Settings(max_attempts=3, recovery_concurrency=1))
 
     proxy.drop_next_request_containing(DESTINATION_READ)  # the first job's destination read is cut
     result = await ActivityEnvironment().run(

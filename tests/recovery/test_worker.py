@@ -19,8 +19,9 @@ from activities.export import ExportActivities
 from db.builder import PRIVATE_DIR_PREFIX
 from domain.models import FailureCode, JobStatus
 from settings import Settings
+from testbed.tcp_proxy import TcpProxy
 from tests.recovery.conftest import MAX_ATTEMPTS
-from worker import run_worker
+from worker import POLL_RELEASE_SECONDS, run_worker
 from workflows.models import RecoveryBatchResult, RecoveryInput
 from workflows.recovery import RecoveryWorkflow
 
@@ -263,3 +264,59 @@ async def test_the_worker_removes_local_files_of_ended_attempts_and_keeps_live_o
     finally:
         stop.set()
         await task
+
+
+@pytest.mark.parametrize("outage", ["refused", "partitioned"])
+async def test_python_worker_py_drains_within_the_grace_window_while_temporal_is_unreachable(
+    client, host_settings, outage
+):
+    """A deploy during a Temporal outage: SIGTERM while the server cannot be reached (the worker's
+    connection goes through a TCP proxy), refused or partitioned. With no attempt held, nothing waits for
+    Temporal to release the polls: the process exits within the grace window."""
+    host, port = client.service_client.config.target_host.rsplit(":", 1)
+    proxy = TcpProxy(host, int(port)).start()
+    env = {
+        **os.environ,
+        "EXPORTS_DATABASE_URL": host_settings.database_url,
+        "EXPORTS_TEMPORAL_ADDRESS": f"127.0.0.1:{proxy.port}",
+        "EXPORTS_TASK_QUEUE": host_settings.task_queue,
+        "EXPORTS_SHUTDOWN_GRACE_SECONDS": str(GRACE),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, WORKER_PY, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    lines: list[str] = []
+    try:
+        await asyncio.wait_for(_line_containing(process, "own queue"), WAIT)
+        reading = asyncio.create_task(_read_all(process, lines))  # a full pipe would block its logging
+        if outage == "refused":
+            proxy.refuse_new_connections()
+            proxy.close_all()
+        else:
+            proxy.blackhole()
+        began = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(process.wait(), WAIT)
+        except TimeoutError:
+            pytest.fail(f"worker.py still running {WAIT}s after SIGTERM:\n" + "".join(lines[-30:]))
+        elapsed = time.monotonic() - began
+        await reading
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        proxy.stop()
+
+    log = "".join(lines[-15:])
+    assert code == 0, log
+    # The grace, the wait for the polls, and the process's own start-to-exit time on a busy machine.
+    bound = GRACE + POLL_RELEASE_SECONDS + 5
+    assert elapsed < bound, f"the drain took {elapsed:.1f}s with a {GRACE}s grace:\n{log}"
+    assert any("worker" in line and "stopped" in line for line in lines), log
+
+
+async def _read_all(process: asyncio.subprocess.Process, lines: list[str]) -> None:
+    assert process.stderr is not None
+    while line := (await process.stderr.readline()).decode():
+        lines.append(line)

@@ -45,6 +45,7 @@ def job(status: JobStatus = JobStatus.QUEUED, **fields: Any) -> ExportJob:
         "fence_expected": False,
         "upload_fenced_at": None,
         "rename_fenced_at": None,
+        "rejection_code": None,
     }
     values.update(fields)
     return ExportJob(**values)

@@ -2,6 +2,11 @@
 
 Lease and wake-up ages are set on the row (the database clock decides), never with sleeps: time-skipping
 moves Temporal's clock, not PostgreSQL's.
+
+Deliveries are fail-closed (issue 9): a tenant or destination without an enabled switch is paused, and an
+export whose creator is not a principal of its tenant is rejected. So a tenant made here is created
+enabled, with the principals the tests create exports as (``DEFAULT_PRINCIPALS``), and a destination is
+created enabled unless ``enabled=False``.
 """
 
 from __future__ import annotations
@@ -24,10 +29,14 @@ from domain.models import (
     FenceResult,
     FinishResult,
     JobStatus,
+    RejectionCode,
     StopPoint,
     final_name_for,
 )
 from testbed.pg import TestDatabase
+
+# The names tests create exports and replacements as; each is an operator of every tenant made here.
+DEFAULT_PRINCIPALS = ("admin@acme", "rita.ops", "sam.ops")
 
 
 class Factory:
@@ -56,14 +65,47 @@ class Factory:
                 await cur.execute(query, params or {})
                 return await cur.fetchall() if cur.description else []
 
-    async def tenant(self, name: str = "acme") -> UUID:
+    async def tenant(
+        self, name: str = "acme", *, enabled: bool = True, principals: tuple[str, ...] = DEFAULT_PRINCIPALS
+    ) -> UUID:
+        """A tenant, created enabled (its delivery switch on) unless ``enabled=False``, whose
+        ``principals`` are operators."""
         tenant_id = uuid.uuid4()
         await self.admin(
             "INSERT INTO tenants (id, name) VALUES (%(id)s, %(n)s)", {"id": tenant_id, "n": name}
         )
+        if enabled:
+            await self.switch(tenant_id, None, enabled=True)
+        for principal in principals:
+            await self.principal(tenant_id, principal)
         return tenant_id
 
-    async def destination(self, tenant_id: UUID, **fields: Any) -> UUID:
+    async def principal(
+        self, tenant_id: UUID, name: str, role: str = "operator", export_lists: list[str] | None = None
+    ) -> None:
+        """Make ``name`` a principal of the tenant (reinstated, with this role, if it was one)."""
+        await self.admin(
+            "INSERT INTO principals (tenant_id, name, role, export_lists) VALUES (%(t)s, %(n)s, %(r)s, %(l)s)"
+            " ON CONFLICT (tenant_id, name) DO UPDATE SET role = EXCLUDED.role,"
+            " export_lists = EXCLUDED.export_lists, revoked_at = NULL, revoked_by = NULL",
+            {"t": tenant_id, "n": name, "r": role, "l": export_lists},
+        )
+
+    async def switch(
+        self, tenant_id: UUID | None, destination_id: UUID | None, *, enabled: bool, reason: str = "factory"
+    ) -> None:
+        """Set a scope's switch as the superuser (set-up only: operators go through the service)."""
+        scope = "global" if tenant_id is None else "tenant" if destination_id is None else "destination"
+        await self.admin(
+            "INSERT INTO delivery_switches (scope, tenant_id, destination_id, enabled, reason, changed_by)"
+            " VALUES (%(s)s, %(t)s, %(d)s, %(e)s, %(r)s, 'factory')"
+            " ON CONFLICT ON CONSTRAINT uq_delivery_switches_scope DO UPDATE"
+            " SET enabled = EXCLUDED.enabled, reason = EXCLUDED.reason, changed_at = clock_timestamp()",
+            {"s": scope, "t": tenant_id, "d": destination_id, "e": enabled, "r": reason},
+        )
+
+    async def destination(self, tenant_id: UUID, *, enabled: bool = True, **fields: Any) -> UUID:
+        """A destination, created enabled unless ``enabled=False`` (a new one is paused until enabled)."""
         dest_id = uuid.uuid4()
         row = {
             "id": dest_id,
@@ -89,6 +131,8 @@ class Factory:
             " %(max_write_request)s)",
             row,
         )
+        if enabled:
+            await self.switch(tenant_id, dest_id, enabled=True)
         return dest_id
 
     async def contacts(self, tenant_id: UUID, list_name: str, rows: list[tuple[str, str, str]]) -> None:
@@ -138,6 +182,13 @@ class Factory:
     ) -> ExportJob:
         tenant_id = tenant_id or await self.tenant()
         destination_id = destination_id or await self.destination(tenant_id)
+        # The policy check rejects an export of a list that does not exist (has no contacts): a list no
+        # test filled gets one placeholder contact, so the export is claimable.
+        await self.admin(
+            "INSERT INTO contacts (tenant_id, list_name, email) SELECT %(t)s, %(l)s, 'placeholder@factory.test'"
+            " WHERE NOT EXISTS (SELECT 1 FROM contacts WHERE tenant_id = %(t)s AND list_name = %(l)s)",
+            {"t": tenant_id, "l": list_name},
+        )
         created = await self.api.create_original(
             tenant_id=tenant_id, destination_id=destination_id, list_name=list_name, created_by="admin@acme"
         )
@@ -208,7 +259,12 @@ class Factory:
                 return await self.job(j.id), None
             case JobStatus.REJECTED:
                 j = job or await self.queued()
-                assert await self.worker.reject_if_queued(j.id, j.version, "policy: destination not allowed")
+                assert await self.worker.reject_if_queued(
+                    j.id,
+                    j.version,
+                    RejectionCode.DESTINATION_NOT_FOUND,
+                    "Rejected: the destination is not one of this tenant's",
+                )
                 return await self.job(j.id), None
             case JobStatus.STOPPED:
                 j, attempt = await self.running(job)

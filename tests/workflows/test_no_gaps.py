@@ -191,13 +191,20 @@ async def test_builds_stuck_on_their_copy_never_starve_the_renewals(
         max_concurrent_builds=2,
     )
     jobs = [await harness.queue_export(contacts=50) for _ in range(4)]
+    builds_may_start = asyncio.Event()
+
+    async def after_the_lock(_job_id: uuid.UUID) -> None:
+        await builds_may_start.wait()
+
+    host.activities.before_build = after_the_lock
     try:
         async with await psycopg.AsyncConnection.connect(database.admin_url) as locker:
-            # Every COPY waits on this lock, holding its connection: the builds are "large" for as long as
-            # the test likes.
-            await locker.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
             handles = [await harness.start(job, task_queue=host.shared_queue) for job in jobs]
             await wait_until(lambda: _all_claimed(harness, jobs), "all four claimed", within=20)
+            # Every COPY now waits on this lock, holding its connection: the builds are "large" for as long
+            # as the test likes. (Taken after the claims, which read the contacts for the policy.)
+            await locker.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
+            builds_may_start.set()
             await asyncio.sleep(5)  # two and a half leases with every build stuck
 
             for job in jobs:

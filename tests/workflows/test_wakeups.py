@@ -84,7 +84,8 @@ async def test_a_denied_policy_rejects_the_checked_version_only(harness: Harness
     result = await harness.run(job)
     assert result.outcome == AttemptOutcome.REJECTED
     row = await harness.factory.job(job.id)
-    assert row.status == JobStatus.REJECTED and row.rejection_reason == "policy: no contact list named"
+    assert row.status == JobStatus.REJECTED and row.rejection_reason == "Rejected: no contact list named"
+    assert row.rejection_code == "list_invalid"
     assert row.attempt_count == 0 and await harness.factory.event_kinds(job.id) == []
 
 
