@@ -55,6 +55,7 @@ from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
 log = logging.getLogger("worker")
+_UNRELEASED: list[HostWorkers] = []  # see run_worker: kept until the process exits
 
 # After a drain with nothing left to finish, how long to wait for Temporal to release the workers' polls.
 POLL_RELEASE_SECONDS = 3.0
@@ -260,6 +261,10 @@ async def run_worker(
             clean = await _serve(workers, dispatcher, export, settings, stop=stop, ready=ready)
         finally:
             scavenger.cancel()
+        if not clean:
+            # Workers whose polls Temporal never released must never be finalized: their core's drop
+            # waits for those polls, so a garbage collection before main()'s os._exit would hang there.
+            _UNRELEASED.append(workers)
         log.info("worker %s stopped", worker_id)
         return clean
 
