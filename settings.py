@@ -61,6 +61,9 @@ class Settings(BaseSettings):
         ge=1,
         description="takeovers recovery decides at once (a partner's listing is the slow part)",
     )
+    recovery_observe_tries: int = Field(
+        default=3, ge=1, description="listings of the partner recovery tries before it records 'not observed'"
+    )
     recovery_heartbeat_seconds: float = Field(
         default=20.0,
         gt=0,

@@ -39,6 +39,7 @@ from workflows.models import RecoveryBatchInput, RecoveryBatchResult, Takeover
 log = logging.getLogger(__name__)
 
 OBSERVE_TIMEOUT_SECONDS = 60.0  # a listing (and read-back) that takes longer is "not observed"
+OBSERVE_RETRY_SECONDS = 2.0  # the pause before the next listing, times the tries so far
 
 
 # -- the activities --------------------------------------------------------------------------------
@@ -150,10 +151,19 @@ class RecoveryActivities:
     ) -> tuple[Observation | None, str | None]:
         """(what the destination shows under the final name, or None with the error's type name)."""
         name = job.expected_file_name or job.final_name
-        try:
-            observation = await asyncio.wait_for(
-                asyncio.to_thread(self._observe, destination, name), timeout=OBSERVE_TIMEOUT_SECONDS
-            )
-        except Exception as exc:  # noqa: BLE001 - failing to observe is "not observed", never evidence
-            return None, type(exc).__name__
-        return observation, None
+        tries = max(1, self.settings.recovery_observe_tries)
+        error = "not asked"
+        for attempt in range(1, tries + 1):
+            try:
+                observation = await asyncio.wait_for(
+                    asyncio.to_thread(self._observe, destination, name), timeout=OBSERVE_TIMEOUT_SECONDS
+                )
+            except Exception as exc:  # noqa: BLE001 - failing to observe is "not observed", never evidence
+                error = type(exc).__name__
+                log.info("recovery could not list job %s's final name (%s, try %d)", job.id, error, attempt)
+            else:
+                return observation, None
+            if attempt < tries:
+                # A partner that did not answer may answer a moment later: OutcomeUnknown only if it never does.
+                await asyncio.sleep(OBSERVE_RETRY_SECONDS * attempt)
+        return None, f"{error} ({tries} tries)" if tries > 1 else error

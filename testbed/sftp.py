@@ -229,6 +229,10 @@ class TcpProxy:
         """From now on, the first bytes the server sends are dropped and the connection is cut."""
         self._swallow_answer.set()
 
+    def stop_cutting(self) -> None:
+        """Undo :meth:`cut_at_next_answer`: answers go through again."""
+        self._swallow_answer.clear()
+
     def close(self) -> None:
         """Stop accepting and cut what is open."""
         with contextlib.suppress(OSError):

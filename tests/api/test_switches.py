@@ -115,6 +115,7 @@ async def test_the_list_page_shows_a_banner_while_paused_and_none_otherwise(
         await sign_in(console, acme)
         page = (await console.get("/console")).text
         assert 'id="switch-banner"' not in page
+        assert 'href="/console/switches" id="nav-switches"' in page  # reachable when nothing is paused
 
         await client.post(
             "/switches/pause", json=body("tenant", reason="quarterly audit"), headers=acme.operator

@@ -13,10 +13,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from activities.recovery import RecoveryActivities
 from db.embedded import free_port
 from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver, observe_final_name
+from settings import Settings
 from testbed.sftp import SftpTarget
 from workflows.models import RecoveryBatchResult, RecoveryInput, Takeover
 from workflows.recovery import RecoveryWorkflow
@@ -234,6 +237,44 @@ async def test_no_receipt_and_no_destination_answer_is_outcome_unknown(
     status, detail = await resolution(factory, job.id)
     assert status == JobStatus.OUTCOME_UNKNOWN
     assert "destination not observed" in detail
+
+
+@asyncssh_only
+async def test_a_listing_that_fails_once_is_tried_again_before_anything_is_concluded(
+    factory, recovery_store, sftp_target: SftpTarget
+):
+    """A partner that drops recovery's first connection (a real cut at the proxy) but answers the next
+    one: the file there is evidence, so Completed, not 'not observed' and OutcomeUnknown."""
+    data = os.urandom(SIZE)
+    job, _ = await delivering_to(factory, sftp_target, data)
+    sftp_target.put(job.final_name, data)
+    await factory.expire_lease(job.id)
+    tries: list[str] = []
+
+    def cut_the_first_listing(destination, name):
+        try:
+            return observe_final_name(destination, name)
+        except Exception as exc:
+            tries.append(type(exc).__name__)
+            sftp_target.proxy.stop_cutting()  # the partner is back for the next try
+            raise
+        finally:
+            tries.append("listed")
+
+    sftp_target.proxy.cut_at_next_answer()
+    recovery = RecoveryActivities(
+        recovery_store, Settings(recovery_observe_tries=3), observe=cut_the_first_listing
+    )
+    await ActivityEnvironment().run(
+        recovery.take_over,
+        next(c for c in await factory.recovery.find_expired_leases(limit=500) if c.id == job.id),
+        "recovery:retry",
+    )
+
+    assert sftp_target.proxy.answer_swallowed.is_set() and tries[0] != "listed"
+    status, detail = await resolution(factory, job.id)
+    assert status == JobStatus.COMPLETED, detail
+    assert [bool(seen.get("error")) for seen in await recovery_evidence(factory, job.id)] == [False]
 
 
 async def replacement_delivering(factory, target: SftpTarget, data: bytes, **contract):
