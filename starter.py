@@ -222,12 +222,14 @@ def cmd_edit(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Request cancellation; after Busy, retry with the same ``--request-id`` (printed)."""
+    from observability.metrics import CancellationSource
     from service.commands import CancelExport
 
     request_id = args.request_id or uuid.uuid4()
 
     async def call(ops: Any, caller: Any) -> Any:
-        return await ops.cancel(caller, args.export, CancelExport(request_id=request_id, reason=args.reason))
+        body = CancelExport(request_id=request_id, reason=args.reason)
+        return await ops.cancel(caller, args.export, body, source=CancellationSource.CLI)
 
     def render(answer: Any) -> str:
         return f"{answer.body['message']}\n(outcome {answer.body['outcome']}, request {request_id})"
@@ -242,6 +244,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_bulk_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel every live export of a destination (or of one list), each through its own request, under one
     batch ID; exit 75 when some were Busy: retry with the same ``--batch-id`` (printed)."""
+    from observability.metrics import CancellationSource
     from service.commands import BulkCancel
 
     batch_id = args.batch_id or uuid.uuid4()
@@ -263,7 +266,7 @@ def cmd_bulk_cancel(args: argparse.Namespace, settings: Settings) -> int:
         body = BulkCancel(
             batch_id=batch_id, destination_id=destination_id, list_name=args.list_name, reason=args.reason
         )
-        return await ops.bulk_cancel(caller, body)
+        return await ops.bulk_cancel(caller, body, source=CancellationSource.CLI)
 
     def render(answer: Any) -> str:
         if args.dry_run:
@@ -482,18 +485,23 @@ def cmd_switches(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    """Serve the HTTP API and console until Ctrl-C."""
+    """Serve the HTTP API and console until Ctrl-C (logs, traces and metrics as the settings say)."""
     from api.server import serve
     from db.errors import StoreError
+    from observability.setup import configure_process
+    from observability.tracing import shutdown_tracing
 
     if not settings.database_url:
         return _fail_usage("EXPORTS_DATABASE_URL is not set")
+    configure_process(settings, "api")
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(settings, args.host, args.port))
     except StoreError as exc:  # PostgreSQL never answered at start-up (retried, logged), or refused
         print(f"starter.py: EXPORTS_DATABASE_URL: {exc}", file=sys.stderr)
         return EXIT_REFUSED
+    finally:
+        shutdown_tracing()  # flushes the spans still batched
     return EXIT_OK
 
 
@@ -641,11 +649,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Long-running commands set up the process's logging, tracing and metrics from the settings themselves.
+LONG_RUNNING = {"serve", "demo"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, build the settings and run one command; returns the process exit code."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command not in LONG_RUNNING:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "bulk-cancel" and not args.dry_run and not args.reason:
         parser.error("--reason is required (it is recorded with the batch and every request)")
     if args.command in {"correct"} and args.failure_reason is not None:

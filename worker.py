@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from activities.export import ExportActivities
@@ -40,6 +41,10 @@ from activities.sweeper import SweeperActivities
 from db.errors import StoreError
 from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
 from db.store import REREAD_TIMEOUT_SECONDS, JobStore
+from observability.metrics import get_metrics
+from observability.setup import configure_process, start_worker_endpoints, worker_runtime
+from observability.temporal import LogContextInterceptor, workflow_runner
+from observability.tracing import shutdown_tracing
 from partner.client import passphrase_from, set_key_passphrase
 from runtime.dispatcher import OutboxDispatcher
 from runtime.scavenger import scavenge_periodically
@@ -54,6 +59,7 @@ from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
 log = logging.getLogger("worker")
+_UNRELEASED: list[HostWorkers] = []  # see run_worker: kept until the process exits
 
 # After a drain with nothing left to finish, how long to wait for Temporal to release the workers' polls.
 POLL_RELEASE_SECONDS = 3.0
@@ -129,7 +135,7 @@ class PostgresUnreachable(Exception):
 _RETRYABLE_SETTINGS = (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE)
 
 
-async def connect_with_retry(settings: Settings) -> Client:
+async def connect_with_retry(settings: Settings, *, runtime: Runtime | None = None) -> Client:
     """``connect_client``, retried with backoff (0.5 s doubling to 5 s) while Temporal does not answer, for
     ``temporal_connect_timeout_seconds`` in all (each attempt gets what is left), each failure logged; then
     the last ``TemporalConnectError``, one line naming the setting. A worker started while Temporal
@@ -141,7 +147,7 @@ async def connect_with_retry(settings: Settings) -> Client:
         left = deadline - loop.time()
         attempt = settings.model_copy(update={"temporal_connect_timeout_seconds": max(left, 1.0)})
         try:
-            return await connect_client(attempt)
+            return await connect_client(attempt, runtime=runtime)
         except TemporalConnectError as exc:
             left = deadline - loop.time()
             if exc.setting not in _RETRYABLE_SETTINGS or left <= 0:
@@ -174,7 +180,9 @@ def build_workers(
     sweeper: SweeperActivities | None = None,
 ) -> HostWorkers:
     """The Temporal workers of one host: the shared queue's workflows, the shared queue's activities (the
-    claim, and recovery and the sweeper when given), and the host's own queue."""
+    claim, and recovery and the sweeper when given), and the host's own queue. Each binds the export's IDs
+    to the log lines of its activities (``LogContextInterceptor``); the tracing interceptor, when on,
+    comes with the client."""
     workflows: list[type] = [ExportWorkflow]
     shared_activities = export.shared_activities()
     if recovery is not None:
@@ -189,8 +197,10 @@ def build_workers(
             client,
             task_queue=settings.task_queue,
             workflows=workflows,
+            workflow_runner=workflow_runner(),
             graceful_shutdown_timeout=grace,
             identity=f"{export.worker_id}@workflows",
+            interceptors=[LogContextInterceptor()],
         ),
         claims=Worker(
             client,
@@ -198,6 +208,7 @@ def build_workers(
             activities=shared_activities,
             graceful_shutdown_timeout=grace,
             identity=f"{export.worker_id}@shared",
+            interceptors=[LogContextInterceptor()],
         ),
         own=Worker(
             client,
@@ -205,6 +216,7 @@ def build_workers(
             activities=export.own_activities(),
             graceful_shutdown_timeout=grace,
             identity=f"{export.worker_id}@own",
+            interceptors=[LogContextInterceptor()],
         ),
     )
 
@@ -224,7 +236,9 @@ async def run_worker(
     without waiting for it.
 
     ``client`` defaults to one connected from ``settings``; ``ready`` is set once both workers run and the
-    dispatcher listens. With ``schedules`` the recovery and sweeper Schedules are ensured. ``export_hooks``
+    dispatcher listens. The metrics port (``metrics_port``; 0 serves nothing) serves ``/metrics`` with the
+    database gauges, ``/healthz`` and ``/readyz`` until the workers have stopped. With ``schedules`` the
+    recovery and sweeper Schedules are ensured. ``export_hooks``
     receives the ``ExportActivities`` before the workers start (a test seam for its hooks). On ``stop``
     the dispatcher stops first, then both workers stop polling and give running activities
     ``shutdown_grace_seconds`` before cancelling them; recovery takes over whatever was abandoned.
@@ -272,6 +286,12 @@ async def run_worker(
         log.info(
             "worker %s: shared queue %s, own queue %s", worker_id, settings.task_queue, export.own_task_queue
         )
+        # /metrics (with the database gauges), /healthz and /readyz; stopped after the workers and the
+        # dispatcher, so readiness answers through the drain.
+        endpoints = await start_worker_endpoints(settings, get_metrics(), export.store.pool, client)
+        resources.push_async_callback(endpoints.stop)
+        if endpoints.url is not None:
+            log.info("worker %s: /metrics, /healthz and /readyz at %s", worker_id, endpoints.url)
         scavenger = asyncio.create_task(
             scavenge_periodically(export.store, settings.work_dir, settings.recovery_every_seconds),
             name="scavenger",
@@ -280,6 +300,10 @@ async def run_worker(
             clean = await _serve(workers, dispatcher, export, settings, stop=stop, ready=ready)
         finally:
             scavenger.cancel()
+        if not clean:
+            # Workers whose polls Temporal never released must never be finalized: their core's drop
+            # waits for those polls, so a garbage collection before main()'s os._exit would hang there.
+            _UNRELEASED.append(workers)
         log.info("worker %s stopped", worker_id)
         return clean
 
@@ -372,8 +396,8 @@ def main() -> None:
         "recovery and sweeper schedules. Configured by EXPORTS_* environment variables (see settings.py): "
         "EXPORTS_DATABASE_URL and EXPORTS_TEMPORAL_ADDRESS at least. Stops gracefully on SIGTERM/SIGINT."
     ).parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings()
+    configure_process(settings, "worker")  # logging, tracing (OTEL_*) and the process's metrics
     if not settings.database_url:
         sys.exit("worker.py: EXPORTS_DATABASE_URL is not set (a PostgreSQL URL of a login that may SET ROLE)")
     secret = settings.sftp_key_passphrase
@@ -389,14 +413,18 @@ def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        if not await run_worker(settings, stop=stop):
+        # One runtime per process: it serves the SDK's own worker metrics on temporal_metrics_port.
+        client = await connect_with_retry(settings, runtime=worker_runtime(settings))
+        if not await run_worker(settings, stop=stop, client=client):
             # asyncio.run would wait forever for the task Temporal never released; nothing is held.
+            shutdown_tracing()
             logging.shutdown()
             os._exit(0)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve())
+        shutdown_tracing()  # flushes the spans still batched
     except PostgresUnreachable as exc:
         # Never reached, or refused for good. One line; the URL is not in it.
         print(f"worker.py: EXPORTS_DATABASE_URL: {exc}", file=sys.stderr, flush=True)

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,6 +62,8 @@ from domain.models import (
     JobStatus,
     StopPoint,
 )
+from observability import logs
+from observability.metrics import CancellationSource, get_metrics
 from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, deliver
 from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.policy import evaluate_policy
@@ -342,6 +346,7 @@ class ExportActivities:
         facts = await self.store.read_policy_facts(inp.job_id)
         if facts is None:
             return ClaimOutcome(step=ClaimStep.SETTLED)
+        logs.bind_rest_of_task(tenant_id=facts.tenant_id)
         registered = await self._search_attributes_registered()
         if facts.status == JobStatus.RUNNING and facts.attempt_id == inp.attempt_id:
             # A retry of this claim after a lost response: the claim committed.
@@ -437,6 +442,8 @@ class ExportActivities:
         async with self._holding(attempt):
             attempt.stage = "building"
             job = await self._read_job(inp.job_id)
+            if job is not None:
+                logs.bind_rest_of_task(tenant_id=job.tenant_id)
             if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.RUNNING:
                 await self._end(attempt)
                 return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
@@ -541,6 +548,7 @@ class ExportActivities:
             await self.before_build(job.id)
         # At most max_concurrent_builds at once: waiting here holds no connection, and the keeper renews.
         async with self._builds:
+            started = time.perf_counter()
             built = await build_export(
                 self.build_pool,
                 tenant_id=job.tenant_id,
@@ -550,6 +558,7 @@ class ExportActivities:
                 work_dir=self.settings.work_dir,
                 progress=progress,
             )
+        get_metrics().observe_build(time.perf_counter() - started, built.rows, built.size)
         attempt.rows, attempt.bytes = built.rows, built.size
         if self.after_build is not None:
             try:
@@ -706,6 +715,8 @@ class ExportActivities:
             )
             try:
                 job = await self._read_job(inp.job_id)
+                if job is not None:
+                    logs.bind_rest_of_task(tenant_id=job.tenant_id)
                 if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.DELIVERING:
                     return DeliverResult(finish=FinishResult.NOT_OWNER)
                 if created:
@@ -784,11 +795,14 @@ class ExportActivities:
             size=inp.file.size,
             sha256=bytes.fromhex(inp.file.sha256),
         )
+        started = time.perf_counter()
         try:
             # On this object's own threads: a delivery blocks its thread on evidence appends and fences.
+            # The thread runs in a copy of this context, so its SFTP spans and log lines join the attempt's.
             report = await loop.run_in_executor(
                 self._delivery_threads,
                 functools.partial(
+                    contextvars.copy_context().run,
                     deliver,
                     destination,
                     file,
@@ -806,6 +820,8 @@ class ExportActivities:
                 failure_code=None,
                 summary=f"raised {type(exc).__name__}",
             )
+
+        get_metrics().observe_upload(time.perf_counter() - started, file.size, report.outcome.value)
 
         # Evidence first, whoever owns the job now; then the conditional terminal write for this attempt.
         await recorder.flush()
@@ -846,6 +862,9 @@ class ExportActivities:
         store = self.cancellation_store
         job = await store.get_job(inp.job_id)
         if job is None:
+            get_metrics().observe_cancellation(
+                CancellationOutcome.NOT_FOUND.value, source=CancellationSource.TEMPORAL
+            )
             return RecordCancelResult(outcome=CancellationOutcome.NOT_FOUND)
         result = await store.request_cancellation(
             tenant_id=job.tenant_id,
@@ -853,6 +872,9 @@ class ExportActivities:
             request_id=inp.request_id,
             requested_by=TEMPORAL_REQUESTER,
             reason="workflow cancelled in Temporal",
+        )
+        get_metrics().observe_cancellation(
+            result.outcome.value, source=CancellationSource.TEMPORAL, tenant_id=job.tenant_id
         )
         if result.outcome == CancellationOutcome.BUSY:
             raise ApplicationError("the job row is locked; retry with the same request ID", type="Busy")

@@ -17,7 +17,9 @@ from starlette.routing import Match
 from api import console, routes, switches
 from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError, translate
+from observability.health import health_router, instrument_fastapi, standard_readiness
 from service.exports import RETRY_AFTER_SECONDS, Exports
+from service.signals import TemporalStopSignaller
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -143,10 +145,6 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
     async def home() -> Response:
         return RedirectResponse("/console", status_code=307)
 
-    @app.get("/healthz", include_in_schema=False)
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
     app.include_router(routes.router)
     app.include_router(routes.batches)
     app.include_router(routes.destinations)
@@ -154,4 +152,10 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
     app.include_router(switches.router)
     app.include_router(switches.console_router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
+    # /healthz, /readyz (PostgreSQL through the API's own pool, migrations, Temporal through the stop
+    # signaller's client when there is one) and /metrics (this process's registry); traced when on.
+    signaller = exports.signaller
+    temporal = signaller.connected_client if isinstance(signaller, TemporalStopSignaller) else None
+    app.include_router(health_router(standard_readiness(exports.store.pool, temporal)))
+    instrument_fastapi(app)
     return app

@@ -7,7 +7,9 @@ the same workflow without its database writes, and stop-request latency; ``pytho
 ``bulk_cancel`` (10,000 queued exports cancelled in one batch against as many single-row UPDATEs on one
 connection; ``python -m bench.bulk_cancel -h``),
 ``dispatch`` (the outbox dispatcher publishing 10,000 queued wake-ups against the SDK's own
-``start_workflow`` at the same concurrency; ``python -m bench.dispatch -h``).
+``start_workflow`` at the same concurrency; ``python -m bench.dispatch -h``),
+``obs`` (exports through the real stack with metrics and tracing on against off, and the scrape of
+``/metrics`` with a million jobs; ``python -m bench.obs -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, dispatch, e2e, upload
+from bench import builder, bulk_cancel, claims, dispatch, e2e, obs, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
@@ -25,6 +27,7 @@ BENCHMARKS = {
     "e2e": e2e.run_with_defaults,
     "bulk_cancel": bulk_cancel.run_with_defaults,
     "dispatch": dispatch.run_with_defaults,
+    "obs": obs.run_with_defaults,
 }
 
 if __name__ == "__main__":

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from importlib import resources
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
-from db.queries import fetch_sync
+from db.errors import translated
+from db.queries import fetch, fetch_sync
+from db.rows import NameRow
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +66,12 @@ def ensure_app_login(url: str, login: str) -> None:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOINHERIT").format(sql.Identifier(login)))
         for role in APP_ROLES:
             conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(login)))
+
+
+async def missing_migrations(pool: AsyncConnectionPool, expected: Sequence[str] | None = None) -> list[str]:
+    """The migrations of ``expected`` (default: every file this build ships) that ``schema_migrations``
+    does not record, in order; readiness asks it on the process's own pool (any application role may)."""
+    wanted = [name for name, _ in migration_files()] if expected is None else list(expected)
+    async with translated(), pool.connection() as conn:
+        applied = {row.name for row in await fetch(conn, "applied_migrations", {}, NameRow)}
+    return [name for name in wanted if name not in applied]

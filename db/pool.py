@@ -14,7 +14,8 @@ from psycopg import AsyncConnection, sql
 from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from db.errors import StoreError, TransientStoreError
+from db.errors import StoreError, TransientStoreError, translated
+from db.queries import execute
 
 log = logging.getLogger(__name__)
 
@@ -144,3 +145,10 @@ async def wait_for_postgres(url: str, retry_for: float, *, what: str = "PostgreS
         else:
             await conn.close()
             return
+
+
+async def ping(pool: AsyncConnectionPool) -> None:
+    """Readiness: the database answers ``ping_database`` on a connection of ``pool``; raises the
+    translated error (``TransientStoreError`` when it does not answer) otherwise."""
+    async with translated(), pool.connection() as conn:
+        await execute(conn, "ping_database", {})

@@ -1,9 +1,11 @@
 """The one loader of SQL: every statement of the project lives in ``db/*.sql`` under a ``-- name:`` header.
 
 ``queries.sql`` holds the row protocol, one statement per transition; ``support.sql`` the rest (tokens,
-display names, destinations, the builder's COPY, migrations' bookkeeping, administrators' seeding). A
-name is defined once across both files. Statements run with named parameters only, and rows come back
-typed through ``class_row``.
+display names, destinations, the builder's COPY, migrations' bookkeeping, administrators' seeding,
+readiness, the scrape-time gauges). A name is defined once across both files. Statements run with named
+parameters only, and rows come back typed through ``class_row``; ``fetch``, ``fetch_maybe`` and
+``execute`` are where every statement of a running process goes, so they are where each one is traced
+and timed (``observability.statements.observe_statement``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, LiteralString, TypeVar
 
 from psycopg import AsyncConnection, AsyncCursor, Connection
 from psycopg.rows import class_row, dict_row
+
+from observability.statements import observe_statement
 
 _HEADER = re.compile(r"^-- name: (\w+)\n((?:-- .*\n)*)", re.MULTILINE)
 SQL_FILES = ("queries.sql", "support.sql")
@@ -63,10 +67,15 @@ def q(name: str) -> LiteralString:
 
 
 async def fetch(conn: AsyncConnection[Any], name: str, params: dict[str, Any], row: type[Row]) -> list[Row]:
-    """Run the named statement with bound parameters; its rows as ``row`` instances (by column name)."""
-    async with conn.cursor(row_factory=class_row(row)) as cur:
-        await cur.execute(q(name), params)
-        return await cur.fetchall() if cur.description else []
+    """Run the named statement with bound parameters; its rows as ``row`` instances (by column name).
+
+    Observed: one span named after the statement (IDs, sizes and codes of its parameters only) and its
+    latency in ``fenced_exports_statement_duration_seconds``, whether it answers or raises.
+    """
+    with observe_statement(name, params):
+        async with conn.cursor(row_factory=class_row(row)) as cur:
+            await cur.execute(q(name), params)
+            return await cur.fetchall() if cur.description else []
 
 
 async def fetch_maybe(
@@ -78,10 +87,12 @@ async def fetch_maybe(
 
 
 async def execute(conn: AsyncConnection[Any], name: str, params: dict[str, Any]) -> int:
-    """Run the named statement for its effect; the number of rows it returned or changed."""
-    async with conn.cursor() as cur:
-        await cur.execute(q(name), params)
-        return cur.rowcount
+    """Run the named statement for its effect; the number of rows it returned or changed (observed as
+    ``fetch``)."""
+    with observe_statement(name, params):
+        async with conn.cursor() as cur:
+            await cur.execute(q(name), params)
+            return cur.rowcount
 
 
 async def send(
@@ -95,7 +106,8 @@ async def send(
 
 
 def fetch_sync(conn: Connection[Any], name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The blocking form, for administrators' scripts and migrations: rows as dicts."""
+    """The blocking form, for administrators' scripts, migrations and the gauges' own connection: rows as
+    dicts. Not observed: none of them runs the row protocol, and the gauges report their own duration."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q(name), params)
         return cur.fetchall() if cur.description else []

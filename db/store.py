@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import itertools
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -82,6 +84,8 @@ from domain.models import (
     Renewal,
     StopPoint,
 )
+from observability.metrics import Statement
+from observability.statements import observe_statement, record_transition
 from observability.tracing import current_traceparent
 from rules.cutoff import authorization_from
 
@@ -93,6 +97,8 @@ _NO_BOUND_ID = UUID(int=(1 << 128) - 1)
 
 Hook = Callable[[], Awaitable[None]]
 Row = TypeVar("Row")
+P = ParamSpec("P")
+Answer = TypeVar("Answer")
 
 # Exports whose ledger transactions a bulk cancel queues in one pipeline (one round trip for all).
 PIPELINE_SEGMENT = 16
@@ -105,11 +111,48 @@ _DELIVERY_FAILURE_CODES = {
     FailureCode.FINAL_NAME_OCCUPIED,
     FailureCode.ORIGINAL_DELIVERED,
 }
+# The cancellation outcomes whose ledger transaction changed the job row (Canceled, or a stop request).
+_CHANGES_THE_JOB = {CancellationOutcome.CANCELED_WHILE_QUEUED, CancellationOutcome.STOP_REQUESTED}
 _RUNNING_FAILURE_CODES = {
     FailureCode.BUILD_FAILED,
     FailureCode.FINAL_NAME_OCCUPIED,
     FailureCode.ORIGINAL_DELIVERED,
 }
+
+
+def transition(
+    statement: Statement,
+) -> Callable[[Callable[P, Awaitable[Answer]]], Callable[P, Awaitable[Answer]]]:
+    """Count and log a transition method's answer once it has decided (after any lost-response re-read):
+    ``fenced_exports_transitions_total{statement, result}`` and one log line with the IDs it was called
+    with. A method that raises a ``StoreError`` is counted ``unknown`` (an exception is not a "no")."""
+
+    def decorate(method: Callable[P, Awaitable[Answer]]) -> Callable[P, Awaitable[Answer]]:
+        signature = inspect.signature(method)
+
+        def record(answer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            called = signature.bind(*args, **kwargs).arguments
+            record_transition(
+                statement,
+                answer,
+                tenant_id=called.get("tenant_id"),
+                job_id=called.get("job_id"),
+                attempt_id=called.get("attempt_id", called.get("expired_attempt_id")),
+            )
+
+        @functools.wraps(method)
+        async def recorded(*args: P.args, **kwargs: P.kwargs) -> Answer:
+            try:
+                answer = await method(*args, **kwargs)
+            except StoreError:
+                record(None, args, kwargs)
+                raise
+            record(answer, args, kwargs)
+            return answer
+
+        return recorded
+
+    return decorate
 
 
 class JobStore:
@@ -269,6 +312,7 @@ class JobStore:
         """What the policy check evaluates, read in one statement; ``None`` when there is no such job."""
         return await self._row("read_policy_facts", {"job_id": job_id}, PolicyFacts)
 
+    @transition(Statement.REJECT_IF_QUEUED)
     async def reject_if_queued(
         self, job_id: UUID, checked_version: int, code: RejectionCode, message: str
     ) -> bool:
@@ -283,6 +327,7 @@ class JobStore:
 
     # -- cutoff 1 -------------------------------------------------------------------------------------
 
+    @transition(Statement.CLAIM_IF_QUEUED)
     async def claim_if_queued(
         self,
         job_id: UUID,
@@ -333,6 +378,7 @@ class JobStore:
 
     # -- cutoff 2 -------------------------------------------------------------------------------------
 
+    @transition(Statement.AUTHORIZE_DELIVERY_IF_RUNNING)
     async def authorize_delivery_if_running(
         self,
         *,
@@ -403,6 +449,7 @@ class JobStore:
 
     # -- giving an attempt back, fencing an upload ---------------------------------------------------
 
+    @transition(Statement.RELEASE_ATTEMPT_IF_RUNNING)
     async def release_attempt_if_running(
         self, job_id: UUID, attempt_id: UUID, worker_id: str, reason: str
     ) -> FinishResult:
@@ -440,11 +487,13 @@ class JobStore:
         events = await self.job_events(job_id)
         return any(e.kind == EventKind.RELEASED and e.attempt_id == attempt_id for e in events)
 
+    @transition(Statement.FENCE_UPLOAD_IF_DELIVERING)
     async def fence_upload_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
         """The upload fence: Fenced only if this attempt, Delivering with a current lease, wrote it (or,
         after a lost answer, the re-read shows its own fence). Nothing may be sent to the partner otherwise."""
         return await self._fence("fence_upload_if_delivering", job_id, attempt_id, rename=False)
 
+    @transition(Statement.FENCE_RENAME_IF_DELIVERING)
     async def fence_rename_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
         """The rename fence, after the upload and before the rename request: the rename is never sent
         unless this is Fenced."""
@@ -490,6 +539,7 @@ class JobStore:
             return FinishResult.WRITTEN
         return FinishResult.NOT_OWNER
 
+    @transition(Statement.FINISH_STOPPED)
     async def finish_stopped(
         self, job_id: UUID, attempt_id: UUID, stop_point: StopPoint, note: str = ""
     ) -> FinishResult:
@@ -502,6 +552,7 @@ class JobStore:
             JobStatus.STOPPED,
         )
 
+    @transition(Statement.FINISH_FAILED)
     async def finish_failed(
         self, job_id: UUID, attempt_id: UUID, code: FailureCode, cause: str | None
     ) -> FinishResult:
@@ -516,6 +567,7 @@ class JobStore:
             JobStatus.FAILED,
         )
 
+    @transition(Statement.FINISH_DELIVERY)
     async def finish_delivery(
         self,
         job_id: UUID,
@@ -562,6 +614,7 @@ class JobStore:
         """Recovery's scan: candidates only."""
         return await self._rows("find_expired_leases", {"limit": limit}, ExpiredLease)
 
+    @transition(Statement.REQUEUE_EXPIRED_ATTEMPT)
     async def requeue_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, max_attempts: int, recovery_run_id: str
     ) -> bool:
@@ -575,6 +628,7 @@ class JobStore:
             traceparent=current_traceparent(),
         )
 
+    @transition(Statement.STOP_EXPIRED_ATTEMPT)
     async def stop_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str
     ) -> bool:
@@ -586,6 +640,7 @@ class JobStore:
             recovery_run_id=recovery_run_id,
         )
 
+    @transition(Statement.EXHAUST_EXPIRED_ATTEMPT)
     async def exhaust_expired_attempt(
         self, job_id: UUID, expired_attempt_id: UUID, max_attempts: int, recovery_run_id: str
     ) -> bool:
@@ -598,6 +653,7 @@ class JobStore:
             recovery_run_id=recovery_run_id,
         )
 
+    @transition(Statement.RESOLVE_EXPIRED_DELIVERY)
     async def resolve_expired_delivery(
         self,
         job_id: UUID,
@@ -618,6 +674,7 @@ class JobStore:
             evidence_summary=evidence_summary,
         )
 
+    @transition(Statement.FAIL_UNPUBLISHED_DELIVERY)
     async def fail_unpublished_delivery(
         self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str
     ) -> bool:
@@ -631,6 +688,7 @@ class JobStore:
 
     # -- reconciliation and correction --------------------------------------------------------------
 
+    @transition(Statement.RECONCILE_UNKNOWN)
     async def reconcile_unknown(
         self,
         *,
@@ -654,6 +712,7 @@ class JobStore:
             evidence_summary=evidence_summary,
         )
 
+    @transition(Statement.CORRECT_OUTCOME)
     async def correct_outcome(
         self,
         *,
@@ -983,7 +1042,7 @@ class JobStore:
         while pending:
             sent: list[tuple[int, AsyncCursor[LedgerAnswer], AsyncCursor[Any]]] = []
             try:
-                async with translated():
+                async with translated(), _observed("cancel_and_record", {"batch": len(pending)}):
                     async with conn.pipeline():
                         for i in pending:
                             job_id, request_id = requests[i]
@@ -1227,6 +1286,14 @@ def fence_result(found: FenceAnswer, attempt_id: UUID) -> FenceResult:
     return FenceResult.LEASE_LAPSED if not found.lease_current else FenceResult.NOT_OWNER
 
 
+@contextlib.asynccontextmanager
+async def _observed(name: str, params: dict[str, Any]) -> AsyncIterator[None]:
+    """A pipeline's round trip observed as one statement (statements sent in a pipeline have no latency of
+    their own): a span and ``fenced_exports_statement_duration_seconds{statement=name}``."""
+    with observe_statement(name, params):
+        yield
+
+
 async def _cancellation_ledger(
     conn: AsyncConnection[Any], params: dict[str, Any], lock_timeout: str, before_commit: Hook | None
 ) -> list[LedgerAnswer]:
@@ -1239,8 +1306,9 @@ async def _cancellation_ledger(
     to its pool idle.
     """
     try:
-        # Leaving the pipeline block sends the Sync and reads every result: the one round trip.
-        async with conn.pipeline():
+        # Leaving the pipeline block sends the Sync and reads every result: the one round trip, observed
+        # (span and latency) as the statement that decides.
+        async with _observed("cancel_and_record", params), conn.pipeline():
             await send(conn, "begin_transaction", {})
             await send(conn, "lock_job_for_cancel", {**params, "timeout": lock_timeout})
             decided = await send(conn, "cancel_and_record", params, LedgerAnswer)
@@ -1260,7 +1328,8 @@ async def _cancellation_ledger(
 def _ledger_result(
     answers: list[LedgerAnswer], job_id: UUID, request_id: UUID, requested_by: str
 ) -> CancellationResult:
-    """What one ledger transaction's answer means for its caller."""
+    """What one committed ledger transaction's answer means for its caller (a change of the job row is
+    counted here, as cancel_and_record's transition)."""
     if not answers:
         # Another tenant's job looks exactly like a missing one; nothing is recorded.
         return CancellationResult(request_id=request_id, outcome=CancellationOutcome.NOT_FOUND)
@@ -1275,6 +1344,15 @@ def _ledger_result(
     request = CancellationRequest.model_validate(answer.request)
     if answer.replayed:
         return _from_earlier(request, job_id, requested_by, found)
+    if request.outcome in _CHANGES_THE_JOB:
+        # Committed: the job row changed with the request recorded (a replay changes nothing).
+        record_transition(
+            Statement.CANCEL_AND_RECORD,
+            True,
+            tenant_id=found.tenant_id,
+            job_id=job_id,
+            request_id=request_id,
+        )
     return CancellationResult(request_id=request_id, outcome=request.outcome, request=request, job=found)
 
 

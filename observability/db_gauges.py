@@ -16,12 +16,12 @@ What it reports (all on the database clock, ages 0 when nothing waits):
 - ``fenced_exports_db_gauges_up`` (1 when the last query answered) and
   ``fenced_exports_db_gauges_query_duration_seconds``.
 
-Cost: ``gauges.sql`` reads only partial indexes whose size is the work in flight (migration 0004), each
-count stops at ``count_cap`` rows, and the OutcomeUnknown wait looks at ``unknown_probe`` jobs at most;
+Cost: the query (``read_database_gauges`` in ``db/support.sql``, run by ``db.gauges.GaugesReader``) reads
+only partial indexes whose size is the work in flight (migration 0004), each count stops at ``count_cap`` rows, and the OutcomeUnknown wait looks at ``unknown_probe`` jobs at most;
 the result is cached for ``cache_seconds`` so any number of scrapes make one query per interval; a
 ``statement_timeout`` bounds the rest. It connects as the worker's login and acts as ``exports_worker``
-(SELECT on export_jobs and export_attempt_events; ``SELECT (created_at, published_at)`` on the outbox
-from 0004).
+(it may read export_jobs and export_attempt_events, and of the outbox only ``created_at`` and
+``published_at``, granted in 0004).
 """
 
 from __future__ import annotations
@@ -30,46 +30,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
-from importlib import resources
-from typing import Any
 
-import psycopg
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from psycopg import sql
-from psycopg.rows import dict_row
+
+from db.errors import StoreError
+from db.gauges import GaugesReader, GaugeValues
 
 log = logging.getLogger(__name__)
-
-QUERY = (resources.files("observability") / "gauges.sql").read_text(encoding="utf-8")
 
 LIVE_STATUSES = ("Queued", "Running", "Delivering", "OutcomeUnknown")
 LEASED_STATUSES = ("Running", "Delivering")
 
-
-@dataclass(frozen=True)
-class GaugeValues:
-    """One answer of ``gauges.sql``; counts stop at the collector's ``count_cap``."""
-
-    queued: int
-    running: int
-    delivering: int
-    outcome_unknown: int
-    running_expired: int
-    delivering_expired: int
-    running_expired_oldest_age: float
-    delivering_expired_oldest_age: float
-    queued_oldest_age: float
-    queued_oldest_wake_up_age: float
-    queued_max_sweep_count: int
-    outbox_unpublished: int
-    outbox_oldest_age: float
-    outcome_unknown_oldest_age: float
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> GaugeValues:
-        return cls(**{f.name: row[f.name] for f in fields(cls)})
+__all__ = ["LIVE_STATUSES", "DatabaseGauges", "GaugeValues"]
 
 
 class DatabaseGauges(Collector):
@@ -94,33 +67,23 @@ class DatabaseGauges(Collector):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
-        self.role = role
         self.cache_seconds = cache_seconds
-        self.params = {"cap": count_cap, "unknown_probe": unknown_probe}
-        self.statement_timeout_ms = statement_timeout_ms
-        self.connect_timeout_seconds = connect_timeout_seconds
+        self.reader = GaugesReader(
+            url,
+            role=role,
+            count_cap=count_cap,
+            unknown_probe=unknown_probe,
+            statement_timeout_ms=statement_timeout_ms,
+            connect_timeout_seconds=connect_timeout_seconds,
+        )
         self.clock = clock
         self.queries = 0  # how many times the database was asked (tests check the cache with it)
         self._lock = threading.Lock()
-        self._conn: psycopg.Connection | None = None
         self._read_at = float("-inf")
         self._values: GaugeValues | None = None
         self._duration = 0.0
 
     # -- reading --------------------------------------------------------------------------------------
-
-    def _connect(self) -> psycopg.Connection:
-        conn = psycopg.connect(
-            self.url,
-            autocommit=True,
-            connect_timeout=self.connect_timeout_seconds,
-            application_name="fenced-exports:metrics",
-        )
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(self.role)))
-        conn.execute(
-            sql.SQL("SET statement_timeout = {}").format(sql.Literal(f"{int(self.statement_timeout_ms)}ms"))
-        )
-        return conn
 
     def read(self) -> GaugeValues | None:
         """The values, from the cache when younger than ``cache_seconds``; ``None`` when the database
@@ -130,18 +93,11 @@ class DatabaseGauges(Collector):
                 return self._values
             started = time.perf_counter()
             try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = self._connect()
                 self.queries += 1
-                with self._conn.cursor(row_factory=dict_row) as cur:
-                    cur.execute(QUERY, self.params)
-                    row = cur.fetchone()
-                assert row is not None
-                self._values = GaugeValues.from_row(row)
-            except psycopg.Error as exc:
+                self._values = self.reader.read()
+            except StoreError as exc:
                 log.warning("database gauges: no answer (%s)", type(exc).__name__)
                 self._values = None
-                self.close()
             self._duration = time.perf_counter() - started
             self._read_at = self.clock()
             return self._values
@@ -154,12 +110,7 @@ class DatabaseGauges(Collector):
 
     def close(self) -> None:
         """Close the connection (at shutdown; a later scrape would open a new one)."""
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except psycopg.Error:
-                pass
-            self._conn = None
+        self.reader.close()
 
     # -- the collector protocol -------------------------------------------------------------------------
 

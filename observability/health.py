@@ -4,10 +4,11 @@
 readiness check passes within its timeout (PostgreSQL answers through the process's own pool, Temporal
 answers, the database has every migration this build ships), else 503 with each check's verdict::
 
-    {"status": "not ready", "checks": {"postgres": "OperationalError", "temporal": "ok", "migrations": "ok"}}
+    {"status": "not ready", "checks": {"postgres": "timeout", "temporal": "ok", "migrations": "ok"}}
 
-The API includes ``health_router`` (it has its own port); ``worker.py`` runs ``MetricsServer`` on
-``EXPORTS_METRICS_PORT`` with ``/metrics``, ``/healthz`` and ``/readyz``.
+The API includes ``health_router`` (it has its own port) and ``instrument_fastapi``; ``worker.py`` runs
+``MetricsServer`` on ``EXPORTS_METRICS_PORT`` with ``/metrics``, ``/healthz`` and ``/readyz``. The checks'
+statements are the database's (``db.pool.ping``, ``db.migrate.missing_migrations``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from psycopg_pool import AsyncConnectionPool
+
+from db.migrate import migration_files, missing_migrations
+from db.pool import ping
+from observability import tracing
 
 Check = Callable[[], Awaitable[None]]
 """A readiness check: returns when ready, raises (anything) when not."""
@@ -72,20 +77,17 @@ class Readiness:
 
 
 def postgres_check(pool: AsyncConnectionPool) -> Check:
-    """PostgreSQL answers ``SELECT 1`` on a connection of ``pool`` (the process's own pool, so a pool that
-    cannot reconnect is not ready either). A broken connection is discarded by the pool on return."""
+    """PostgreSQL answers on a connection of ``pool`` (the process's own pool, so a pool that cannot
+    reconnect is not ready either). A broken connection is discarded by the pool on return."""
 
     async def check() -> None:
-        async with pool.connection() as conn:
-            await conn.execute("SELECT 1")
+        await ping(pool)
 
     return check
 
 
 def expected_migrations() -> list[str]:
     """The migration files this build ships (db/migrations), by name."""
-    from db.migrate import migration_files
-
     return [name for name, _ in migration_files()]
 
 
@@ -95,10 +97,7 @@ def migrations_check(pool: AsyncConnectionPool, expected: Sequence[str] | None =
     wanted = list(expected) if expected is not None else expected_migrations()
 
     async def check() -> None:
-        async with pool.connection() as conn:
-            cur = await conn.execute("SELECT name FROM schema_migrations")
-            applied = {row[0] for row in await cur.fetchall()}
-        missing = [name for name in wanted if name not in applied]
+        missing = await missing_migrations(pool, wanted)
         if missing:
             raise NotReady(f"missing {', '.join(missing)}")
 
@@ -106,11 +105,16 @@ def migrations_check(pool: AsyncConnectionPool, expected: Sequence[str] | None =
 
 
 def temporal_check(client: Any) -> Check:
-    """The Temporal frontend answers ``GetSystemInfo`` (every server, the test servers included)."""
+    """The Temporal frontend answers ``GetSystemInfo`` (every server, the test servers included).
+
+    ``client`` is a Temporal client, or an async function returning one (the API's signaller, which
+    connects on first use).
+    """
     from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
     async def check() -> None:
-        await client.workflow_service.get_system_info(
+        connected = client if hasattr(client, "workflow_service") else await client()
+        await connected.workflow_service.get_system_info(
             GetSystemInfoRequest(), retry=False, timeout=timedelta(seconds=2)
         )
 
@@ -120,7 +124,8 @@ def temporal_check(client: Any) -> Check:
 def standard_readiness(
     pool: AsyncConnectionPool, client: Any | None, *, timeout_seconds: float = 2.0
 ) -> Readiness:
-    """The checks of the API and the worker: ``postgres``, ``migrations`` and, with a client, ``temporal``."""
+    """The checks of the API and the worker: ``postgres``, ``migrations`` and, with a client (or an async
+    function returning one), ``temporal``."""
     checks: dict[str, Check] = {"postgres": postgres_check(pool), "migrations": migrations_check(pool)}
     if client is not None:
         checks["temporal"] = temporal_check(client)
@@ -218,3 +223,20 @@ class MetricsServer(uvicorn.Server):
         self.should_exit = True
         if self._task is not None:
             await self._task
+
+
+def instrument_fastapi(app: FastAPI) -> bool:
+    """Instrument the API (``api/app.create_app``, after the routes are added) when tracing is on: one
+    server span per request, health and metrics routes excluded. Returns whether it instrumented."""
+    provider = tracing.provider()
+    if provider is None:
+        return False
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(
+        app,
+        tracer_provider=provider,
+        excluded_urls="/healthz,/readyz,/metrics,/static",
+        exclude_spans=["receive", "send"],
+    )
+    return True

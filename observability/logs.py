@@ -4,7 +4,7 @@
 ``message``, then every field); ``text`` (the default) keeps readable lines and appends the same fields
 as ``key=value``; ``auto`` is JSON unless the stream is a terminal. Either way every record about an
 export carries the context bound around it: ``job_id``, ``attempt_id``, ``tenant_id``, ``workflow_id``
-(``bind`` / ``LogContextInterceptor``), the statement and its result for transitions
+(``bind`` / ``observability.temporal.LogContextInterceptor``), the statement and its result for transitions
 (``log_transition``), and ``trace_id`` / ``span_id`` while a span is recording. Context keys go through
 ``observability.fields`` (IDs, sizes and codes only), so no binding can put contact data in a log line.
 """
@@ -20,12 +20,6 @@ from types import MappingProxyType
 from typing import Any, Literal, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
-from temporalio import activity
-from temporalio.worker import (
-    ActivityInboundInterceptor,
-    ExecuteActivityInput,
-    Interceptor,
-)
 
 from observability import fields, tracing
 
@@ -65,6 +59,17 @@ def bind(**values: Any) -> Iterator[Mapping[str, fields.Value]]:
         yield merged
     finally:
         _context.reset(token)
+
+
+def bind_rest_of_task(**values: Any) -> None:
+    """Add fields to every record emitted from here to the end of the current asyncio task (and in tasks
+    and threads started from it afterwards), without a block to indent.
+
+    For an activity that learns the tenant only once it has read the row: each activity runs in a task
+    of its own (and ``LogContextInterceptor``'s block resets the context when it returns), so nothing
+    outlives it. Not for code whose task outlives the export (a dispatcher loop, the main task).
+    """
+    _context.set({**_context.get(), **fields.clean_all(values)})
 
 
 def bound() -> Mapping[str, fields.Value]:
@@ -143,40 +148,3 @@ def log_transition(statement: str, result: str, **values: Any) -> None:
         return
     extra = fields.clean_all({"statement": statement, "result": result, **values})
     transition_log.info("%s: %s", extra["statement"], extra["result"], extra=extra)
-
-
-def _input_fields(args: Any) -> dict[str, Any]:
-    # Activity inputs are pydantic models of IDs (or dicts of them); take the IDs they carry.
-    found: dict[str, Any] = {}
-    first = args[0] if args else None
-    for key in ("job_id", "attempt_id", "tenant_id"):
-        value = first.get(key) if isinstance(first, dict) else getattr(first, key, None)
-        if value is not None:
-            found[key] = value
-    return found
-
-
-class _ActivityContext(ActivityInboundInterceptor):
-    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        info = activity.info()
-        values = {
-            "workflow_id": info.workflow_id,
-            "activity": info.activity_type,
-            **_input_fields(input.args),
-        }
-        try:
-            cleaned = fields.clean_all(values)
-        except ValueError:
-            cleaned = fields.clean_all({"activity": info.activity_type})
-        with bind(**cleaned):
-            return await self.next.execute_activity(input)
-
-
-class LogContextInterceptor(Interceptor):
-    """A worker interceptor that binds ``workflow_id``, the activity type and the ``job_id`` /
-    ``attempt_id`` / ``tenant_id`` of the activity's input around every activity, so their log lines
-    carry them without a call in each activity. Pass it in ``Worker(interceptors=[...])`` of both
-    workers in worker.py."""
-
-    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
-        return _ActivityContext(next)

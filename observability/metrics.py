@@ -12,7 +12,8 @@ One ``ExportMetrics`` per process: ``main()`` builds it from the settings and in
 ``CollectorRegistry``.
 
 The Temporal SDK's own worker metrics (task slots, poll latencies, schedule-to-start, ...) come from its
-Rust core, not from here: ``temporal_runtime`` builds the ``Runtime`` that serves them on their own port.
+Rust core, not from here: ``observability.temporal.temporal_runtime`` builds the ``Runtime`` that serves
+them on their own port.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from typing import Any
 from uuid import UUID
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 PREFIX = "fenced_exports"
 
 
 class Statement(StrEnum):
-    """The statements on the edges of the state diagram (db/queries.sql), the ``statement`` label."""
+    """The statements on the edges of the state diagram (db/queries.sql), the ``statement`` label; with
+    the attempt's own edges of issue 10 (giving an attempt back, the upload and rename fences, recovery's
+    NotDelivered for a delivery that never published)."""
 
     CLAIM_IF_QUEUED = "claim_if_queued"
     AUTHORIZE_DELIVERY_IF_RUNNING = "authorize_delivery_if_running"
@@ -46,9 +48,12 @@ class Statement(StrEnum):
     RESOLVE_EXPIRED_DELIVERY = "resolve_expired_delivery"
     RECONCILE_UNKNOWN = "reconcile_unknown"
     CORRECT_OUTCOME = "correct_outcome"
-    CANCEL_IF_QUEUED = "cancel_if_queued"
-    REQUEST_STOP_IF_RUNNING = "request_stop_if_running"
+    CANCEL_AND_RECORD = "cancel_and_record"  # written: Queued -> Canceled, or a Running job's stop request
     REJECT_IF_QUEUED = "reject_if_queued"
+    RELEASE_ATTEMPT_IF_RUNNING = "release_attempt_if_running"
+    FENCE_UPLOAD_IF_DELIVERING = "fence_upload_if_delivering"
+    FENCE_RENAME_IF_DELIVERING = "fence_rename_if_delivering"
+    FAIL_UNPUBLISHED_DELIVERY = "fail_unpublished_delivery"
 
 
 class TransitionResult(StrEnum):
@@ -57,7 +62,7 @@ class TransitionResult(StrEnum):
     ``written``: it changed the row (or a lost response is found to have). ``not_owner``: the attempt no
     longer owns the row (a takeover or another terminal write came first). ``refused``: a condition of
     the statement did not hold (not Queued any more, a stop recorded, the lease lapsed, the original
-    Completed, a renewal beat recovery). ``unknown``: neither the write nor the re-read answered; the row
+    Completed, a delivery switch paused, the destination inactive, a renewal beat recovery). ``unknown``: neither the write nor the re-read answered; the row
     will say later (an exception is not a "no").
     """
 
@@ -106,17 +111,17 @@ class StopPath(StrEnum):
 
 
 _DELIVERY_OUTCOMES = ("Completed", "Failed", "OutcomeUnknown")
-_WRITTEN = {"Claimed", "Authorized", "Written"}
+_WRITTEN = {"Claimed", "Authorized", "Written", "Fenced"}
 _NOT_OWNER = {"NotOwner"}
-_REFUSED = {"Lost", "StopRecorded", "LeaseLapsed", "OriginalCompleted"}
+_REFUSED = {"Lost", "StopRecorded", "LeaseLapsed", "OriginalCompleted", "Paused", "DestinationInactive"}
 
 
 def transition_result(answer: Any) -> TransitionResult:
     """Map a store answer to the ``result`` label.
 
-    Accepts ``ClaimResult``, ``AuthorizationResult``, ``FinishResult`` (or their string values), a bool
-    (a conditional write that matched or not: recovery's takeovers, reject, cancel, request-stop,
-    reconcile, correct) and ``None`` (no answer). Anything else is a programming error.
+    Accepts ``ClaimResult``, ``AuthorizationResult``, ``FinishResult``, ``FenceResult`` (or their string
+    values), a bool (a conditional write that matched or not: recovery's takeovers, reject, cancel,
+    request-stop, reconcile, correct) and ``None`` (no answer). Anything else is a programming error.
     """
     if answer is None:
         return TransitionResult.UNKNOWN
@@ -270,6 +275,12 @@ class ExportMetrics:
         for path in StopPath:
             self.stop_latency.labels(path.value)
 
+    def unregister(self) -> None:
+        """Remove every metric of this object from its registry (a process replacing its metrics)."""
+        for value in list(vars(self).values()):
+            if isinstance(value, Counter | Gauge | Histogram):
+                self.registry.unregister(value)
+
     # -- helpers ----------------------------------------------------------------------------------------
 
     def _tenant(self, tenant_id: UUID | str | None) -> tuple[str, ...]:
@@ -300,7 +311,7 @@ class ExportMetrics:
 
         Called by ``JobStore`` once per call of a transition method (claim_if_queued, cutoff 2, the
         terminal writes, recovery's takeovers, reconcile, correct, reject, and inside the cancellation
-        transaction for cancel_if_queued / request_stop_if_running), after the lost-response re-read has
+        transaction's cancel_and_record when it changed the job), after the lost-response re-read has
         decided; ``transition_result()`` maps the store's answer.
         """
         labels = (Statement(statement).value, TransitionResult(result).value, *self._tenant(tenant_id))
@@ -420,24 +431,12 @@ def set_metrics(metrics: ExportMetrics) -> ExportMetrics:
     return metrics
 
 
-def temporal_runtime(bind_address: str, *, service: str = "worker") -> Runtime:
-    """A Temporal ``Runtime`` whose core serves the SDK's own metrics for Prometheus at ``bind_address``
-    (``host:port``, path ``/metrics``): worker task slots, poll and schedule-to-start latencies, activity
-    and workflow task outcomes, sticky cache, request failures. Names start ``temporal_``, counters end
-    ``_total`` and durations are in seconds, as ours.
-
-    Build it once per process in ``main()`` and pass it to ``Client.connect(runtime=...)``; every worker
-    made from that client reports through it. It opens its own listener: give it a port other than
-    ``EXPORTS_METRICS_PORT``.
-    """
-    return Runtime(
-        telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(
-                bind_address=bind_address,
-                counters_total_suffix=True,
-                unit_suffix=True,
-                durations_as_seconds=True,
-            ),
-            global_tags={"service": service},
-        )
-    )
+def process_metrics(*, tenant_labels: bool = False) -> ExportMetrics:
+    """The process's metrics on the default registry, with or without tenant labels: the installed ones
+    when they already match, else new ones replacing them (``configure_process`` calls it)."""
+    current = _current
+    if current is not None and current.registry is REGISTRY:
+        if current.tenant_labels == tenant_labels:
+            return current
+        current.unregister()
+    return set_metrics(ExportMetrics(tenant_labels=tenant_labels))

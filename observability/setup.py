@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -11,7 +12,8 @@ from temporalio.runtime import Runtime
 from observability.db_gauges import DatabaseGauges
 from observability.health import MetricsServer, standard_readiness
 from observability.logs import configure_logging
-from observability.metrics import ExportMetrics, set_metrics, temporal_runtime
+from observability.metrics import ExportMetrics, process_metrics
+from observability.temporal import temporal_runtime
 from observability.tracing import setup_tracing
 from settings import Settings
 
@@ -19,20 +21,44 @@ from settings import Settings
 def configure_process(settings: Settings, service: str) -> ExportMetrics:
     """Logging, tracing and the metrics object of one process; first thing in ``main()``.
 
-    ``service`` is ``"worker"`` or ``"api"`` (the trace's service name is ``fenced-exports-<service>``
-    unless ``OTEL_SERVICE_NAME`` says otherwise). Returns the installed ``ExportMetrics``.
+    ``service`` is ``"worker"``, ``"api"`` or ``"demo"`` (the trace's service name is
+    ``fenced-exports-<service>`` unless ``OTEL_SERVICE_NAME`` says otherwise). Returns the installed
+    ``ExportMetrics``. At exit, ``observability.tracing.shutdown_tracing()`` flushes the spans.
     """
     configure_logging(settings.log_format, level=settings.log_level.upper())
     setup_tracing(f"fenced-exports-{service}")
-    return set_metrics(ExportMetrics(tenant_labels=settings.metrics_tenant_labels))
+    return process_metrics(tenant_labels=settings.metrics_tenant_labels)
 
 
-def worker_runtime(settings: Settings) -> Runtime | None:
+def worker_runtime(settings: Settings, *, service: str = "worker") -> Runtime | None:
     """The Temporal runtime serving the SDK's metrics on ``temporal_metrics_port`` (``None`` when 0):
-    pass to ``Client.connect(runtime=...)``."""
+    pass to ``Client.connect(runtime=...)`` (``connect_client(settings, runtime=...)``)."""
     if not settings.temporal_metrics_port:
         return None
-    return temporal_runtime(f"{settings.metrics_host}:{settings.temporal_metrics_port}", service="worker")
+    return temporal_runtime(f"{settings.metrics_host}:{settings.temporal_metrics_port}", service=service)
+
+
+@dataclass
+class WorkerEndpoints:
+    """What ``start_worker_endpoints`` started: the metrics server (``None`` when the port is 0) and the
+    database gauges (``None`` when off). ``stop`` undoes both."""
+
+    server: MetricsServer | None
+    gauges: DatabaseGauges | None
+    registry: CollectorRegistry
+
+    @property
+    def url(self) -> str | None:
+        """The base URL of ``/metrics``, ``/healthz`` and ``/readyz``, or ``None`` when not served."""
+        return self.server.url if self.server is not None else None
+
+    async def stop(self) -> None:
+        """Stop serving, unregister the gauges and close their connection (after the workers stopped)."""
+        if self.server is not None:
+            await self.server.stop()
+        if self.gauges is not None:
+            self.registry.unregister(self.gauges)
+            self.gauges.close()
 
 
 async def start_worker_endpoints(
@@ -42,10 +68,10 @@ async def start_worker_endpoints(
     client: Any,
     *,
     registry: CollectorRegistry = REGISTRY,
-) -> tuple[MetricsServer | None, DatabaseGauges | None]:
+) -> WorkerEndpoints:
     """Register the database gauges, publish the intervals the alerts use, and start the metrics server
-    (``/metrics``, ``/healthz``, ``/readyz`` on ``metrics_host:metrics_port``); ``(None, ...)`` when the
-    port is 0. The caller stops the server and closes the gauges' connection at shutdown."""
+    (``/metrics``, ``/healthz``, ``/readyz`` on ``metrics_host:metrics_port``; no server when the port is
+    0). The caller awaits ``stop()`` at shutdown."""
     gauges = None
     if settings.metrics_db_gauges and settings.database_url:
         gauges = DatabaseGauges(settings.database_url, cache_seconds=settings.metrics_db_cache_seconds)
@@ -57,13 +83,19 @@ async def start_worker_endpoints(
         sweep_after_seconds=settings.sweep_after_seconds,
         sweep_every_seconds=settings.sweep_every_seconds,
     )
+    endpoints = WorkerEndpoints(server=None, gauges=gauges, registry=registry)
     if not settings.metrics_port:
-        return None, gauges
+        return endpoints
     server = MetricsServer(
         standard_readiness(pool, client),
         host=settings.metrics_host,
         port=settings.metrics_port,
         registry=registry,
     )
-    await server.start()
-    return server, gauges
+    try:
+        await server.start()
+    except BaseException:
+        await endpoints.stop()
+        raise
+    endpoints.server = server
+    return endpoints

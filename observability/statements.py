@@ -1,20 +1,21 @@
 """One call per protocol statement that feeds all three signals: a span, the latency histogram and, for
 a transition, the counter and a log line with the statement and its result.
 
-The store wires it at two points:
+The store calls it at two points:
 
-- ``JobStore._all(name, params)``, the one place every named statement runs::
+- ``db/queries.fetch`` and ``execute``, where every named statement of a running process goes (and
+  ``db/store._observed`` around a pipeline's round trip)::
 
       with observe_statement(name, params):
-          async with self.pool.connection() as conn:
-              return await fetch_all(conn, name, params)
+          ...execute the statement...
 
   gives every statement a span (IDs from its parameters) and its latency;
 
-- each transition method, once its lost-response re-read has decided, calls
-  ``record_transition(Statement.CLAIM_IF_QUEUED, result, job_id=..., attempt_id=...)`` with the answer it
-  returns (``ClaimResult``, ``AuthorizationResult``, ``FinishResult`` or the bool of a conditional
-  write), which counts it and logs it.
+- each transition method of ``JobStore`` (``@transition(Statement.CLAIM_IF_QUEUED)``), once its
+  lost-response re-read has decided, calls ``record_transition`` with the answer it returns
+  (``ClaimResult``, ``AuthorizationResult``, ``FinishResult``, ``FenceResult`` or the bool of a
+  conditional write), which counts it and logs it; the cancellation ledger records ``cancel_and_record``
+  once its transaction committed a change of the job.
 """
 
 from __future__ import annotations

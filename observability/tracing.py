@@ -11,8 +11,8 @@ installed).
 
 One trace per export: the FastAPI instrumentation opens it at ``POST /exports``; the store writes the
 request's ``traceparent`` into the outbox row; the dispatcher continues that trace around its workflow
-start (``continue_trace``); the temporalio ``TracingInterceptor`` carries it through the workflow into
-every activity; inside them, ``statement_span`` and ``sftp_span`` add one span per protocol statement and
+start (``continue_trace``); the temporalio ``TracingInterceptor`` (``observability.temporal``) carries it through the workflow
+into every activity; inside them, ``statement_span`` and ``sftp_span`` add one span per protocol statement and
 SFTP step. Span attributes go through ``observability.fields``: IDs, sizes, codes, never contact data.
 """
 
@@ -135,6 +135,15 @@ def setup_tracing(
     return provider
 
 
+def use_provider(provider: TracerProvider | None) -> None:
+    """Make ``provider`` this process's (``None``: tracing off) without shutting either down: the benchmark
+    switches tracing off and on between the rounds of one run. Clients and apps instrumented earlier keep
+    the provider they were given."""
+    global _provider, _tracer
+    _provider = provider
+    _tracer = provider.get_tracer(TRACER_NAME) if provider is not None else None
+
+
 def shutdown_tracing() -> None:
     """Flush and stop the exporter (at the end of ``main()``); tracing is off afterwards."""
     global _provider, _tracer
@@ -155,31 +164,10 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
-def temporal_interceptors() -> list[Any]:
-    """``[TracingInterceptor]`` when tracing is on, else ``[]``: pass to ``Client.connect(interceptors=...)``
-    in ``service/temporal.connect_client``; the workers made from that client inherit it, so a client's
-    start, the workflow and its activities share one trace."""
-    if _provider is None:
-        return []
-    from temporalio.contrib.opentelemetry import TracingInterceptor
-
-    return [TracingInterceptor(_provider.get_tracer("temporalio"))]
-
-
-def instrument_fastapi(app: Any) -> bool:
-    """Instrument the API (``api/app.create_app``, after the routes are added) when tracing is on: one
-    server span per request, health and metrics routes excluded. Returns whether it instrumented."""
-    if _provider is None:
-        return False
-    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-
-    FastAPIInstrumentor.instrument_app(
-        app,
-        tracer_provider=_provider,
-        excluded_urls="/healthz,/readyz,/metrics,/static",
-        exclude_spans=["receive", "send"],
-    )
-    return True
+def provider() -> TracerProvider | None:
+    """The provider ``setup_tracing`` built, or ``None`` when tracing is off (for the Temporal and FastAPI
+    instrumentation in ``observability.temporal`` and ``observability.health``)."""
+    return _provider
 
 
 def _attributes(values: Mapping[str, Any]) -> dict[str, fields.Value]:

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from paramiko.sftp import SFTP_NO_SUCH_FILE
 
 from domain.destination import Destination
+from observability.tracing import SftpStep, sftp_span
 
 PREFERRED_CIPHER = "aes128-gcm@openssh.com"
 READ_CHUNK = 1 << 20
@@ -179,8 +180,9 @@ def connect(
 
 @contextlib.contextmanager
 def session(destination: Destination, **kwargs: Any) -> Iterator[PartnerSession]:
-    """:func:`connect` as a context manager that always closes the session."""
-    opened = connect(destination, **kwargs)
+    """:func:`connect` as a context manager that always closes the session (the connect is one span)."""
+    with sftp_span(SftpStep.CONNECT):
+        opened = connect(destination, **kwargs)
     try:
         yield opened
     finally:

@@ -23,6 +23,7 @@ import paramiko
 from domain.destination import Destination
 from domain.evidence import Ack, DeliveryReport, FileToDeliver, Observation, OriginalFile, temp_name_for
 from domain.models import FailureCode
+from observability.tracing import SftpStep, set_attributes, sftp_span
 from partner.client import (
     ConnectRefused,
     PartnerSession,
@@ -134,7 +135,10 @@ def observe_final_name(
     acknowledgment under an ``ack_file`` contract. Raises :class:`partner.client.ConnectRefused` or the
     SFTP error when the server cannot be asked.
     """
-    with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+    with (
+        sftp_span(SftpStep.OBSERVE),
+        session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened,
+    ):
         return observe(opened.sftp, destination, final_name)
 
 
@@ -203,7 +207,8 @@ class _Delivery:
         sftp = opened.sftp
         self.phase = "baseline"
         try:
-            baseline = observe(sftp, self.destination, self.file.final_name)
+            with sftp_span(SftpStep.LIST):
+                baseline = observe(sftp, self.destination, self.file.final_name)
         except Exception as exc:
             self.evidence.record("interrupted", phase=self.phase, rename_sent=False, **error_code(exc))
             return self._end(
@@ -228,13 +233,20 @@ class _Delivery:
                 return self._end(decision.report)
             overwrite = True
 
-        uploaded = self._upload(sftp, baseline)
+        with sftp_span(SftpStep.UPLOAD, bytes=self.file.size) as span:
+            uploaded = self._upload(sftp, baseline)
+            _ended(span, uploaded)
         if uploaded is not None:
             return self._end(uploaded)
-        renamed = self._rename(sftp, baseline, overwrite)
+        with sftp_span(SftpStep.RENAME) as span:
+            renamed = self._rename(sftp, baseline, overwrite)
+            _ended(span, renamed)
         if renamed is not None:
             return self._end(renamed)
-        return self._end(self._read_back(sftp, overwrite))
+        with sftp_span(SftpStep.READ_BACK) as span:
+            confirmed = self._read_back(sftp, overwrite)
+            _ended(span, confirmed)
+        return self._end(confirmed)
 
     def _upload(self, sftp: paramiko.SFTPClient, baseline: Observation) -> DeliveryReport | None:
         """Upload under the temporary name; a report when the attempt ends here, else ``None``."""
@@ -338,7 +350,10 @@ class _Delivery:
                 failed(FailureCode.NOT_DELIVERED, "interrupted before the baseline; nothing was sent")
             )
         try:
-            with session(self.destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+            with (
+                sftp_span(SftpStep.OBSERVE),
+                session(self.destination, timeout=connect_timeout, io_timeout=io_timeout) as opened,
+            ):
                 fresh = observe(opened.sftp, self.destination, self.file.final_name)
         except Exception as exc:
             self.evidence.record("interrupted", phase=self.phase, rename_sent=False, **error_code(exc))
@@ -370,7 +385,8 @@ class _Delivery:
             self.evidence.record("read_back", final_name=self.file.final_name, **after.as_evidence())
             ack_tied = False
             if self.destination.hash_evidence == "ack_file":
-                after, ack_tied = self._await_ack(sftp, after)
+                with sftp_span(SftpStep.ACK_WAIT):
+                    after, ack_tied = self._await_ack(sftp, after)
         except Exception as exc:
             self.evidence.record("interrupted", phase=self.phase, rename_sent=True, **error_code(exc))
             return unknown("renamed, but the read-back was interrupted")
@@ -399,7 +415,8 @@ class _Delivery:
     ) -> DeliveryReport:
         """The server refused a step with the connection alive: compare a fresh listing with the baseline."""
         try:
-            fresh = observe(sftp, self.destination, self.file.final_name)
+            with sftp_span(SftpStep.OBSERVE):
+                fresh = observe(sftp, self.destination, self.file.final_name)
         except Exception as exc:
             self.evidence.record(
                 "interrupted", phase="fresh_listing", rename_sent=self.rename_sent, **error_code(exc)
@@ -411,6 +428,16 @@ class _Delivery:
     def _end(self, report: DeliveryReport) -> DeliveryReport:
         self.report = report
         return report
+
+
+def _ended(span: Any, report: DeliveryReport | None) -> None:
+    """A step that ended the attempt says how, on its span (outcome and failure code only)."""
+    if report is not None:
+        set_attributes(
+            span,
+            outcome=report.outcome.value,
+            failure_code=report.failure_code.value if report.failure_code else None,
+        )
 
 
 def _call(hook: Callable[..., None] | None, *args: Any) -> None:

@@ -11,13 +11,16 @@ the terminal write commits finds no row, and that is not a loss.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from db.errors import StoreError
 from db.store import JobStore
 from domain.models import Renewal
+from observability.metrics import RenewalResult, get_metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,8 @@ class LeaseKeeper:
         self._lock = asyncio.Lock()
         self._finishing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # From the first renewal or timer to finish: counted in fenced_exports_leases_held.
+        self._held: contextlib.ExitStack | None = None
 
     async def start(self) -> Renewal | None:
         """Renew once now, then start the timer; returns the first renewal's answer, ``None`` if it threw."""
@@ -74,8 +79,14 @@ class LeaseKeeper:
 
     def start_timer(self) -> None:
         """Start renewing every ``every`` seconds (the claim has just set the lease: no renewal now)."""
+        self._hold()
         if self.timer and self._task is None and not self._finishing.is_set():
             self._task = asyncio.create_task(self._run(), name=f"lease-keeper-{self.attempt_id}")
+
+    def _hold(self) -> None:
+        if self._held is None and not self._finishing.is_set():
+            self._held = contextlib.ExitStack()
+            self._held.enter_context(get_metrics().holding_lease())
 
     async def renew_now(self, tries: int = 3, backoff: float = 0.2) -> Renewal | None:
         """Renew on demand, serialized with the timer; transient failures are retried with backoff.
@@ -98,6 +109,8 @@ class LeaseKeeper:
         # Taking the lock waits for an on-demand renewal in flight too.
         async with self._lock:
             pass
+        if self._held is not None:
+            self._held.close()
 
     @property
     def finished(self) -> bool:
@@ -116,11 +129,15 @@ class LeaseKeeper:
         async with self._lock:
             if self._finishing.is_set():
                 return None
+            self._hold()
+            started = time.perf_counter()
             try:
                 if self.before_renewal is not None:
                     await self.before_renewal()
+                    started = time.perf_counter()
                 answer = await self.store.renew_lease(self.job_id, self.attempt_id)
             except RENEWAL_ERRORS as exc:
+                get_metrics().observe_lease_renewal(time.perf_counter() - started, RenewalResult.ERROR)
                 self.failures += 1
                 log.warning(
                     "lease renewal (%s) for job %s attempt %s threw %s; retrying at the next interval",
@@ -131,9 +148,15 @@ class LeaseKeeper:
                 )
                 return None
             self.renewals += 1
+            seconds = time.perf_counter() - started
             # The terminal write may have committed while this renewal was in flight: not a loss.
             if self._finishing.is_set():
+                if answer.owned:
+                    get_metrics().observe_lease_renewal(seconds, RenewalResult.RENEWED)
                 return answer
+            get_metrics().observe_lease_renewal(
+                seconds, RenewalResult.RENEWED if answer.owned else RenewalResult.LOST
+            )
             self._observe(answer)
             return answer
 

@@ -18,6 +18,7 @@ from db.errors import UnknownReference
 from db.rows import CancellationBatch
 from db.store import JobStore
 from domain.models import CancellationOutcome, CancellationResult, JobStatus
+from observability.metrics import CancellationSource, get_metrics
 from service.auth import Caller
 from service.commands import BulkCancel
 from service.outcomes import Answer, Kind, refusal
@@ -94,7 +95,9 @@ class BulkCancels:
             },
         )
 
-    async def submit(self, caller: Caller, body: BulkCancel) -> Answer:
+    async def submit(
+        self, caller: Caller, body: BulkCancel, *, source: CancellationSource = CancellationSource.API
+    ) -> Answer:
         """Record the batch (or find it), decide every covered export that has no request yet, and
         answer with the counts of every outcome recorded for the batch and the Busy ones."""
         try:
@@ -129,6 +132,10 @@ class BulkCancels:
             lock_timeout=self.lock_timeout,
             concurrency=self.lanes,
         )
+        for result in results:
+            get_metrics().observe_cancellation(
+                result.outcome.value, source=source, tenant_id=caller.tenant_id
+            )
         await self._signal_stops(results)
         return await self._answer(caller, batch, results, replayed=not created)
 

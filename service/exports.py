@@ -31,6 +31,7 @@ from domain.models import (
     FailureCode,
     JobStatus,
 )
+from observability.metrics import CancellationSource, get_metrics
 from service.auth import Caller
 from service.bulk import BulkCancels
 from service.commands import (
@@ -395,8 +396,19 @@ class Exports:
 
     # -- cancellation ----------------------------------------------------------------------------------
 
-    async def cancel(self, caller: Caller, job_id: UUID, body: CancelExport) -> Answer:
-        """Record one cancellation request and answer as the seed's table says (001 "What the API returns")."""
+    async def cancel(
+        self,
+        caller: Caller,
+        job_id: UUID,
+        body: CancelExport,
+        *,
+        source: CancellationSource = CancellationSource.API,
+    ) -> Answer:
+        """Record one cancellation request and answer as the seed's table says (001 "What the API returns").
+
+        Every answer, Busy included, is counted in ``fenced_exports_cancellations_total`` under ``source``
+        (the API and console, or ``cli`` for ``starter.py cancel``).
+        """
         result = await self.store.request_cancellation(
             tenant_id=caller.tenant_id,
             job_id=job_id,
@@ -405,6 +417,7 @@ class Exports:
             reason=body.reason,
             lock_timeout=self.cancel_lock_timeout,
         )
+        get_metrics().observe_cancellation(result.outcome.value, source=source, tenant_id=caller.tenant_id)
         base: dict[str, Any] = {"outcome": result.outcome.value, "request_id": str(body.request_id)}
         match result.outcome:
             case CancellationOutcome.NOT_FOUND:
@@ -499,10 +512,13 @@ class Exports:
 
     # -- bulk cancel ------------------------------------------------------------------------------------
 
-    async def bulk_cancel(self, caller: Caller, body: BulkCancel) -> Answer:
+    async def bulk_cancel(
+        self, caller: Caller, body: BulkCancel, *, source: CancellationSource = CancellationSource.API
+    ) -> Answer:
         """Cancel every live export of a destination (or of one of its lists), each through its own
-        request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones."""
-        return await self.bulk.submit(caller, body)
+        request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones.
+        Each export's answer is counted in ``fenced_exports_cancellations_total`` under ``source``."""
+        return await self.bulk.submit(caller, body, source=source)
 
     async def bulk_cancel_preview(
         self, caller: Caller, destination_id: UUID, list_name: str | None

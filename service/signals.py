@@ -46,6 +46,10 @@ class TemporalStopSignaller:
         self._settings = client_or_settings if isinstance(client_or_settings, Settings) else None
         self._lock = asyncio.Lock()
 
+    async def connected_client(self) -> Client:
+        """The client, connected now if this signaller was given settings (readiness asks it too)."""
+        return await self._connected()
+
     async def _connected(self) -> Client:
         async with self._lock:
             if self._client is None:

@@ -2,7 +2,7 @@
 
 Workers, the API, the command line, the demo and the tests all connect through ``connect_client``, so
 every client carries the pydantic data converter (payloads are pydantic models of IDs, sizes, hashes and
-codes) and the same connection options: TLS with a CA bundle, mutual TLS with a client certificate, an
+codes), the tracing interceptor when tracing is on, and the same connection options: TLS with a CA bundle, mutual TLS with a client certificate, an
 API key (Temporal Cloud), the namespace.
 
 Whatever stops a connection at start-up (an unreadable or malformed file, a certificate and key that do
@@ -25,8 +25,10 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
+from observability.temporal import temporal_interceptors
 from settings import Settings
 
 DATA_CONVERTER: DataConverter = pydantic_data_converter
@@ -117,8 +119,10 @@ def connect_options(settings: Settings) -> ConnectOptions:
     )
 
 
-async def connect_client(settings: Settings) -> Client:
-    """A Temporal client for ``settings``: address, namespace, TLS or mutual TLS, API key.
+async def connect_client(settings: Settings, *, runtime: Runtime | None = None) -> Client:
+    """A Temporal client for ``settings``: address, namespace, TLS or mutual TLS, API key; the tracing
+    interceptor when tracing is on (workers made from the client inherit it); ``runtime`` (the worker's,
+    serving the SDK's metrics: ``observability.setup.worker_runtime``) or the SDK's default.
 
     Checks the files first (:func:`connect_options`), connects within
     ``temporal_connect_timeout_seconds`` and asks the server about the namespace, so every way of not
@@ -136,6 +140,8 @@ async def connect_client(settings: Settings) -> Client:
                 tls=options.tls if options.tls is not None else False,
                 api_key=options.api_key,
                 connect_timeout=options.connect_timeout,
+                interceptors=temporal_interceptors(),
+                runtime=runtime,
             ),
             deadline,
         )

@@ -14,6 +14,11 @@ from tests.support.factories import Factory
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+# Workers started by tests serve no fixed port (several test runs share this machine); a test that reads a
+# worker's /metrics, /healthz or /readyz, or the SDK's metrics, gives it a free port of its own.
+os.environ.setdefault("EXPORTS_METRICS_PORT", "0")
+os.environ.setdefault("EXPORTS_TEMPORAL_METRICS_PORT", "0")
+
 
 def require(condition: bool, what: str) -> None:
     """Skip on a developer machine, fail in CI: a missing server is never a pass."""

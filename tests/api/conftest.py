@@ -11,6 +11,7 @@ from uuid import UUID
 import httpx
 import pytest
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 
 from api.app import create_app
@@ -134,3 +135,20 @@ async def sign_in(client: httpx.AsyncClient, keys: TenantKeys) -> str:
     session = client.cookies.get(COOKIE_NAME)
     assert session is not None
     return session
+
+
+async def counted(client: httpx.AsyncClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The API's /metrics as {(sample, sorted labels): value}; tests compare two readings (the registry is
+    the process's, shared by every test)."""
+    text = (await client.get("/metrics")).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def increase(before: dict, after: dict, sample: str, **labels: str) -> float:
+    """How much one series grew between two readings of ``counted``."""
+    key = (sample, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)

@@ -11,7 +11,7 @@ import psycopg
 
 from domain.models import JobStatus
 from service.bulk import request_id_for
-from tests.api.conftest import make_tenant, snapshot
+from tests.api.conftest import counted, increase, make_tenant, snapshot
 from tests.api.test_starter import starter
 
 
@@ -58,6 +58,7 @@ async def test_bulk_cancel_counts_each_outcome_and_a_replay_records_nothing_twic
     running, _ = await factory.running(await factory.queued(keys.id, keys.destination_id))
     delivering, _ = await factory.delivering(await factory.queued(keys.id, keys.destination_id))
     body = bulk_body(keys)
+    before = await counted(client)
 
     r = await client.post("/cancellation-batches", json=body, headers=keys.operator)
 
@@ -65,6 +66,13 @@ async def test_bulk_cancel_counts_each_outcome_and_a_replay_records_nothing_twic
     answer = r.json()
     assert answer["matched"] == 5 and answer["complete"] is True and answer["busy"] == []
     assert answer["outcomes"] == {"CanceledWhileQueued": 3, "StopRequested": 1, "TooLate": 1}
+    after = await counted(client)
+    for outcome, n in answer["outcomes"].items():  # each export's answer, counted once
+        assert (
+            increase(before, after, "fenced_exports_cancellations_total", outcome=outcome, source="api") == n
+        )
+    written = {"statement": "cancel_and_record", "result": "written"}
+    assert increase(before, after, "fenced_exports_transitions_total", **written) == 4
     assert answer["requested_by"] == keys.operator_name and answer["reason"] == "contract ended"
     assert answer["message"].startswith("5 live exports matched: 3 canceled while queued, 1 stop requested")
     assert r.headers["Location"] == f"/cancellation-batches/{body['batch_id']}"

@@ -7,7 +7,7 @@ import uuid
 import psycopg
 
 from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus, StopPoint
-from tests.api.conftest import cancel_body, recorded_requests, snapshot
+from tests.api.conftest import cancel_body, counted, increase, recorded_requests, snapshot
 
 
 async def test_cancel_of_a_queued_export_is_200_canceled_while_queued_and_no_attempt_had_started(
@@ -263,6 +263,7 @@ async def test_a_held_row_lock_is_503_busy_records_nothing_and_the_retry_with_th
 ):
     job = await factory.queued(acme.id, acme.destination_id)
     body = cancel_body()
+    before = await counted(client)
     async with await psycopg.AsyncConnection.connect(database.admin_url) as holder:
         await holder.execute("SELECT 1 FROM export_jobs WHERE id = %(id)s FOR UPDATE", {"id": job.id})
 
@@ -281,3 +282,11 @@ async def test_a_held_row_lock_is_503_busy_records_nothing_and_the_retry_with_th
 
     assert retry.status_code == 200
     assert retry.json()["outcome"] == "CanceledWhileQueued"
+    # The API's /metrics counted both answers, the Busy one as Busy, and the one change of the job.
+    after = await counted(client)
+    cancellations = "fenced_exports_cancellations_total"
+    assert increase(before, after, cancellations, outcome="Busy", source="api") == 1
+    assert increase(before, after, "fenced_exports_busy_answers_total", operation="cancel") == 1
+    assert increase(before, after, cancellations, outcome="CanceledWhileQueued", source="api") == 1
+    written = {"statement": "cancel_and_record", "result": "written"}
+    assert increase(before, after, "fenced_exports_transitions_total", **written) == 1

@@ -41,6 +41,7 @@ PRODUCTION_SOURCES = [
         "rules/**/*.py",
         "runtime/**/*.py",
         "service/**/*.py",
+        "observability/**/*.py",
     )
     for path in ROOT.glob(pattern)
 ]
@@ -67,6 +68,9 @@ DOCUMENTED_CONSUMERS: dict[str, str] = {
     "role_exists": "db/migrate.py: creating the application login",
     "become_dispatcher": "db/notify.py: the dispatcher's dedicated LISTEN connection",
     "listen_outbox": "db/notify.py: the dispatcher's dedicated LISTEN connection",
+    "ping_database": "db/pool.py: readiness (/readyz) asks the process's own pool",
+    "configure_gauges_session": "db/gauges.py: the scrape-time gauges' own connection, its role and timeout",
+    "read_database_gauges": "db/gauges.py: the scrape-time gauges (observability/db_gauges.py's collector)",
 }
 
 NAMES = sorted(all_queries())
@@ -139,6 +143,17 @@ def admin_conn(database):
 @pytest.mark.parametrize("name", NAMES)
 def test_every_named_statement_parses_against_the_schema(admin_conn, name):
     prepare_and_describe(admin_conn, q(name))
+
+
+def test_observability_holds_no_sql():
+    # One SQL home: the collector and the readiness checks run named statements of db/ through db/ functions.
+    package = ROOT / "observability"
+    assert not list(package.glob("**/*.sql"))
+    statement = re.compile(r"\b(SELECT|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|WITH\s+\w+\s+AS)\b")
+    offenders = [
+        str(p.relative_to(ROOT)) for p in package.glob("**/*.py") if statement.search(p.read_text("utf-8"))
+    ]
+    assert offenders == []
 
 
 # -- every write to export_jobs is in queries.sql, and conditional -----------------------------------

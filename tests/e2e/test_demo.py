@@ -209,6 +209,13 @@ async def test_ctrl_c_on_demo_keep_stops_everything_it_started():
     api = urlsplit(re.search(r"Console:\s+(\S+)", text).group(1))
     ui = urlsplit(re.search(r"Temporal Web UI:\s+(\S+)", text).group(1))
     assert _listening(api.port) and _listening(ui.port)
+    # The metrics the demo printed are up too: the worker's and the Temporal SDK's.
+    worker = urlsplit(re.search(r"Worker metrics:\s+(\S+)", text).group(1))
+    sdk = urlsplit(re.search(r"Temporal SDK:\s+(\S+)", text).group(1))
+    async with httpx.AsyncClient(timeout=10) as http:
+        assert "fenced_exports_transitions_total" in (await http.get(worker.geturl())).text
+        assert (await http.get(f"http://{worker.netloc}/readyz")).status_code == 200
+        assert "temporal_" in (await http.get(sdk.geturl())).text
 
     proc.send_signal(signal.SIGINT)
     rest, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
@@ -216,6 +223,7 @@ async def test_ctrl_c_on_demo_keep_stops_everything_it_started():
     assert proc.returncode == 0, text + rest.decode()
     assert "Stopping everything the demo started." in rest.decode()
     assert not _listening(api.port) and not _listening(ui.port)
+    assert not _listening(worker.port) and not _listening(sdk.port)
 
 
 def _listening(port: int | None) -> bool:

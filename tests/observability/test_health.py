@@ -1,30 +1,36 @@
-"""Health on a worker's metrics port: /readyz answers 503 while a real PostgreSQL is stopped and 200 once it
-is back; it also says not ready when a migration is missing or Temporal does not answer."""
+"""Health: /readyz answers 503 while a real PostgreSQL is stopped and 200 once it is back, on the building
+block, on the real worker's metrics port (``worker.run_worker``) and on the API (``create_app``); it also
+says not ready when a migration is missing or Temporal does not answer."""
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from api.app import create_app
 from db.embedded import EmbeddedPostgres, free_port
 from db.migrate import ensure_app_login, migrate
 from db.pool import open_pool
 from observability.health import MetricsServer, Readiness, expected_migrations, standard_readiness
 from observability.metrics import ExportMetrics
 from observability.setup import start_worker_endpoints
+from service.exports import open_exports
+from service.signals import TemporalStopSignaller
 from settings import Settings
 from testbed.pg import APP_LOGIN
 from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
+from worker import run_worker
 
 pytestmark = pytest.mark.slow
 
@@ -146,8 +152,8 @@ async def test_the_worker_endpoints_from_the_settings_serve_gauges_config_and_re
     pool = await open_pool(url, "exports_worker", min_size=1, max_size=2)
     registry = CollectorRegistry()
     metrics = ExportMetrics(registry)
-    server, gauges = await start_worker_endpoints(settings, metrics, pool, temporal.client, registry=registry)
-    assert server is not None and gauges is not None
+    endpoints = await start_worker_endpoints(settings, metrics, pool, temporal.client, registry=registry)
+    assert endpoints.server is not None and endpoints.gauges is not None
     try:
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{settings.metrics_port}", timeout=10
@@ -158,9 +164,9 @@ async def test_the_worker_endpoints_from_the_settings_serve_gauges_config_and_re
             assert 'fenced_exports_config_seconds{setting="recovery_every_seconds"} 45.0' in text
             await ready_within(http, 200, 10)
     finally:
-        await server.stop()
-        gauges.close()
+        await endpoints.stop()
         await pool.close()
+    assert "fenced_exports_db_gauges_up" not in generate_latest(registry).decode()  # unregistered
 
 
 async def ready_postgres(postgres: EmbeddedPostgres) -> None:
@@ -170,3 +176,72 @@ async def ready_postgres(postgres: EmbeddedPostgres) -> None:
             return
     except psycopg.OperationalError:
         EmbeddedPostgres.start(data_dir=postgres.data_dir, port=postgres.port, keep=True)
+
+
+# -- the real endpoints: the worker's metrics port and the API ------------------------------------------
+
+
+async def test_the_worker_readyz_is_503_while_postgres_is_stopped_and_200_once_it_is_back(
+    postgres, temporal, tmp_path
+):
+    await ready_postgres(postgres)
+    port = free_port()
+    settings = Settings(
+        database_url=postgres.url_for("postgres", APP_LOGIN),
+        task_queue=f"health-{uuid.uuid4()}",
+        work_dir=tmp_path,
+        metrics_port=port,
+        metrics_db_cache_seconds=0,
+        dispatcher_poll_seconds=1,
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(settings, stop=stop, client=temporal.client, ready=ready, schedules=False)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            body = await ready_within(http, 200, 10)
+            assert body["checks"] == {"postgres": "ok", "migrations": "ok", "temporal": "ok"}
+            assert "fenced_exports_db_gauges_up 1.0" in (await http.get("/metrics")).text
+
+            postgres.stop()
+            body = await ready_within(http, 503, 10)
+            assert body["checks"]["postgres"] != "ok" and body["checks"]["temporal"] == "ok"
+            assert (await http.get("/healthz")).status_code == 200
+            assert "fenced_exports_db_gauges_up 0.0" in (await http.get("/metrics")).text
+            assert not worker.done()  # the worker rides it out
+
+            EmbeddedPostgres.start(data_dir=postgres.data_dir, port=postgres.port, keep=True)
+            body = await ready_within(http, 200, 30)
+            assert body["checks"] == {"postgres": "ok", "migrations": "ok", "temporal": "ok"}
+            assert "fenced_exports_db_gauges_up 1.0" in (await http.get("/metrics")).text
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 60)
+    with pytest.raises(httpx.ConnectError):  # stopped with the worker
+        async with httpx.AsyncClient(timeout=2) as http:
+            await http.get(f"http://127.0.0.1:{port}/healthz")
+
+
+async def test_the_api_readyz_is_503_while_postgres_is_stopped_and_200_once_it_is_back(postgres, temporal):
+    await ready_postgres(postgres)
+    settings = Settings(database_url=postgres.url_for("postgres", APP_LOGIN))
+    async with open_exports(settings, signaller=TemporalStopSignaller(temporal.client)) as exports:
+        app = create_app(settings, exports=exports)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://api", timeout=10
+        ) as http:
+            body = await ready_within(http, 200, 10)
+            assert body["checks"] == {"postgres": "ok", "migrations": "ok", "temporal": "ok"}
+            assert (await http.get("/healthz")).json() == {"status": "ok"}
+            assert "fenced_exports_cancellations_total" in (await http.get("/metrics")).text
+
+            postgres.stop()
+            body = await ready_within(http, 503, 10)
+            assert body["checks"]["postgres"] != "ok" and body["checks"]["temporal"] == "ok"
+            assert (await http.get("/healthz")).status_code == 200
+
+            EmbeddedPostgres.start(data_dir=postgres.data_dir, port=postgres.port, keep=True)
+            body = await ready_within(http, 200, 30)
+            assert body["checks"] == {"postgres": "ok", "migrations": "ok", "temporal": "ok"}

@@ -15,22 +15,23 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from db.embedded import free_port
-from domain.models import AuthorizationResult, CancellationOutcome, ClaimResult, FinishResult
+from domain.models import AuthorizationResult, CancellationOutcome, ClaimResult, FenceResult, FinishResult
 from observability.metrics import (
     CancellationKind,
     ExportMetrics,
     Statement,
     TransitionResult,
-    temporal_runtime,
     transition_result,
 )
+from observability.temporal import temporal_runtime
 from service.temporal import DATA_CONVERTER
 from testbed.temporal import venv_binary
 from tests.conftest import require
 from tests.observability.test_dashboard import TEMPORAL_METRICS
 from tests.observability.traced_workflow import StepInput, TracedWorkflow, traced_step
 
-QUERIES = Path(__file__).resolve().parents[2] / "db" / "queries.sql"
+ROOT = Path(__file__).resolve().parents[2]
+QUERIES = ROOT / "db" / "queries.sql"
 
 
 def fresh(**kwargs) -> ExportMetrics:
@@ -45,7 +46,21 @@ def families(metrics: ExportMetrics) -> dict[str, object]:
 def test_every_statement_label_is_a_statement_of_queries_sql():
     names = set(re.findall(r"^-- name: (\w+)", QUERIES.read_text(), flags=re.MULTILINE))
     assert {s.value for s in Statement} <= names
-    assert len(Statement) == 14
+    assert len(Statement) == 17
+
+
+def test_the_store_counts_every_transition_statement():
+    # Each label is recorded by db/store.py: a @transition method, or the cancellation transaction's two.
+    store = (ROOT / "db" / "store.py").read_text()
+    recorded = set(re.findall(r"@transition\(Statement\.(\w+)\)", store))
+    recorded |= set(re.findall(r"record_transition\(\s*Statement\.(\w+)", store))
+    assert recorded == {s.name for s in Statement}
+
+
+@pytest.mark.parametrize("answer", [*ClaimResult, *AuthorizationResult, *FenceResult, *FinishResult])
+def test_every_answer_of_the_store_has_a_result_label(answer):
+    # A new answer (a paused switch, say) must be mapped here, or counting it would raise in the store.
+    assert transition_result(answer) in set(TransitionResult)
 
 
 def test_cancellation_kinds_are_the_nine_outcomes_of_the_seed():
@@ -84,7 +99,7 @@ def test_names_follow_prometheus_conventions():
 def test_bounded_series_exist_at_zero_before_anything_happens():
     found = families(fresh())
     transitions = [s for s in found["fenced_exports_transitions"].samples if s.name.endswith("_total")]
-    assert len(transitions) == 14 * 4 and all(s.value == 0 for s in transitions)
+    assert len(transitions) == len(Statement) * 4 and all(s.value == 0 for s in transitions)
     cancellations = [s for s in found["fenced_exports_cancellations"].samples if s.name.endswith("_total")]
     assert {s.labels["outcome"] for s in cancellations} == {k.value for k in CancellationKind}
 
@@ -135,14 +150,14 @@ def test_busy_answers_count_as_a_cancellation_outcome_and_as_busy():
 def test_tenant_ids_are_labels_only_when_the_setting_allows_them():
     tenant = uuid.uuid4()
     without = fresh()
-    without.observe_transition("cancel_if_queued", "written", tenant_id=tenant)
+    without.observe_transition("cancel_and_record", "written", tenant_id=tenant)
     assert str(tenant) not in generate_latest(without.registry).decode()
 
     with_tenants = fresh(tenant_labels=True)
-    with_tenants.observe_transition("cancel_if_queued", "written", tenant_id=tenant)
+    with_tenants.observe_transition("cancel_and_record", "written", tenant_id=tenant)
     with_tenants.observe_cancellation("CanceledWhileQueued", tenant_id=tenant)
     value = with_tenants.registry.get_sample_value
-    labels = {"statement": "cancel_if_queued", "result": "written", "tenant": str(tenant)}
+    labels = {"statement": "cancel_and_record", "result": "written", "tenant": str(tenant)}
     assert value("fenced_exports_transitions_total", labels) == 1
     assert (
         value(

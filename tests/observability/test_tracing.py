@@ -25,8 +25,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from observability import logs, tracing
+from observability.health import instrument_fastapi
 from observability.metrics import ExportMetrics, get_metrics, set_metrics
 from observability.statements import observe_statement
+from observability.temporal import LogContextInterceptor, temporal_interceptors
 from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
 from tests.observability.traced_workflow import StepInput, TracedWorkflow, traced_step
@@ -81,8 +83,8 @@ def test_tracing_is_on_only_when_an_otel_variable_asks(environ, expected):
 def test_off_means_no_provider_no_interceptor_and_non_recording_spans(metrics):
     assert tracing.setup_tracing("fenced-exports-test", environ={}, set_global=False) is None
     assert not tracing.tracing_enabled()
-    assert tracing.temporal_interceptors() == []
-    assert tracing.instrument_fastapi(FastAPI()) is False
+    assert temporal_interceptors() == []
+    assert instrument_fastapi(FastAPI()) is False
     with observe_statement("claim_if_queued", {"job_id": uuid.uuid4()}) as span:
         assert not span.is_recording()
     assert tracing.current_traceparent() is None
@@ -213,7 +215,7 @@ async def test_fastapi_requests_are_server_spans_around_their_statements(spans):
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    assert tracing.instrument_fastapi(app)
+    assert instrument_fastapi(app)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api") as http:
         assert (await http.get(f"/exports/{uuid.uuid4()}")).status_code == 200
         assert (await http.get("/healthz")).status_code == 200
@@ -237,14 +239,14 @@ async def test_one_trace_from_the_api_through_the_outbox_and_temporal_into_the_a
     handler = logs.configure_logging("json", stream=stream)
     try:
         # The dispatcher, later and elsewhere: continues the trace read from the row around the start.
-        client = Client(**{**temporal.client.config(), "interceptors": tracing.temporal_interceptors()})
+        client = Client(**{**temporal.client.config(), "interceptors": temporal_interceptors()})
         queue = f"traced-{uuid.uuid4()}"
         async with Worker(
             client,
             task_queue=queue,
             workflows=[TracedWorkflow],
             activities=[traced_step],
-            interceptors=[logs.LogContextInterceptor()],
+            interceptors=[LogContextInterceptor()],
         ):
             with tracing.continue_trace(traceparent):
                 handle = await client.start_workflow(

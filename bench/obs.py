@@ -1,0 +1,587 @@
+"""``python -m bench obs``: what observability costs, side by side in one run.
+
+1. **Overhead** (``overhead``): the same batch of exports through the real stack (``POST /exports`` on the
+   API, the outbox, the dispatcher, ``worker.run_worker`` on the Temporal dev server, the local SFTP
+   partner, the terminal write) with metrics and tracing on (spans to an in-process exporter) against the
+   same run with both off (JSON log lines at INFO on both sides), rounds in on/off pairs, wall time and
+   this process's CPU time per batch; the median of the pairs' ratios is printed (target at most 1.03x).
+   On a shared machine wall clocks swing by tens of percent, so it also prints an estimate from the
+   instrumentation's unit costs measured in the same process: spans and counted transitions per export
+   times their CPU cost, over the CPU an export costs with both off.
+2. **Scrape** (``scrape``): a scrape of a worker's ``/metrics`` over HTTP with one million rows in
+   export_jobs, uncached (every scrape runs the gauges query), under 50 ms; the plan of the gauges query
+   (``read_database_gauges``) is printed and must read no table sequentially.
+
+The million rows are loaded as the superuser with ``generate_series``, with the triggers of 0002 off for the
+load (``session_replication_role = replica``: the insert guard admits only new Queued jobs, and this
+loads a history). The data stays consistent: every job has its deliveries row, every claimed job its
+Claimed event, every OutcomeUnknown its Finished event. The mix is a production-like history: 97 % Completed, the rest spread over the other
+statuses, a few thousand live jobs, 10 % of leases expired, a million outbox rows of which 1,000 are
+unpublished. ``VACUUM ANALYZE`` afterwards, as autovacuum would have done. Loading takes 60-90 s here,
+which is why this is a benchmark and not a test; ``tests/observability/test_gauges_plan.py`` checks the
+plan on a few thousand rows of the same mix.
+
+    python -m bench obs                      # both
+    python -m bench.obs overhead [--exports 10] [--contacts 200] [--rounds 10]
+    python -m bench.obs scrape
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import io
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from temporalio.client import Client
+from temporalio.common import SearchAttributeKey
+
+from api.app import create_app
+from api.server import BackgroundServer
+from db.admin import seed_tenant
+from db.embedded import free_port
+from db.queries import q
+from observability import tracing
+from observability.db_gauges import DatabaseGauges
+from observability.health import MetricsServer
+from observability.logs import configure_logging
+from observability.metrics import ExportMetrics, process_metrics, set_metrics
+from observability.statements import observe_statement, record_transition
+from observability.temporal import temporal_interceptors
+from partner.local_server import LocalSftpServer
+from service.auth import mint_token
+from service.exports import open_exports
+from service.signals import NoSignaller
+from settings import Settings
+from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
+from testbed.temporal import start_dev_server
+from worker import run_worker
+from workflows.models import SEARCH_ATTRIBUTE_NAMES
+
+ROWS = 1_000_000
+SCRAPE_ROUNDS = 3
+SCRAPE_TARGET_MS = 50.0
+OVERHEAD_TARGET = 1.03
+TENANT = "00000000-0000-0000-0000-0000000000b1"
+DESTINATION = "00000000-0000-0000-0000-0000000000d1"
+SETTLED = ("Completed", "Failed", "Stopped", "Canceled", "Rejected", "OutcomeUnknown")
+BATCH_TIMEOUT_SECONDS = 300.0
+# What "on" turns on: metrics, statement and SFTP spans, the Temporal interceptor, the FastAPI middleware.
+ALL_PARTS = ("metrics", "spans", "temporal", "fastapi")
+PARTS: set[str] = set(ALL_PARTS)
+
+# A production-like history of ``rows`` jobs (see the module docstring); test_gauges_plan.py loads a few
+# thousand of the same mix.
+LOAD = [
+    "SET session_replication_role = replica",
+    "INSERT INTO tenants (id, name) VALUES (%(tenant)s, 'bench')",
+    "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir)"
+    " VALUES (%(destination)s, %(tenant)s, 'p', '127.0.0.1', 22, 'u', 'ssh-ed25519 AAAA', '/k', '/up')",
+    "INSERT INTO deliveries (tenant_id, delivery_key, original_job_id)"
+    " SELECT %(tenant)s, 'k' || g, md5('job' || g)::uuid FROM generate_series(1, %(rows)s) g",
+    """
+    INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, attempt_id, attempt_count, claimed_by,
+        lease_expires_at, woken_at, failure_reason, delivery_key, created_by, list_name, sweep_count, created_at,
+        delivery_authorized_at, rejection_code, rejection_reason)
+    SELECT md5('job' || g)::uuid, %(tenant)s, s.status, 1, %(destination)s,
+        CASE WHEN s.status NOT IN ('Queued', 'Canceled', 'Rejected') THEN md5('att' || g)::uuid END,
+        CASE WHEN s.status NOT IN ('Queued', 'Canceled', 'Rejected') THEN 1 ELSE 0 END,
+        CASE WHEN s.status NOT IN ('Queued', 'Canceled', 'Rejected') THEN 'w' END,
+        CASE WHEN s.status IN ('Running', 'Delivering')
+             THEN now() + CASE WHEN mod(g / 1000, 10) = 0 THEN interval '-5 min' ELSE interval '1 hour' END END,
+        now() - (mod(g, 100)) * interval '1 min',
+        CASE WHEN s.status = 'Failed' THEN 'NotDelivered' END, 'k' || g, 'bench', 'main', mod(g, 4),
+        now() - (%(rows)s - g) * interval '1 s',
+        CASE WHEN s.status IN ('Delivering', 'Completed', 'OutcomeUnknown', 'Failed')
+             THEN now() - (%(rows)s - g) * interval '1 s' END,
+        CASE WHEN s.status = 'Rejected' THEN 'contract_ended' END,
+        CASE WHEN s.status = 'Rejected' THEN 'the partner contract ended' END
+    FROM generate_series(1, %(rows)s) g
+    CROSS JOIN LATERAL (SELECT CASE
+        WHEN mod(g, 1000) < 5 THEN 'Queued' WHEN mod(g, 1000) < 7 THEN 'Running' WHEN mod(g, 1000) < 8 THEN 'Delivering'
+        WHEN mod(g, 10000) = 9 THEN 'OutcomeUnknown' WHEN mod(g, 1000) < 20 THEN 'Failed'
+        WHEN mod(g, 1000) < 25 THEN 'Canceled' WHEN mod(g, 1000) < 28 THEN 'Stopped' WHEN mod(g, 1000) < 30 THEN 'Rejected'
+        ELSE 'Completed' END AS status) s
+    """,
+    """
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
+    SELECT id, attempt_id, 'Claimed', 1, 'w', created_at FROM export_jobs WHERE attempt_id IS NOT NULL
+    """,
+    """
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT id, attempt_id, 'Finished', 'w', 'OutcomeUnknown', delivery_authorized_at + interval '1 min'
+    FROM export_jobs WHERE status = 'OutcomeUnknown'
+    """,
+    "INSERT INTO outbox (message_id, kind, job_id, created_at, published_at)"
+    " SELECT md5('msg' || g)::uuid, 'ExportReady', md5('job' || g)::uuid, now() - (%(rows)s - g) * interval '1 s',"
+    "  CASE WHEN mod(g, 1000) <> 0 THEN now() - (%(rows)s - g) * interval '1 s' END"
+    " FROM generate_series(1, %(rows)s) g",
+    "SET session_replication_role = origin",
+]
+
+
+def load(admin_url: str, rows: int = ROWS) -> float:
+    """Load ``rows`` jobs of the mix above (as the superuser), then VACUUM ANALYZE; returns the seconds."""
+    started = time.perf_counter()
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for statement in LOAD:
+            conn.execute(statement, {"rows": rows, "tenant": TENANT, "destination": DESTINATION})
+        for table in ("export_jobs", "outbox", "deliveries", "export_attempt_events"):
+            conn.execute(f"VACUUM ANALYZE {table}")  # noqa: S608 - table names are constants
+        assert conn.execute("SELECT count(*) FROM export_jobs").fetchone() == (rows,)
+    return time.perf_counter() - started
+
+
+def explain(app_url: str, *, analyze: bool = True) -> str:
+    """The plan of the gauges query (``read_database_gauges``) as ``exports_worker``, with its parameters."""
+    prefix = "EXPLAIN (ANALYZE, BUFFERS) " if analyze else "EXPLAIN "
+    with psycopg.connect(app_url, autocommit=True) as conn:
+        conn.execute("SET ROLE exports_worker")
+        rows = conn.execute(
+            prefix + q("read_database_gauges"),  # noqa: S608 - a named statement of db/support.sql
+            {"cap": 100_000, "unknown_probe": 100},
+        ).fetchall()
+    return "\n".join(r[0] for r in rows)
+
+
+# -- 2. the scrape with a million jobs -------------------------------------------------------------------
+
+
+async def scrape() -> dict[str, float]:
+    """Load a million jobs, then time uncached scrapes of /metrics over HTTP; print the plan."""
+    with postgres_server() as server_url:
+        database = clone_database(server_url, make_template(server_url))
+        seconds = load(database.admin_url)
+        print(f"loaded {ROWS:,} jobs, {ROWS:,} outbox rows in {seconds:.1f} s")
+
+        registry = CollectorRegistry()
+        ExportMetrics(registry)
+        gauges = DatabaseGauges(database.app_url, cache_seconds=0)  # every scrape queries
+        registry.register(gauges)
+        server = MetricsServer(None, port=0, registry=registry)
+        url = await server.start()
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+                (await http.get("/metrics")).raise_for_status()  # connect, plan cache
+                rounds = []
+                for _ in range(SCRAPE_ROUNDS):
+                    times = []
+                    for _ in range(21):
+                        started = time.perf_counter()
+                        response = await http.get("/metrics")
+                        times.append((time.perf_counter() - started) * 1000)
+                        response.raise_for_status()
+                    rounds.append(times)
+                body = response.text
+        finally:
+            await server.stop()
+            gauges.close()
+        explained = explain(database.app_url)
+
+    for expected in (
+        'fenced_exports_jobs{status="Queued"} 5000.0',
+        'fenced_exports_jobs{status="OutcomeUnknown"} 100.0',
+        'fenced_exports_expired_leases{status="Running"} 200.0',
+        "fenced_exports_outbox_unpublished_messages 1000.0",
+    ):
+        if expected not in body:
+            raise SystemExit(f"the scrape does not say {expected!r}")
+    print(explained)
+    for times in rounds:
+        print(
+            f"/metrics over HTTP, {len(times)} uncached scrapes: median {statistics.median(times):.1f} ms, "
+            f"p90 {sorted(times)[int(len(times) * 0.9)]:.1f} ms, max {max(times):.1f} ms"
+        )
+    best = min(statistics.median(times) for times in rounds)
+    print(
+        f"query alone {gauges._duration * 1000:.1f} ms (last); best round's median {best:.1f} ms "
+        f"(target < {SCRAPE_TARGET_MS:g} ms); sequential scans: {'Seq Scan' in explained}; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    return {"scrape_median_ms": best, "seq_scan": float("Seq Scan" in explained)}
+
+
+# -- 1. the overhead of metrics and tracing, end to end -----------------------------------------------------
+
+
+class NoMetrics(ExportMetrics):
+    """The "metrics off" side: every recording method does nothing and nothing is registered."""
+
+    def __init__(self) -> None:  # noqa: D107 - registers nothing on purpose
+        self.registry = CollectorRegistry()
+        self.tenant_labels = False
+
+    def observe_transition(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_statement_duration(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_cancellation(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_build(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_upload(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_stop_latency(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_lease_renewal(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_outbox_lag(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def describe_settings(self, **seconds: float) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def holding_lease(self) -> Iterator[None]:
+        yield
+
+
+class Stack:
+    """One real stack: a database, ``run_worker`` (its own task queue and client), the API on a port.
+
+    The "on" stack's client carries the tracing interceptor and its app is instrumented; the "off" stack's
+    are built with tracing off. Both share the dev server and the SFTP partner; only one works at a time.
+    """
+
+    def __init__(self, variant: str, database: TestDatabase, provider: Any) -> None:
+        self.variant = variant
+        self.provider = provider
+        self.database = database
+        self.stop = asyncio.Event()
+        self.closers: list[Any] = []
+        self.http: httpx.AsyncClient | None = None
+        self.destination_id: uuid.UUID | None = None
+        self.list_name = ""
+        self.metrics_url: str | None = None
+        self.exports_run = 0
+
+    async def start(
+        self, env: Any, sftp: LocalSftpServer, work_root: Path, contacts: int, run_id: str
+    ) -> None:
+        seeded = await seed_tenant(
+            self.database.admin_url,
+            tenant_name=f"bench-{self.variant}",
+            destination_name="partner",
+            destination=sftp.destination_fields(remote_dir="/"),
+            contacts=contacts,
+        )
+        self.destination_id, self.list_name = seeded.destination_id, seeded.list_name
+        token = await mint_token(
+            self.database.admin_url, tenant_id=seeded.tenant_id, principal="bench", role="operator"
+        )
+        on = self.variant == "on"
+        metrics_port = free_port() if on else 0
+        settings = Settings(
+            database_url=self.database.app_url,
+            task_queue=f"obs-{run_id}-{self.variant}",
+            worker_id=f"bench-{self.variant}",
+            work_dir=work_root / self.variant,
+            metrics_port=metrics_port,
+            temporal_metrics_port=0,
+            metrics_db_gauges=on,
+            dispatcher_poll_seconds=1.0,
+        )
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}" if on else None
+        with tracing_for(on and "temporal" in PARTS, self.provider):
+            interceptors = temporal_interceptors()  # the tracing interceptor when tracing is on
+        client = Client(**{**env.client.config(), "interceptors": interceptors})
+        ready = asyncio.Event()
+        worker = asyncio.create_task(
+            run_worker(settings, stop=self.stop, client=client, ready=ready, schedules=False)
+        )
+
+        async def stop_worker() -> None:
+            self.stop.set()
+            await asyncio.gather(worker, return_exceptions=True)
+
+        self.closers.append(stop_worker)
+        await asyncio.wait_for(ready.wait(), 60)
+        stack = contextlib.AsyncExitStack()
+        self.closers.append(stack.aclose)
+        exports = await stack.enter_async_context(open_exports(settings, signaller=NoSignaller()))
+        with tracing_for(on and "fastapi" in PARTS, self.provider):
+            app = create_app(settings, exports=exports)  # instrumented when tracing is on
+        server = BackgroundServer(app)
+        url = await server.start()
+        stack.push_async_callback(server.stop)
+        self.http = httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+            # Below uvicorn's 5 s keep-alive: a connection idle through the other stack's round is not
+            # reused just as the server closes it.
+            limits=httpx.Limits(keepalive_expiry=1.0),
+        )
+        stack.push_async_callback(self.http.aclose)
+
+    async def close(self) -> None:
+        for close in reversed(self.closers):
+            await close()
+
+    async def create(self) -> uuid.UUID:
+        assert self.http is not None
+        answer = await self.http.post(
+            "/exports",
+            json={"destination_id": str(self.destination_id), "list_name": self.list_name},
+            headers={"Idempotency-Key": str(uuid.uuid4())},
+        )
+        answer.raise_for_status()
+        return uuid.UUID(answer.json()["export"]["id"])
+
+    async def batch(self, n: int) -> tuple[float, float]:
+        """``n`` exports created at once through the API; wall and CPU seconds until all are Completed."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        jobs = await asyncio.gather(*(self.create() for _ in range(n)))
+        async with await psycopg.AsyncConnection.connect(self.database.admin_url, autocommit=True) as conn:
+            deadline = time.monotonic() + BATCH_TIMEOUT_SECONDS
+            while True:
+                cur = await conn.execute(
+                    "SELECT status, count(*) FROM export_jobs WHERE id = ANY(%(ids)s) GROUP BY status",
+                    {"ids": jobs},
+                )
+                statuses = dict(await cur.fetchall())
+                if sum(v for k, v in statuses.items() if k in SETTLED) == n:
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{self.variant}: the batch did not settle: {statuses}")
+                await asyncio.sleep(0.05)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        self.exports_run += n
+        if statuses != {"Completed": n}:
+            async with await psycopg.AsyncConnection.connect(self.database.admin_url) as conn:
+                cur = await conn.execute(
+                    "SELECT j.id, j.failure_reason, array_agg(e.kind || ': ' || coalesce(e.detail, '')"
+                    " ORDER BY e.id) FROM export_jobs j JOIN export_attempt_events e ON e.job_id = j.id"
+                    " WHERE j.id = ANY(%(ids)s) AND j.status <> 'Completed' GROUP BY j.id, j.failure_reason",
+                    {"ids": jobs},
+                )
+                for row in await cur.fetchall():
+                    print(row, file=sys.stderr)
+            raise SystemExit(f"{self.variant}: the batch ended {statuses}")
+        return wall, cpu
+
+
+class _Discard(io.TextIOBase):
+    """A stream that takes every line and keeps none."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+@contextlib.contextmanager
+def tracing_for(on: bool, provider: Any) -> Iterator[None]:
+    """Tracing on (or off) while a client or an app is built: they keep the provider they were given."""
+    tracing.use_provider(provider if on else None)
+    try:
+        yield
+    finally:
+        tracing.use_provider(None)
+
+
+@contextlib.contextmanager
+def switched(on: bool, provider: Any, metrics: ExportMetrics) -> Iterator[None]:
+    """Metrics and tracing on (or both off) for one round; logs are the same either way. ``PARTS`` (the
+    ``--on`` option) narrows what "on" means, to find what costs."""
+    tracing.use_provider(provider if on and "spans" in PARTS else None)
+    set_metrics(metrics if on and "metrics" in PARTS else NoMetrics())
+    try:
+        yield
+    finally:
+        tracing.use_provider(None)
+        set_metrics(metrics)
+
+
+async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]:
+    """The same batches through the real stack with metrics and tracing on and off, rounds alternating."""
+    sink = sys.stderr if os.environ.get("BENCH_LOGS") else _Discard()  # formatted as in production, dropped
+    configure_logging("json", stream=sink, level=logging.INFO)  # JSON lines at INFO on both sides
+    spans = InMemorySpanExporter()
+    provider = tracing.setup_tracing("fenced-exports-bench", exporter=spans, set_global=False)
+    metrics = process_metrics()
+    work_root = Path(tempfile.mkdtemp(prefix="fenced-bench-obs-"))
+    run_id = uuid.uuid4().hex[:6]
+    walls: dict[str, list[float]] = {"on": [], "off": []}
+    cpus: dict[str, list[float]] = {"on": [], "off": []}
+    span_counts: list[int] = []
+    span_names: collections.Counter[str] = collections.Counter()
+    stacks: dict[str, Stack] = {}
+    with postgres_server() as server_url:
+        template = make_template(server_url)
+        env = await start_dev_server(
+            search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTE_NAMES]
+        )
+        sftp = LocalSftpServer(work_root / "partner")
+        await sftp.start()
+        try:
+            for variant in ("on", "off"):
+                with switched(variant == "on", provider, metrics):
+                    stacks[variant] = Stack(variant, clone_database(server_url, template), provider)
+                    await stacks[variant].start(env, sftp, work_root, contacts, run_id)
+            for variant in ("on", "off"):  # warm both (workflow caches, pools, SSH, the JIT of everything)
+                with switched(variant == "on", provider, metrics):
+                    await stacks[variant].batch(4)
+            for r in range(rounds):
+                for variant in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                    spans.clear()
+                    with switched(variant == "on", provider, metrics):
+                        wall, cpu = await stacks[variant].batch(exports)
+                    walls[variant].append(wall)
+                    cpus[variant].append(cpu)
+                    if variant == "on":
+                        finished = spans.get_finished_spans()
+                        span_counts.append(len(finished))
+                        span_names = collections.Counter(span.name for span in finished)
+            scraped = ""
+            url = stacks["on"].metrics_url
+            if url is not None:
+                async with httpx.AsyncClient(timeout=10) as http:
+                    scraped = (await http.get(f"{url}/metrics")).text
+        finally:
+            for stack in stacks.values():
+                await stack.close()
+            await sftp.stop()
+            await env.shutdown()
+            tracing.shutdown_tracing()
+    delivered = 'fenced_exports_transitions_total{result="written",statement="finish_delivery"}'
+    if "metrics" in PARTS and not any(
+        line.startswith(delivered) and float(line.split()[-1]) > 0 for line in scraped.splitlines()
+    ):
+        raise SystemExit("the 'on' worker's /metrics did not count the deliveries")
+    on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
+    cpu_on, cpu_off = statistics.median(cpus["on"]), statistics.median(cpus["off"])
+    # Rounds ran in pairs (on/off, then off/on): each pair shares the machine's load of its minute.
+    pairs = [a / b for a, b in zip(walls["on"], walls["off"], strict=True)]
+    cpu_pairs = [a / b for a, b in zip(cpus["on"], cpus["off"], strict=True)]
+    spans_per_export = statistics.median(span_counts) / exports
+    costs = per_call_costs(provider)
+    # What the instrumentation itself costs per export, from its measured unit costs: a steadier figure than
+    # wall clocks on a shared machine.
+    per_export = (
+        spans_per_export * costs["span"] + transitions_per_export(scraped, stacks) * costs["transition"]
+    )
+    estimate = 1 + per_export / (cpu_off / exports)
+    result = {
+        "wall_on_s": on,
+        "wall_off_s": off,
+        "ratio": statistics.median(pairs),
+        "cpu_ratio": statistics.median(cpu_pairs),
+        "estimated_ratio": estimate,
+    }
+    print(
+        f"exports: {exports} x {contacts} contacts per batch, created together through POST /exports; "
+        f"rounds: {rounds} each, in on/off pairs (medians)  cpus: {os.cpu_count()}  "
+        f"load: {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"on  (metrics, {spans_per_export:.0f} spans per export): "
+        f"{on:6.2f} s wall, {cpu_on:5.2f} s CPU   walls {[round(w, 2) for w in walls['on']]}"
+    )
+    print(
+        f"off (neither)                         : "
+        f"{off:6.2f} s wall, {cpu_off:5.2f} s CPU   walls {[round(w, 2) for w in walls['off']]}"
+    )
+    print(
+        f"ratio on/off, median of pairs: {result['ratio']:.3f}x wall {[round(p, 2) for p in pairs]}, "
+        f"{result['cpu_ratio']:.3f}x CPU of this process {[round(p, 2) for p in cpu_pairs]} "
+        f"(target at most {OVERHEAD_TARGET}x)"
+    )
+    print(
+        f"unit costs here: {costs['span'] * 1e6:.0f} us per span (statement span, in-memory export), "
+        f"{costs['transition'] * 1e6:.1f} us per counted transition, "
+        f"{costs['off'] * 1e6:.1f} us per statement with both off; per export "
+        f"{per_export * 1e3:.2f} ms of {cpu_off / exports * 1e3:.0f} ms CPU: estimated {estimate:.3f}x"
+    )
+    print(
+        "spans per export, by name: "
+        + ", ".join(f"{name} {count / exports:g}" for name, count in span_names.most_common())
+    )
+    return result
+
+
+def transitions_per_export(scraped: str, stacks: dict[str, Stack]) -> float:
+    """Transition statements counted by the "on" worker per export it ran (from its own /metrics)."""
+    total = sum(
+        sample.value
+        for family in text_string_to_metric_families(scraped)
+        if family.name == "fenced_exports_transitions"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+    return total / max(1, stacks["on"].exports_run)
+
+
+def per_call_costs(provider: Any, calls: int = 20_000) -> dict[str, float]:
+    """CPU seconds per call of the instrumentation, in this process: a statement's span and histogram with
+    tracing on (less the same call with both off), and one transition counted (less its log line, which
+    both sides write)."""
+    job = {"job_id": uuid.uuid4(), "attempt_id": uuid.uuid4(), "checked_version": 1}
+
+    def timed(body: Any) -> float:
+        started = time.process_time()
+        for _ in range(calls):
+            body()
+        return (time.process_time() - started) / calls
+
+    def statement() -> None:
+        with observe_statement("claim_if_queued", job):
+            pass
+
+    def transition() -> None:
+        record_transition("claim_if_queued", True, job_id=job["job_id"], attempt_id=job["attempt_id"])
+
+    metrics = process_metrics()
+    with switched(True, provider, metrics):
+        span = timed(statement)
+        counted = timed(transition)
+    with switched(False, provider, metrics):
+        off = timed(statement)
+        logged = timed(transition)
+    return {"span": span - off, "transition": max(0.0, counted - logged), "off": off}
+
+
+def run_with_defaults() -> None:
+    """``python -m bench obs``: both parts, the default configuration."""
+    asyncio.run(overhead(exports=10, contacts=200, rounds=10))
+    asyncio.run(scrape())
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", nargs="?", choices=["overhead", "scrape", "both"], default="both")
+    parser.add_argument("--exports", type=int, default=10)
+    parser.add_argument("--contacts", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--on", default=",".join(ALL_PARTS), help=f"what 'on' turns on, of {', '.join(ALL_PARTS)} (all)"
+    )
+    options = parser.parse_args()
+    PARTS.clear()
+    PARTS.update(part for part in options.on.split(",") if part)
+    if options.part in ("overhead", "both"):
+        asyncio.run(overhead(options.exports, options.contacts, options.rounds))
+    if options.part in ("scrape", "both"):
+        asyncio.run(scrape())
+    sys.exit(0)
