@@ -246,12 +246,16 @@ WITH stopped AS (
     UPDATE export_jobs
     SET status = 'Stopped', lease_expires_at = NULL
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running' AND stop_request_id IS NOT NULL
-    RETURNING id, attempt_id, stop_request_id, claimed_by)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
-SELECT id, attempt_id, 'Stopped', claimed_by, %(stop_point)s || ', for ' || stop_request_id::text || '; ' || %(note)s,
-       clock_timestamp()
-FROM stopped
-RETURNING id;
+    RETURNING id, attempt_id, stop_request_id, claimed_by),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT id, attempt_id, 'Stopped', claimed_by,
+           %(stop_point)s || ', for ' || stop_request_id::text || '; ' || %(note)s, clock_timestamp()
+    FROM stopped
+    RETURNING id)
+-- With the stop's latency from the request to this write, both on the database clock (a metric).
+SELECT event.id, extract(epoch FROM clock_timestamp() - r.recorded_at)::float8 AS stop_latency_seconds
+FROM event CROSS JOIN stopped LEFT JOIN cancellation_requests r ON r.id = stopped.stop_request_id;
 
 -- name: finish_failed
 -- Running -> Failed for this attempt, with one failure code; the cause (an error type, never data) goes in
@@ -394,11 +398,15 @@ WITH stopped AS (
     WHERE id = %(job_id)s AND status = 'Running' AND attempt_id = %(expired_attempt_id)s
       AND stop_request_id IS NOT NULL
       AND lease_expires_at < clock_timestamp()
-    RETURNING id, attempt_id, stop_request_id)
-INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
-SELECT id, attempt_id, 'StoppedByRecovery', %(recovery_run_id)s, 'for ' || stop_request_id::text, clock_timestamp()
-FROM stopped
-RETURNING id;
+    RETURNING id, attempt_id, stop_request_id),
+event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+    SELECT id, attempt_id, 'StoppedByRecovery', %(recovery_run_id)s, 'for ' || stop_request_id::text,
+           clock_timestamp()
+    FROM stopped
+    RETURNING id)
+SELECT event.id, extract(epoch FROM clock_timestamp() - r.recorded_at)::float8 AS stop_latency_seconds
+FROM event CROSS JOIN stopped LEFT JOIN cancellation_requests r ON r.id = stopped.stop_request_id;
 
 -- name: exhaust_expired_attempt
 -- An expired Running attempt at the attempt cap fails: a job that crashes its worker every time ends.

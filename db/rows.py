@@ -55,6 +55,12 @@ class EventIdRow(Row):
     id: int
 
 
+class StoppedRow(EventIdRow):
+    """A Stopped write's event, with the seconds since the stop request was recorded (database clock)."""
+
+    stop_latency_seconds: float | None
+
+
 class VersionRow(Row):
     job_id: UUID
     version: int

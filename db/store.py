@@ -56,6 +56,7 @@ from db.rows import (
     OutcomeCount,
     RenewalRow,
     StatusCount,
+    StoppedRow,
     SwitchStateRow,
     TokenRow,
     VersionRow,
@@ -84,7 +85,7 @@ from domain.models import (
     Renewal,
     StopPoint,
 )
-from observability.metrics import Statement
+from observability.metrics import Statement, StopPath, get_metrics
 from observability.statements import observe_statement, record_transition
 from observability.tracing import current_traceparent
 from rules.cutoff import authorization_from
@@ -524,10 +525,18 @@ class JobStore:
     # -- terminal writes ----------------------------------------------------------------------------
 
     async def _finish(
-        self, name: str, params: dict[str, Any], job_id: UUID, attempt_id: UUID, expect: JobStatus
+        self,
+        name: str,
+        params: dict[str, Any],
+        job_id: UUID,
+        attempt_id: UUID,
+        expect: JobStatus,
+        row: type[EventIdRow] = EventIdRow,
     ) -> FinishResult:
-        written = await self._unless_lost(name, params, EventIdRow)
+        written = await self._unless_lost(name, params, row)
         if written:
+            if isinstance(written[0], StoppedRow):
+                _observe_stop(written[0], StopPath.WORKER)
             return FinishResult.WRITTEN
         try:
             state = await self._reread(job_id)
@@ -550,6 +559,7 @@ class JobStore:
             job_id,
             attempt_id,
             JobStatus.STOPPED,
+            StoppedRow,
         )
 
     @transition(Statement.FINISH_FAILED)
@@ -633,12 +643,14 @@ class JobStore:
         self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str
     ) -> bool:
         """Running, expired, with a stop request -> Stopped."""
-        return await self._matched(
+        rows = await self._rows(
             "stop_expired_attempt",
-            job_id=job_id,
-            expired_attempt_id=expired_attempt_id,
-            recovery_run_id=recovery_run_id,
+            {"job_id": job_id, "expired_attempt_id": expired_attempt_id, "recovery_run_id": recovery_run_id},
+            StoppedRow,
         )
+        for row in rows:
+            _observe_stop(row, StopPath.RECOVERY)
+        return bool(rows)
 
     @transition(Statement.EXHAUST_EXPIRED_ATTEMPT)
     async def exhaust_expired_attempt(
@@ -1368,3 +1380,8 @@ def _from_earlier(
 
 
 __all__ = ["JobStore", "StoreError"]
+
+
+def _observe_stop(row: StoppedRow, path: StopPath) -> None:
+    if row.stop_latency_seconds is not None:
+        get_metrics().observe_stop_latency(row.stop_latency_seconds, path=path)
