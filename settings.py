@@ -155,6 +155,10 @@ class Settings(BaseSettings):
         description="log lines: readable text, one JSON object per line, or auto (JSON unless a terminal)",
     )
     log_level: str = Field(default="INFO", description="the root logger's level")
+    trace_reads: bool = Field(
+        default=False,
+        description="with tracing on, a span for every read statement too (writes and SFTP steps always)",
+    )
     metrics_host: str = Field(
         default="127.0.0.1",
         description="address of the worker's /metrics, /healthz and /readyz (0.0.0.0 for a remote Prometheus)",

@@ -23,6 +23,7 @@ from observability.statements import observe_statement
 
 _HEADER = re.compile(r"^-- name: (\w+)\n((?:-- .*\n)*)", re.MULTILINE)
 SQL_FILES = ("queries.sql", "support.sql")
+_WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE|COPY|LOCK|BEGIN|COMMIT|SET|NOTIFY)\b", re.IGNORECASE)
 
 Row = TypeVar("Row")
 
@@ -35,6 +36,11 @@ class Query:
     description: str
     sql: LiteralString
     file: str
+
+    @property
+    def writes(self) -> bool:
+        """Whether it changes anything (or locks rows to): only those get a span unless reads are traced."""
+        return _WRITES.search(re.sub(r"--[^\n]*", "", self.sql)) is not None
 
 
 def _parse(file: str, text: str) -> list[Query]:
@@ -72,7 +78,7 @@ async def fetch(conn: AsyncConnection[Any], name: str, params: dict[str, Any], r
     Observed: one span named after the statement (IDs, sizes and codes of its parameters only) and its
     latency in ``fenced_exports_statement_duration_seconds``, whether it answers or raises.
     """
-    with observe_statement(name, params):
+    with observe_statement(name, params, writes=all_queries()[name].writes):
         async with conn.cursor(row_factory=class_row(row)) as cur:
             await cur.execute(q(name), params)
             return await cur.fetchall() if cur.description else []
@@ -89,7 +95,7 @@ async def fetch_maybe(
 async def execute(conn: AsyncConnection[Any], name: str, params: dict[str, Any]) -> int:
     """Run the named statement for its effect; the number of rows it returned or changed (observed as
     ``fetch``)."""
-    with observe_statement(name, params):
+    with observe_statement(name, params, writes=all_queries()[name].writes):
         async with conn.cursor() as cur:
             await cur.execute(q(name), params)
             return cur.rowcount

@@ -14,7 +14,7 @@ from observability.health import MetricsServer, standard_readiness
 from observability.logs import configure_logging
 from observability.metrics import ExportMetrics, process_metrics
 from observability.temporal import temporal_runtime
-from observability.tracing import setup_tracing
+from observability.tracing import setup_tracing, trace_reads
 from settings import Settings
 
 
@@ -27,6 +27,7 @@ def configure_process(settings: Settings, service: str) -> ExportMetrics:
     """
     configure_logging(settings.log_format, level=settings.log_level.upper())
     setup_tracing(f"fenced-exports-{service}")
+    trace_reads(settings.trace_reads)
     return process_metrics(tenant_labels=settings.metrics_tenant_labels)
 
 

@@ -33,16 +33,19 @@ from observability.metrics import Statement, TransitionResult, get_metrics, tran
 
 
 @contextlib.contextmanager
-def observe_statement(name: str, params: Mapping[str, Any] | None = None, **values: Any) -> Iterator[Span]:
+def observe_statement(
+    name: str, params: Mapping[str, Any] | None = None, *, writes: bool = True, **values: Any
+) -> Iterator[Span]:
     """A span named ``name`` around the block and its duration in
-    ``fenced_exports_statement_duration_seconds{statement=name}``, raised or not.
+    ``fenced_exports_statement_duration_seconds{statement=name}``, raised or not. A statement that only
+    reads (``writes`` false) gets its span only when ``tracing.traces_reads()``.
 
     ``params`` (the statement's parameters) contribute only their IDs, sizes and codes
     (``fields.from_params``); ``values`` add more of the same.
     """
     started = time.perf_counter()
     try:
-        if not tracing.tracing_enabled():  # the fast path: a timer and a histogram
+        if not tracing.tracing_enabled() or not (writes or tracing.traces_reads()):  # a timer and a histogram
             yield INVALID_SPAN
         else:
             carried = {**(fields.from_params(params) if params else {}), **fields.clean_all(values)}

@@ -282,3 +282,21 @@ async def test_one_trace_from_the_api_through_the_outbox_and_temporal_into_the_a
     assert step["trace_id"] == format(trace_id, "032x")
     transition = next(line for line in lines if line.get("statement") == "claim_if_queued")
     assert transition["result"] == "written" and transition["job_id"] == job_id
+
+
+async def test_reads_get_a_span_only_when_asked_and_writes_always(spans, factory):
+    """A span costs tens of microseconds of CPU: an export's reads (its row, its destination) are timed by
+    the statement histogram but traced only with EXPORTS_TRACE_READS; its writes are always traced."""
+    job, attempt = await factory.running()
+    await factory.worker.get_job(job.id)
+    await factory.worker.renew_lease(job.id, attempt)
+    names = [s.name for s in spans.get_finished_spans()]
+    assert "renew_lease" in names and "get_job" not in names
+
+    spans.clear()
+    tracing.trace_reads(True)
+    try:
+        await factory.worker.get_job(job.id)
+    finally:
+        tracing.trace_reads(False)
+    assert [s.name for s in spans.get_finished_spans()] == ["get_job"]
