@@ -97,6 +97,14 @@ class Settings(BaseSettings):
     worker_pool_size: int = Field(default=10, description="connections of a worker's exports_worker pool")
     api_pool_size: int = Field(default=10, description="connections of the API's exports_api pool")
     dispatcher_batch: int = Field(default=50, description="outbox rows the dispatcher takes per pass")
+    dispatcher_concurrency: int = Field(
+        default=32, ge=1, description="workflow starts in flight in one dispatcher"
+    )
+    dispatcher_lease_seconds: float = Field(
+        default=30.0,
+        gt=12.0,
+        description="publishing lease on a taken outbox batch (above the 10 s start timeout)",
+    )
     dispatcher_poll_seconds: float = Field(
         default=2.0, description="dispatcher poll interval (it also wakes on NOTIFY)"
     )

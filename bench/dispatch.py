@@ -33,7 +33,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from db.pool import open_pool
 from db.store import JobStore
 from domain.models import OutboxMessage
-from runtime.dispatcher import MAX_CONCURRENT_STARTS, OutboxDispatcher, export_input
+from runtime.dispatcher import OutboxDispatcher, export_input
 from settings import Settings
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
 from testbed.temporal import start_dev_server
@@ -192,13 +192,15 @@ async def main(wakeups: int, concurrency: int, batch: int, passes: int, rounds: 
 
 def run_with_defaults() -> None:
     """``python -m bench dispatch``: 10,000 wake-ups at the dispatcher's default concurrency."""
-    asyncio.run(main(wakeups=10_000, concurrency=MAX_CONCURRENT_STARTS, batch=50, passes=2, rounds=1))
+    asyncio.run(
+        main(wakeups=10_000, concurrency=Settings().dispatcher_concurrency, batch=50, passes=2, rounds=1)
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wakeups", type=int, default=10_000)
-    parser.add_argument("--concurrency", type=int, default=MAX_CONCURRENT_STARTS)
+    parser.add_argument("--concurrency", type=int, default=Settings().dispatcher_concurrency)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)

@@ -51,9 +51,7 @@ log = logging.getLogger(__name__)
 
 
 START_TIMEOUT = timedelta(seconds=10)  # one workflow start, retries included
-LEASE_SECONDS = 30.0  # a taken row's publishing lease: ample for a batch's starts at this concurrency
 LEASE_MARGIN_SECONDS = 2.0  # a start begins only with start_timeout + this left on its lease
-MAX_CONCURRENT_STARTS = 32  # workflow starts in flight in one dispatcher
 
 MessageHook = Callable[[OutboxMessage], Awaitable[None]]
 
@@ -87,13 +85,15 @@ class OutboxDispatcher:
         *,
         listen_url: str | None,
         poll_seconds: float | None = None,
-        lease_seconds: float = LEASE_SECONDS,
-        concurrency: int = MAX_CONCURRENT_STARTS,
+        lease_seconds: float | None = None,
+        concurrency: int | None = None,
         passes: int = 2,
         start_timeout: timedelta = START_TIMEOUT,
         before_publish: MessageHook | None = None,
         after_start: MessageHook | None = None,
     ) -> None:
+        lease_seconds = settings.dispatcher_lease_seconds if lease_seconds is None else lease_seconds
+        concurrency = settings.dispatcher_concurrency if concurrency is None else concurrency
         if lease_seconds <= start_timeout.total_seconds() + LEASE_MARGIN_SECONDS:
             raise ValueError(
                 f"lease_seconds ({lease_seconds:g}) must exceed the start timeout "

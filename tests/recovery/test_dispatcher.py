@@ -29,6 +29,7 @@ from db.store import JobStore
 from domain.models import OutboxMessage
 from observability import tracing
 from observability.metrics import ExportMetrics, get_metrics, set_metrics
+from observability.temporal import temporal_interceptors
 from runtime.dispatcher import OutboxDispatcher
 from settings import Settings
 from workflows.export import export_workflow_id
@@ -498,7 +499,7 @@ async def test_each_start_continues_the_trace_of_the_request_that_wrote_the_row_
     [row] = await factory.admin("SELECT traceparent FROM outbox WHERE job_id = %(id)s", {"id": job.id})
     assert row["traceparent"] is not None and row["traceparent"].split("-")[1] == format(trace_id, "032x")
 
-    traced_client = Client(**{**ts_env.client.config(), "interceptors": tracing.temporal_interceptors()})
+    traced_client = Client(**{**ts_env.client.config(), "interceptors": temporal_interceptors()})
     dispatcher = OutboxDispatcher(
         dispatcher_store, traced_client, Settings(task_queue=task_queue), listen_url=None
     )
