@@ -12,9 +12,14 @@ import ast
 import fnmatch
 import importlib.metadata
 import re
+import shutil
+import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 from settings import Settings
 
@@ -32,22 +37,84 @@ def production_packages() -> list[str]:
     )
 
 
+def _data_folders(package: str) -> set[str]:
+    """The folders under a package that hold files but no Python: setuptools ships them as packages."""
+    top = ROOT / package
+    return {
+        ".".join(folder.relative_to(ROOT).parts)
+        for folder in [top, *top.rglob("*")]
+        if folder.is_dir()
+        and folder.name != "__pycache__"
+        and any(f.is_file() for f in folder.iterdir())
+        and not (folder / "__init__.py").exists()
+    }
+
+
 def test_every_production_package_is_shipped() -> None:
     assert set(production_packages()) <= set(SETUPTOOLS["packages"])
     assert set(SETUPTOOLS["py-modules"]) >= {"worker", "starter", "demo", "settings"}
+    folders = {f for package in production_packages() for f in _data_folders(package)}
+    assert folders <= set(SETUPTOOLS["packages"]), "a folder of data files is not listed as a package"
+
+
+def _owner(path: Path) -> str:
+    """The deepest listed package that holds ``path``."""
+    parts = path.relative_to(ROOT).parts[:-1]
+    for depth in range(len(parts), 0, -1):
+        if ".".join(parts[:depth]) in SETUPTOOLS["packages"]:
+            return ".".join(parts[:depth])
+    raise AssertionError(f"{path} is in no listed package")
+
+
+def shipped_data_files() -> list[Path]:
+    return sorted(
+        path
+        for package in SETUPTOOLS["packages"]
+        if "." not in package
+        for path in (ROOT / package).rglob("*")
+        if path.is_file() and path.suffix not in {".py", ".pyc"} and "__pycache__" not in path.parts
+    )
 
 
 def test_every_non_python_file_of_a_package_is_declared_package_data() -> None:
     declared = SETUPTOOLS["package-data"]
     missing = []
-    for package in SETUPTOOLS["packages"]:
-        for path in (ROOT / package).rglob("*"):
-            if not path.is_file() or path.suffix in {".py", ".pyc"} or "__pycache__" in path.parts:
-                continue
-            relative = str(path.relative_to(ROOT / package))
-            if not any(fnmatch.fnmatch(relative, pattern) for pattern in declared.get(package, [])):
-                missing.append(f"{package}/{relative}")
+    for path in shipped_data_files():
+        owner = _owner(path)
+        relative = str(path.relative_to(ROOT / owner.replace(".", "/")))
+        if not any(fnmatch.fnmatch(relative, pattern) for pattern in declared.get(owner, [])):
+            missing.append(str(path.relative_to(ROOT)))
     assert missing == []
+
+
+@pytest.mark.slow
+def test_the_wheel_builds_without_warnings_and_ships_every_data_file(tmp_path: Path) -> None:
+    # Built from a copy of the tracked files, so the work tree gets no build/ or egg-info.
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True
+    ).stdout.split("\0")
+    source = tmp_path / "src"
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    output = built.stdout + built.stderr
+    assert re.findall(r"\w*(?:BuildBackend|Setuptools\w*)Warning.*", output) == []
+    [wheel] = tmp_path.glob("fenced_exports-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    expected = {str(path.relative_to(ROOT)) for path in shipped_data_files()}
+    expected |= {f"{module}.py" for module in SETUPTOOLS["py-modules"]}
+    assert expected - names == set()
+    assert not any(name.startswith(tuple(f"{p}/" for p in NOT_SHIPPED)) for name in names)
 
 
 def _imported_top_levels(paths: list[Path]) -> set[str]:
