@@ -207,6 +207,27 @@ async def test_a_sign_in_posted_from_another_origin_is_refused(page, site, facto
     assert "acme" in await page.locator("h1").text_content()  # still signed in as before, not as globex
 
 
+async def test_a_sign_out_posted_from_another_origin_is_refused_and_the_session_lives_on(page, site, factory):
+    session = {c["name"]: c for c in await page.context.cookies()}["fenced_console"]["value"]
+    evil = "http://evil.test/"
+    form = (
+        f'<form id="f" method="post" action="{site.url}/console/logout">'
+        '<input name="csrf" value="guess"></form>'
+        '<script>document.getElementById("f").submit()</script>'
+    )
+    await page.route(evil, lambda route: route.fulfill(status=200, content_type="text/html", body=form))
+
+    async with page.expect_response(f"{site.url}/console/logout") as answer:
+        await page.goto(evil)
+    assert (await answer.value).status == 403
+    assert "Sign-out refused" in await page.locator("body").text_content()
+
+    await page.goto(f"{site.url}/console")
+    assert page.url == f"{site.url}/console" and "acme" in await page.locator("h1").text_content()
+    rows = await factory.admin("SELECT session_sha256 FROM console_sessions")
+    assert hashlib.sha256(session.encode()).digest() in [bytes(r["session_sha256"]) for r in rows]
+
+
 async def test_the_cookie_is_a_session_not_the_token_and_sign_out_ends_it(page, site, factory, browser):
     cookies = {c["name"]: c for c in await page.context.cookies()}
     session = cookies["fenced_console"]
