@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from db.errors import TransientStoreError
 from db.pool import open_pool
 from db.store import JobStore
 from domain.models import CancellationOutcome, FailureCode, FinishResult, JobStatus
+from observability.metrics import ExportMetrics, RenewalResult, get_metrics, set_metrics
 from runtime.lease import LeaseKeeper
 from testbed import pg
 from tests.support.factories import Factory
@@ -23,6 +25,24 @@ async def keeper_store(database: pg.TestDatabase) -> AsyncIterator[JobStore]:
     pool = await open_pool(database.app_url, "exports_worker", max_size=6)
     yield JobStore(pool, lease_seconds=120)  # longer than the claim's 60 s, so a renewal shows
     await pool.close()
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    """A fresh metrics registry installed as the process's for one test; the previous one restored."""
+    previous = get_metrics()
+    registry = CollectorRegistry()
+    set_metrics(ExportMetrics(registry))
+    yield registry
+    set_metrics(previous)
+
+
+def renewals_seen(registry: CollectorRegistry) -> dict[str, float]:
+    """The renewal counter by result, and the renewal-duration histogram's count under ``duration``."""
+    counter = "fenced_exports_lease_renewals_total"
+    seen = {r.value: registry.get_sample_value(counter, {"result": r.value}) or 0.0 for r in RenewalResult}
+    seen["duration"] = registry.get_sample_value("fenced_exports_lease_renewal_duration_seconds_count") or 0.0
+    return seen
 
 
 async def lease_of(factory: Factory, job_id: uuid.UUID):
@@ -186,3 +206,27 @@ async def test_the_renewal_reports_a_recorded_stop_request(factory: Factory, kee
     await keeper.renew_now()
     await keeper.finish()
     assert stops == [True]
+
+
+async def test_each_renewal_is_counted_by_its_result_and_timed(
+    registry: CollectorRegistry, factory: Factory, keeper_store: JobStore
+) -> None:
+    # FencedExportsWorkerWithoutRenewals reads these series: the keeper itself must record them.
+    job, attempt = await factory.running()
+    keeper = LeaseKeeper(keeper_store, job.id, attempt, every=60, timer=False)
+    before = renewals_seen(registry)
+    assert (await keeper.start()).owned
+    renewed = renewals_seen(registry)
+    assert renewed["renewed"] >= before["renewed"] + 1
+    assert renewed["duration"] >= before["duration"] + 1
+    assert renewed["lost"] == before["lost"]
+
+    await factory.expire_lease(job.id)
+    assert await factory.worker.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
+    answer = await keeper.renew_now()
+    await keeper.finish()
+    assert answer is not None and not answer.owned
+    lost = renewals_seen(registry)
+    assert lost["lost"] >= renewed["lost"] + 1
+    assert lost["duration"] >= renewed["duration"] + 1
+    assert lost["renewed"] == renewed["renewed"]
