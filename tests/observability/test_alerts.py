@@ -110,6 +110,16 @@ def run_promtool_test(tmp_path: Path, series: list[dict], eval_time: str, firing
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def wake_up_ages(scrape: str) -> list[float]:
+    """The oldest Queued wake-up's age in one scrape (empty when no job is Queued)."""
+    return [
+        sample.value
+        for family in text_string_to_metric_families(scrape)
+        for sample in family.samples
+        if sample.name == "fenced_exports_queued_wake_up_oldest_age_seconds"
+    ]
+
+
 # -- fixtures -----------------------------------------------------------------------------------------
 
 
@@ -211,6 +221,8 @@ async def test_a_healthy_run_fires_nothing(fresh, tmp_path):
     finally:
         target.close()
     series = input_series(target.scrapes)
+    # The Queued job's wake-up is in the scrapes, fresh: FencedExportsQueuedJobStranded stays silent on it.
+    assert wake_up_ages(target.scrapes[-1]) and max(wake_up_ages(target.scrapes[-1])) < 600
     for eval_time in ("10m", "25m", "39m"):
         run_promtool_test(tmp_path, series, eval_time, firing=None)
 
@@ -294,6 +306,25 @@ async def test_a_queued_job_swept_again_and_again_fires(fresh, tmp_path):
     run_promtool_test(
         tmp_path, input_series(target.scrapes, hold_minutes=10), "5m", "FencedExportsSweepCountRising"
     )
+
+
+async def test_a_queued_job_not_woken_for_twice_the_sweep_threshold_fires(fresh, tmp_path):
+    factory, _, url = fresh
+    job = await factory.queued()
+    # Its wake-up was published (no outbox lag) and reached no worker; the sweeper has not re-woken it since.
+    await factory.admin(
+        "UPDATE outbox SET published_at = clock_timestamp() WHERE job_id = %(id)s", {"id": job.id}
+    )
+    await factory.age_wake_up(job.id, minutes=90)  # over 2 x sweep_after_seconds (1800 s)
+    target = Target(url)
+    try:
+        target.scrape()
+    finally:
+        target.close()
+    assert min(wake_up_ages(target.scrapes[0])) > 2 * DEFAULTS["sweep_after_seconds"]
+    series = input_series(target.scrapes, hold_minutes=30)
+    run_promtool_test(tmp_path, series, "14m", None)  # pending: its for: is 15m
+    run_promtool_test(tmp_path, series, "16m", "FencedExportsQueuedJobStranded")
 
 
 async def test_busy_answers_every_few_seconds_fire(tmp_path):
