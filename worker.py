@@ -366,12 +366,15 @@ async def _serve(
         # Nothing is held any more: what is left is Temporal releasing the polls, which a partitioned or
         # hung server never answers. That must not hold up a deploy.
         await asyncio.wait([finishing], timeout=POLL_RELEASE_SECONDS)
-        if not finishing.done():
-            log.warning(
-                "drain: Temporal did not release the polls in %.0fs; stopping anyway", POLL_RELEASE_SECONDS
-            )
-            for run in runs:
-                run.cancel()
+    # Judged now, not after the cancels below: cancelling the runs can complete ``finishing`` while
+    # the core still waits for the polls, and an interpreter shutdown would then hang on them.
+    released = finishing.done()
+    if not released:
+        log.warning(
+            "drain: Temporal did not release the polls in %.0fs; stopping anyway", POLL_RELEASE_SECONDS
+        )
+        for run in runs:
+            run.cancel()
     done, hung = await asyncio.wait(runs, timeout=POLL_RELEASE_SECONDS)
     if hung:
         log.warning(
@@ -386,7 +389,7 @@ async def _serve(
         log.error("%s ended with %s", name, type(outcome).__name__)
     if failures and not stop.is_set():
         raise RuntimeError(f"{failures[0][0]} ended unexpectedly") from failures[0][1]
-    return finishing.done() and not hung
+    return released and not hung
 
 
 def main() -> None:
