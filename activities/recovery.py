@@ -31,6 +31,7 @@ from db.store import JobStore
 from domain.destination import Destination
 from domain.evidence import Observation
 from domain.models import ExpiredLease, ExportJob, JobStatus
+from observability import logs
 from partner.delivery import observe_final_name
 from rules.recovery import attempt_evidence, decide_delivery, observation_evidence
 from settings import Settings
@@ -94,12 +95,33 @@ class RecoveryActivities:
         return result
 
     async def take_over(self, candidate: ExpiredLease, recovery_run_id: str) -> Takeover:
-        """Apply the one takeover statement this candidate's case calls for; errors leave it for next run."""
-        try:
-            return await self._take_over(candidate, recovery_run_id)
-        except (StoreError, OSError, TimeoutError) as exc:
-            log.warning("recovery of job %s not decided (%s)", candidate.id, type(exc).__name__)
-            return Takeover.ERROR
+        """Apply the one takeover statement this candidate's case calls for.
+
+        Any error while deciding it is this job's alone (issue 10.6): logged with its type only (a message
+        can carry a row's values), counted as ``Takeover.ERROR``, and the job left for the next run, while
+        the batch's other candidates are still taken over. Every takeover is one conditional statement, so
+        an error before it wrote nothing, and one after it cannot undo it. Cancellation is not an error: an
+        ``asyncio.CancelledError`` is no ``Exception`` and ends the batch.
+        """
+        with logs.bind(job_id=candidate.id, attempt_id=candidate.attempt_id):
+            try:
+                return await self._take_over(candidate, recovery_run_id)
+            except (StoreError, OSError, TimeoutError) as exc:
+                log.warning(
+                    "recovery of job %s attempt %s not decided (%s)",
+                    candidate.id,
+                    candidate.attempt_id,
+                    type(exc).__name__,
+                )
+                return Takeover.ERROR
+            except Exception as exc:  # noqa: BLE001 - a defect or an unreadable row must not cost the batch
+                log.error(
+                    "recovery of job %s attempt %s failed unexpectedly (%s); left for the next run",
+                    candidate.id,
+                    candidate.attempt_id,
+                    type(exc).__name__,
+                )
+                return Takeover.ERROR
 
     async def _take_over(self, candidate: ExpiredLease, run_id: str) -> Takeover:
         job_id, attempt_id = candidate.id, candidate.attempt_id
