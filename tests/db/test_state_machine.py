@@ -1,7 +1,8 @@
 """The database enforces the state diagram itself (001 "A Second Cutoff"; DESIGN "The database itself enforces
 the state machine"): every status change that is not an edge is refused for every role, the superuser's
-direct UPDATE included; identity columns never change; Canceled, Rejected and Stopped rows are final; and
-only ``exports_reconciler`` changes a recorded Completed or Failed.
+direct UPDATE included; identity columns never change; Canceled, Rejected and Stopped rows are final;
+only ``exports_reconciler`` changes a recorded Completed or Failed; and ``exports_recovery`` takes its edges
+only over a lease that has expired on the database clock.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ EDGE_ROLES: dict[tuple[str, str], set[str]] = {
     ("Completed", "Failed"): {"exports_reconciler"},
     ("Failed", "Completed"): {"exports_reconciler"},
 }
+# Recovery's takeovers, each only over an expired lease (issue 9.4; 0010): the edges its statements take.
+RECOVERY_EDGES = sorted(edge for edge, roles in EDGE_ROLES.items() if RECOVERY in roles)
 STATUSES = [s.value for s in JobStatus]
 ILLEGAL = [(a, b) for a, b in itertools.permutations(STATUSES, 2) if (a, b) not in SEED_EDGES]
 ROLES: list[Role | None] = [
@@ -106,6 +109,18 @@ async def refusal(conn: psycopg.AsyncConnection, statement: Any, params: dict[st
     return refused.value
 
 
+def direct_update(from_status: str, to_status: str) -> sql.Composed:
+    """The direct UPDATE of one job (``%(id)s``) along an edge to ``%(to)s``, with the columns its target needs."""
+    assignment = "status = %(to)s"
+    if to_status == "Failed":
+        assignment += ", failure_reason = 'NotDelivered'"
+    elif to_status == "Rejected":  # every Rejected carries its reason code and message (0006)
+        assignment += ", rejection_code = 'list_invalid', rejection_reason = 'Rejected: test'"
+    elif from_status == "Failed":
+        assignment += ", failure_reason = NULL"
+    return sql.SQL("UPDATE export_jobs SET {a} WHERE id = %(id)s").format(a=sql.SQL(assignment))
+
+
 async def test_the_edges_in_the_database_are_the_seed_diagram_each_with_its_roles(connections):
     cur = await connections[None].execute("SELECT from_status, to_status, roles FROM export_status_edges")
     rows = await cur.fetchall()
@@ -141,20 +156,18 @@ async def test_each_edge_is_open_to_its_roles_and_refused_to_every_other(
     # recorded outcome along its recorded correction), refused to all others, the superuser included.
     job, _ = await factory.in_status(JobStatus(from_status), code=FailureCode.NOT_DELIVERED)
     allowed = role in EDGE_ROLES[(from_status, to_status)]
+    if role == RECOVERY and (from_status, to_status) in RECOVERY_EDGES:
+        # Recovery takes its edges only over an expired lease (0010; the tests below hold it to that); every
+        # other role meets the row with its lease current, as the worker ends its own attempt.
+        await factory.expire_lease(job.id)
+        job = await factory.job(job.id)
     if from_status in ("Completed", "Failed"):
         await connections["exports_reconciler"].execute(
             "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status,"
             " corrected_by, evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, %(f)s, %(to)s, 'lee', 'ref', 'why')",
             {"t": job.tenant_id, "j": job.id, "a": job.attempt_id, "f": from_status, "to": to_status},
         )
-    assignment = "status = %(to)s"
-    if to_status == "Failed":
-        assignment += ", failure_reason = 'NotDelivered'"
-    elif to_status == "Rejected":  # every Rejected carries its reason code and message (0006)
-        assignment += ", rejection_code = 'list_invalid', rejection_reason = 'Rejected: test'"
-    elif from_status == "Failed":
-        assignment += ", failure_reason = NULL"
-    statement = sql.SQL("UPDATE export_jobs SET {a} WHERE id = %(id)s").format(a=sql.SQL(assignment))
+    statement = direct_update(from_status, to_status)
 
     if allowed:
         await connections[role].execute(statement, {"to": to_status, "id": job.id})
@@ -284,3 +297,40 @@ async def test_nobody_deletes_an_export_not_even_a_superuser(factory, connection
     refused = await refusal(connections[None], "DELETE FROM export_jobs WHERE id = %(id)s", {"id": job.id})
     assert isinstance(refused, psycopg.errors.InsufficientPrivilege)
     assert await factory.job(job.id) == job
+
+
+@pytest.mark.parametrize(("from_status", "to_status"), RECOVERY_EDGES)
+async def test_recovery_takes_its_edges_only_once_the_lease_has_expired(
+    factory, connections, from_status, to_status
+):
+    # Issue 9.4: takeovers are recovery's, and only of an expired lease, as each of its statements says.
+    # The same direct UPDATE by exports_recovery is refused while the worker's lease is current and
+    # accepted once the row's lease has expired (set on the row: the database clock decides).
+    job, _ = await factory.in_status(JobStatus(from_status), code=FailureCode.NOT_DELIVERED)
+    statement = direct_update(from_status, to_status)
+    recovery = connections[RECOVERY]
+
+    refused = await refusal(recovery, statement, {"to": to_status, "id": job.id})
+    assert isinstance(refused, psycopg.errors.InsufficientPrivilege), refused
+    assert refused.diag.constraint_name == "ck_export_jobs_recovery_lease"
+    assert "only once the lease has expired" in (refused.diag.message_primary or "")
+    assert await factory.job(job.id) == job
+
+    await factory.expire_lease(job.id)
+    await recovery.execute(statement, {"to": to_status, "id": job.id})
+    assert (await factory.job(job.id)).status == JobStatus(to_status)
+
+
+@pytest.mark.parametrize("from_status", ["Running", "Delivering"])
+async def test_recovery_takes_nothing_from_a_row_without_a_lease(factory, connections, from_status):
+    # A lease that is not there has not expired: the comparison is NULL, and NULL is a refusal.
+    job, _ = await factory.in_status(JobStatus(from_status))
+    await factory.admin("UPDATE export_jobs SET lease_expires_at = NULL WHERE id = %(id)s", {"id": job.id})
+    to_status = "Queued" if from_status == "Running" else "OutcomeUnknown"
+
+    refused = await refusal(
+        connections[RECOVERY], direct_update(from_status, to_status), {"to": to_status, "id": job.id}
+    )
+    assert refused.diag.constraint_name == "ck_export_jobs_recovery_lease"
+    assert (await factory.job(job.id)).status == JobStatus(from_status)
+
