@@ -4,14 +4,18 @@ its commands run in the venv exactly as the image runs them, from a directory ho
 image's /app holds: the worker's and the starter's --help, ``starter.py migrate`` against a real
 database, and the HEALTHCHECK against the API started with deploy/compose.yaml's command.
 
-Not checked here: building the image, the base image's packages, the worker's /healthz (being built on
-EXPORTS_METRICS_PORT, 9464; the HEALTHCHECK's default URL assumes it).
+the same HEALTHCHECK against the worker started with the image's CMD against a real database and the Temporal
+dev server, and its drain on SIGTERM.
+
+Not checked here: building the image, the base image's packages.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +28,7 @@ import pytest
 import yaml
 
 from db.embedded import free_port
+from settings import Settings
 from testbed import pg
 from tests.ops.dockerfile import (
     Instruction,
@@ -211,5 +216,45 @@ def test_the_healthcheck_passes_against_the_running_api_and_fails_without_it(
         api.wait(30)
         if api.stdout:
             api.stdout.close()
+    down = run(healthcheck, app_dir, env, timeout=10)
+    assert down.returncode != 0 and "Connection refused" in down.stderr
+
+
+async def test_the_healthcheck_passes_against_the_running_worker_and_it_drains_on_sigterm(
+    app_dir: Path, database: pg.TestDatabase, dev_server
+) -> None:
+    # The image's default health URL is the worker's own endpoint on its default metrics port.
+    default = Settings.model_fields["metrics_port"].default
+    assert env_of(FINAL)["EXPORTS_HEALTH_URL"] == f"http://127.0.0.1:{default}/healthz"
+    port = free_port()  # 9464 itself may be taken on this machine; only the port differs from the image
+    env = image_env(
+        EXPORTS_DATABASE_URL=database.app_url,
+        EXPORTS_TEMPORAL_ADDRESS=dev_server.client.service_client.config.target_host,
+        EXPORTS_TASK_QUEUE=f"image-{uuid.uuid4().hex[:8]}",
+        EXPORTS_METRICS_PORT=str(port),
+        EXPORTS_TEMPORAL_METRICS_PORT=str(free_port()),
+        EXPORTS_HEALTH_URL=f"http://127.0.0.1:{port}/healthz",
+        EXPORTS_SHUTDOWN_GRACE_SECONDS="2",
+    )
+    healthcheck = healthcheck_command(last("HEALTHCHECK").args)
+    command = exec_form(last("CMD").args)  # python worker.py, as the image starts it
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, *command[1:], cwd=app_dir, env=env, stdout=asyncio.subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            check = await asyncio.to_thread(run, healthcheck, app_dir, env, 10)
+            if check.returncode == 0:
+                break
+            assert worker.returncode is None, f"worker.py exited {worker.returncode} before it was healthy"
+            assert time.monotonic() < deadline, check.stderr
+            await asyncio.sleep(0.3)
+        worker.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(worker.wait(), 30) == 0
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
     down = run(healthcheck, app_dir, env, timeout=10)
     assert down.returncode != 0 and "Connection refused" in down.stderr
