@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import select
 import time
 from typing import Any, Literal
+from urllib.parse import quote, urlsplit
 
 import psycopg
 from psycopg import AsyncConnection, sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
@@ -116,14 +119,68 @@ _RETRYABLE_REFUSALS = (
     "remaining connection slots",
 )
 
+# libpq's words for a TLS setting of the URL that cannot work, and what each means: no retry fixes these
+# (a TLS connection cut short, "SSL SYSCALL error" or "closed unexpectedly", is a restart: retried).
+_TLS_REFUSALS = (
+    (
+        re.compile(r"certificate verify failed"),
+        "the server's certificate is not signed by the CA in sslrootcert, or has expired",
+    ),
+    (
+        re.compile(r"does not match host name|host name must be specified"),
+        "the server's certificate does not name the URL's host (sslmode=verify-full checks it)",
+    ),
+    (re.compile(r"root certificate file"), "the sslrootcert file is missing or holds no certificate"),
+    (re.compile(r"could not (?:open|read) certificate file"), "the sslcert file cannot be read"),
+    (re.compile(r"private (?:SSL )?key"), "the sslkey file cannot be used with sslcert"),
+    (re.compile(r"server does not support SSL"), "the server does not offer TLS, but sslmode requires it"),
+    (
+        re.compile(r"sslmode|SSL protocol version|_protocol_version|sslnegotiation|sslcertmode|SSL context"),
+        "a TLS parameter of the URL is invalid",
+    ),
+    (
+        re.compile(r"SSL error: \S+ alert"),
+        "the server refused the TLS handshake (the client certificate, or no common TLS version)",
+    ),
+)
+
+
+def _tls_refusal(reason: str) -> str | None:
+    """What is wrong with the URL's TLS settings when ``reason`` is one of libpq's TLS refusals, else None."""
+    for pattern, meaning in _TLS_REFUSALS:
+        if pattern.search(reason):
+            return meaning
+    return None
+
+
+def _redacted(text: str, url: str) -> str:
+    """``text`` without the URL's password. libpq's connection errors name the host and port, never the
+    password, but a URL it cannot parse is quoted in part: the password is masked wherever it appears."""
+    try:
+        password = conninfo_to_dict(url).get("password")
+    except psycopg.Error:
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            password = None
+    if not password:
+        return text
+    for form in {str(password), quote(str(password), safe="")}:
+        text = text.replace(form, "***")
+    return text
+
 
 async def wait_for_postgres(url: str, retry_for: float, *, what: str = "PostgreSQL") -> None:
     """Connect once to ``url``, retrying with backoff (0.5 s doubling to 5 s) for ``retry_for`` seconds
-    while the server does not answer or is starting; each failure is logged (without the URL).
+    while the server does not answer or is starting; each failure is logged (without the URL or its
+    password).
 
     Raises ``TransientStoreError`` naming the last failure when the time is up, and ``StoreError`` at
-    once when the server answered with a refusal no retry can fix (an unknown database or role, a failed
-    authentication, no ``pg_hba.conf`` entry).
+    once for a refusal no retry can fix: the server's (an unknown database or role, a failed
+    authentication, no ``pg_hba.conf`` entry), a TLS setting of the URL that cannot work (the server's
+    certificate fails verification against ``sslrootcert`` or does not name the host, the ``sslrootcert``,
+    ``sslcert`` or ``sslkey`` file is missing or unusable, an invalid ``sslmode``, a server without TLS),
+    or a URL that is not a connection string.
     """
     deadline = time.monotonic() + retry_for
     delay = 0.5
@@ -131,7 +188,13 @@ async def wait_for_postgres(url: str, retry_for: float, *, what: str = "PostgreS
         try:
             conn = await AsyncConnection.connect(url, connect_timeout=max(1, min(10, int(retry_for))))
         except psycopg.Error as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
+            reason = _redacted(" ".join(str(exc).split()) or type(exc).__name__, url)
+            if isinstance(exc, psycopg.ProgrammingError):
+                raise StoreError(f"not a PostgreSQL connection string ({reason})") from exc
+            if (tls := _tls_refusal(reason)) is not None:
+                raise StoreError(
+                    f"TLS with PostgreSQL failed for {what}, and no retry fixes it: {tls} ({reason})"
+                ) from exc
             if "FATAL:" in reason and not any(text in reason for text in _RETRYABLE_REFUSALS):
                 raise StoreError(f"PostgreSQL refused {what}: {reason}") from exc
             left = deadline - time.monotonic()

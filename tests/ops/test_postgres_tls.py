@@ -5,7 +5,9 @@ The server's ``pg_hba.conf`` rejects every TCP connection that is not TLS, so wh
 over TLS; each test also asks the server (``pg_stat_ssl``) about the very backend it used. No setting is
 needed beyond the URL: libpq reads ``sslmode``, ``sslrootcert`` (and ``sslcert``/``sslkey`` for client
 certificates) from ``EXPORTS_DATABASE_URL`` for the pools, the builder's COPY (a pool connection), the
-dispatcher's LISTEN connection and the migrations alike.
+dispatcher's LISTEN connection and the migrations alike. A TLS setting that cannot work (a wrong CA, a
+missing ``sslrootcert`` file, a certificate for another host) is a refusal no retry fixes: the worker and
+the API exit at once with one line naming ``EXPORTS_DATABASE_URL``, not after the start-up retry window.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
 from db.builder import build_export
+from db.embedded import free_port
+from db.errors import StoreError, TransientStoreError
 from db.migrate import APP_ROLES
-from db.pool import open_pool
+from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
 from db.queries import q
 from db.store import JobStore
 from runtime.dispatcher import OutboxDispatcher
@@ -34,10 +39,13 @@ from testbed import pg
 from testbed.pg_tls import TlsPostgres, can_run
 from testbed.tls import Pki
 from tests.conftest import require
+from tests.ops.conftest import one_line, upstream_of
 from tests.support.factories import Factory
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = APP_ROLES  # every role a process may SET ROLE to
+PASSWORD = f"pw-{uuid.uuid4().hex}"  # in the URLs of the refusal tests: it must never be printed
+AT_ONCE = 15.0  # seconds from spawn to exit (interpreter, imports, Temporal); the retry window is 60 s
 
 
 def server_side_tls(admin_url: str, pid: int) -> tuple[bool, str]:
@@ -233,3 +241,119 @@ def test_starter_migrate_runs_over_verified_tls(tls_server: TlsPostgres) -> None
         timeout=120,
     )
     assert again.returncode == 0 and again.stdout.strip() == "already up to date"
+
+
+def with_password(url: str) -> str:
+    """``url`` with ``PASSWORD`` (the server trusts every login, so it is ignored, but it is in the URL)."""
+    return url.replace("postgresql://postgres@", f"postgresql://postgres:{PASSWORD}@", 1)
+
+
+def bad_tls_url(server: TlsPostgres, pki: Pki, case: str, tmp_path: Path) -> str:
+    """A URL whose TLS settings cannot work, as ``case`` says, with a password in it."""
+    if case == "wrong CA":
+        return with_password(server.url(ca=pki.other_ca_cert))
+    if case == "missing sslrootcert":
+        return with_password(server.url(ca=tmp_path / "absent-ca.pem"))
+    if case == "sslrootcert not a certificate":
+        (tmp_path / "not-a-ca.pem").write_text("not a certificate\n")
+        return with_password(server.url(ca=tmp_path / "not-a-ca.pem"))
+    assert case == "certificate for another host"
+    return with_password(server.url()) + "&host=db.elsewhere.example&hostaddr=127.0.0.1"
+
+
+TLS_REFUSALS = {
+    "wrong CA": "not signed by the CA in sslrootcert",
+    "missing sslrootcert": "the sslrootcert file is missing",
+    "sslrootcert not a certificate": "the sslrootcert file is missing or holds no certificate",
+    "certificate for another host": "does not name the URL's host",
+}
+
+
+@pytest.mark.parametrize("case", list(TLS_REFUSALS))
+async def test_a_tls_setting_that_cannot_work_is_refused_at_once_not_retried(
+    tls_server: TlsPostgres, pki: Pki, tmp_path: Path, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = bad_tls_url(tls_server, pki, case, tmp_path)
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        await wait_for_postgres(url, START_RETRY_SECONDS, what="the worker")
+    assert time.monotonic() - started < 5
+    assert not isinstance(caught.value, TransientStoreError)
+    message = str(caught.value)
+    assert one_line(message) and message.startswith("TLS with PostgreSQL failed for the worker, and no retry")
+    assert TLS_REFUSALS[case] in message, message
+    assert PASSWORD not in message and PASSWORD not in caplog.text
+    assert "retrying" not in caplog.text  # refused on the first attempt
+
+
+async def test_a_url_that_is_not_a_connection_string_is_refused_at_once_without_its_password() -> None:
+    url = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/postgres?sslmode=verify-full&sslrotcert=/ca.pem"
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        await wait_for_postgres(url, START_RETRY_SECONDS, what="the worker")
+    assert time.monotonic() - started < 5 and not isinstance(caught.value, TransientStoreError)
+    assert str(caught.value).startswith("not a PostgreSQL connection string") and "sslrotcert" in str(
+        caught.value
+    )
+    assert PASSWORD not in str(caught.value)
+
+
+def worker_env(url: str, temporal: WorkflowEnvironment, tmp_path: Path) -> dict[str, str]:
+    host, port = upstream_of(temporal)
+    return {
+        **os.environ,
+        "EXPORTS_DATABASE_URL": url,
+        "EXPORTS_TEMPORAL_ADDRESS": f"{host}:{port}",  # reached first: the worker then waits for PostgreSQL
+        "EXPORTS_TASK_QUEUE": f"tls-{uuid.uuid4().hex[:8]}",
+        "EXPORTS_WORK_DIR": str(tmp_path / "work"),
+        "EXPORTS_METRICS_PORT": "0",
+        "EXPORTS_TEMPORAL_METRICS_PORT": "0",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+def assert_refused_in_one_line(done: subprocess.CompletedProcess[str], elapsed: float, program: str) -> str:
+    assert done.returncode == 1, done.stderr
+    assert elapsed < AT_ONCE, f"exited after {elapsed:.1f} s: {done.stderr}"
+    assert "Traceback" not in done.stderr and "retrying" not in done.stderr, done.stderr
+    assert PASSWORD not in done.stderr + done.stdout
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"{program}: EXPORTS_DATABASE_URL: TLS with PostgreSQL failed for "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["wrong CA", "missing sslrootcert"])
+def test_a_worker_with_a_bad_sslrootcert_exits_at_once_with_one_line_naming_the_setting(
+    tls_server: TlsPostgres, pki: Pki, dev_server: WorkflowEnvironment, tmp_path: Path, case: str
+) -> None:
+    env = worker_env(bad_tls_url(tls_server, pki, case, tmp_path), dev_server, tmp_path)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "worker.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    line = assert_refused_in_one_line(done, time.monotonic() - started, "worker.py")
+    assert "failed for the worker" in line and TLS_REFUSALS[case] in line
+
+
+@pytest.mark.parametrize("case", ["wrong CA", "missing sslrootcert"])
+def test_the_api_with_a_bad_sslrootcert_exits_at_once_with_one_line_naming_the_setting(
+    tls_server: TlsPostgres, pki: Pki, tmp_path: Path, case: str
+) -> None:
+    # `starter.py serve` waits for PostgreSQL at start too (its exports_api pool); Temporal is not needed.
+    env = {
+        **os.environ,
+        "EXPORTS_DATABASE_URL": bad_tls_url(tls_server, pki, case, tmp_path),
+        "PYTHONPATH": str(ROOT),
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "starter.py", "serve", "--host", "127.0.0.1", "--port", str(free_port())],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    line = assert_refused_in_one_line(done, time.monotonic() - started, "starter.py")
+    assert "failed for the exports_api pool" in line and TLS_REFUSALS[case] in line
