@@ -333,4 +333,3 @@ async def test_recovery_takes_nothing_from_a_row_without_a_lease(factory, connec
     )
     assert refused.diag.constraint_name == "ck_export_jobs_recovery_lease"
     assert (await factory.job(job.id)).status == JobStatus(from_status)
-
