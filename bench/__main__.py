@@ -9,7 +9,11 @@ connection; ``python -m bench.bulk_cancel -h``),
 ``dispatch`` (the outbox dispatcher publishing 10,000 queued wake-ups against the SDK's own
 ``start_workflow`` at the same concurrency; ``python -m bench.dispatch -h``),
 ``obs`` (exports through the real stack with metrics and tracing on against off, and the scrape of
-``/metrics`` with a million jobs; ``python -m bench.obs -h``).
+``/metrics`` with a million jobs; ``python -m bench.obs -h``),
+``scale_workers`` (the same 200 exports through the soak's real stack with 1, 2 and 4 ``worker.py``
+processes: exports/s, latency p50/p95, the ratio to one worker; ``python -m bench.scale workers -h``),
+``scale_db`` (the claim, cutoff 2, recovery's scan, the sweep and the list page on a database of 1,000,000
+finished and 100,000 queued exports against an empty one, with their plans; ``python -m bench.scale db -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, dispatch, e2e, obs, upload
+from bench import builder, bulk_cancel, claims, dispatch, e2e, obs, scale, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
@@ -28,6 +32,8 @@ BENCHMARKS = {
     "bulk_cancel": bulk_cancel.run_with_defaults,
     "dispatch": dispatch.run_with_defaults,
     "obs": obs.run_with_defaults,
+    "scale_workers": scale.workers_with_defaults,
+    "scale_db": scale.db_with_defaults,
 }
 
 if __name__ == "__main__":
