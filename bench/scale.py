@@ -29,7 +29,7 @@
    the store binds. Printed per statement: the median ms on each side, their ratio (target within 2x),
    the server's own execution time on each side (one EXPLAIN ANALYZE), and the top nodes of the loaded side's ``EXPLAIN (ANALYZE, BUFFERS)`` (in a rolled-back transaction),
    with a check that neither the custom nor the generic plan reads export_jobs sequentially.
-   ``tests/db/test_plans_at_scale.py`` checks those plans on 200,000 + 20,000 rows in ``make test``.
+   ``tests/db/test_plans_at_scale.py`` checks those plans on 200,000 + 100,000 rows in ``make test``.
 
 The rows are loaded as the superuser with ``generate_series``, with the triggers off for the load
 (``session_replication_role = replica``: the guard admits only new Queued jobs, and this loads a
