@@ -42,7 +42,7 @@ from db.errors import StoreError
 from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
 from db.store import REREAD_TIMEOUT_SECONDS, JobStore
 from observability.metrics import get_metrics
-from observability.setup import configure_process, start_worker_endpoints, worker_runtime
+from observability.setup import busy_metrics_ports, configure_process, start_worker_endpoints, worker_runtime
 from observability.temporal import LogContextInterceptor, workflow_runner
 from observability.tracing import shutdown_tracing
 from partner.client import passphrase_from, set_key_passphrase
@@ -410,6 +410,10 @@ def main() -> None:
         )
     except ValueError as exc:
         sys.exit(f"worker.py: EXPORTS_SFTP_KEY_PASSPHRASE_FILE: {exc}")
+
+    for line in busy_metrics_ports(settings):
+        print(f"worker.py: {line}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
     async def serve() -> None:
         stop = asyncio.Event()

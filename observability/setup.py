@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,32 @@ def configure_process(settings: Settings, service: str) -> ExportMetrics:
     setup_tracing(f"fenced-exports-{service}")
     trace_reads(settings.trace_reads)
     return process_metrics(tenant_labels=settings.metrics_tenant_labels)
+
+
+def busy_metrics_ports(settings: Settings) -> list[str]:
+    """The worker's metrics ports (``metrics_port``, ``temporal_metrics_port``) that another process holds,
+    each as one line naming its setting; checked before anything starts, so a second worker on a host
+    with the default ports stops at once with a clear line rather than a traceback from the SDK's core.
+    (The servers bind with SO_REUSEADDR, so this test does too: a closed listener's TIME_WAIT is no clash.)"""
+    found = []
+    for setting, port in (
+        ("EXPORTS_METRICS_PORT", settings.metrics_port),
+        ("EXPORTS_TEMPORAL_METRICS_PORT", settings.temporal_metrics_port),
+    ):
+        if not port:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in settings.metrics_host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((settings.metrics_host, port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                found.append(
+                    f"{setting}: {settings.metrics_host}:{port} is in use by another process "
+                    "(give each worker on a host its own port, or 0 to serve none)"
+                )
+    return found
 
 
 def worker_runtime(settings: Settings, *, service: str = "worker") -> Runtime | None:

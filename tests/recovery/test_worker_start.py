@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import uuid
@@ -171,3 +172,33 @@ async def test_the_api_started_while_postgres_is_down_opens_once_it_is_back(post
         start(postgres)
     await asyncio.wait_for(opening, WAIT)
     assert opened.is_set()
+
+
+@pytest.mark.parametrize("setting", ["EXPORTS_METRICS_PORT", "EXPORTS_TEMPORAL_METRICS_PORT"])
+async def test_a_second_worker_on_a_taken_metrics_port_stops_at_once_with_one_line(database, setting):
+    # Two workers on one host with the default ports: the soak's workers crash-looped on the SDK's
+    # "Address already in use" traceback. Another process holds the port here, as a first worker would.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    env = {
+        **os.environ,
+        "EXPORTS_DATABASE_URL": database.app_url,
+        "EXPORTS_METRICS_PORT": str(free_port()),
+        "EXPORTS_TEMPORAL_METRICS_PORT": str(free_port()),
+        setting: str(port),
+    }
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, str(ROOT / "worker.py"), env=env, stderr=asyncio.subprocess.PIPE
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), WAIT)
+    finally:
+        held.close()
+    lines = [line for line in stderr.decode().splitlines() if line.strip()]
+    assert process.returncode == 1
+    assert lines == [
+        f"worker.py: {setting}: 127.0.0.1:{port} is in use by another process "
+        "(give each worker on a host its own port, or 0 to serve none)"
+    ]
