@@ -842,10 +842,19 @@ class Auditor:
         return near
 
     def _process_exits(self) -> None:
+        """A worker or the API that ends by itself, the soak's own signals aside, is a defect: each such
+        exit is a violation (a crash loop once hid here as a finding while one worker did all the work)."""
         self.result.findings["unexpected_exits"] = [
             {"t": round(e.t, 3), "process": e.name, "code": e.code, "log_tail": e.log_tail[-1500:]}
             for e in self.inp.exits
         ]
+        for e in self.inp.exits:
+            lines = [ln.partition(" ")[2] for ln in e.log_tail.splitlines() if ln.strip()]
+            self.violate(
+                "process_exited",
+                None,
+                f"{e.name} exited by itself with code {e.code}: {(lines or [''])[-1][:200]}",
+            )
 
     def _drains(self) -> None:
         """A worker told to stop (SIGTERM) exits within its shutdown grace and a margin."""

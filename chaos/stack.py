@@ -281,6 +281,9 @@ class Stack:
             "EXPORTS_SWEEP_AFTER_SECONDS": str(c.sweep_after_seconds),
             "EXPORTS_SWEEP_EVERY_SECONDS": str(c.sweep_every_seconds),
             "EXPORTS_SHUTDOWN_GRACE_SECONDS": str(c.shutdown_grace_seconds),
+            # Every worker of this host its own metrics ports (the defaults would clash), new per generation.
+            "EXPORTS_METRICS_PORT": str(free_port()),
+            "EXPORTS_TEMPORAL_METRICS_PORT": str(free_port()),
         }
 
     def _start_worker(self, managed: Managed) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from chaos.audit import AuditInput, Auditor
 from chaos.client import HttpRecord
 from chaos.driver import Answer, CancelRecord, ExportRecord
+from chaos.stack import Exit
 from testbed.partner_watch import PartnerWatch, WatchEvent, final_writes
 
 NOW = datetime.now(UTC)
@@ -352,3 +353,22 @@ def test_a_failed_row_needs_a_transition_that_ends_in_failed(tmp_path: Path) -> 
     assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
         ("events_contradict_status", str(contradicted["id"]))
     ]
+
+
+def test_a_worker_that_exits_by_itself_is_a_violation(tmp_path: Path) -> None:
+    crash = Exit(
+        time.time(),
+        "w1",
+        1,
+        "1.0 Traceback (most recent call last):\n2.0 ValueError: Address already in use\n",
+    )
+    auditor = make_auditor(tmp_path, exits=[crash])
+    auditor._process_exits()
+    assert invariants(auditor) == ["process_exited"]
+    assert (
+        "w1 exited by itself with code 1: ValueError: Address already in use"
+        in auditor.result.violations[0].detail
+    )
+    quiet = make_auditor(tmp_path)
+    quiet._process_exits()
+    assert invariants(quiet) == []
