@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     recovery_concurrency: int = Field(
         default=8,
         ge=1,
-        description="takeovers recovery decides at once (a partner's listing is the slow part)",
+        description="partner listings one recovery batch makes at once (its slow step; other takeovers need no slot)",
     )
     recovery_observe_tries: int = Field(
         default=3, ge=1, description="listings of the partner recovery tries before it records 'not observed'"

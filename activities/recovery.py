@@ -19,6 +19,7 @@ Runs as ``exports_recovery``. Payloads and evidence carry IDs, sizes, hashes and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -67,18 +68,21 @@ class RecoveryActivities:
     async def recover_expired_leases(self, inp: RecoveryBatchInput) -> RecoveryBatchResult:
         """Scan one batch of expired leases and apply the conditional takeover for each candidate.
 
-        Candidates are independent (each takeover is one conditional statement on its own row), so up to
-        ``recovery_concurrency`` are decided at once: a Delivering one waits on its partner's listing
-        without holding up the Running ones behind it. The activity heartbeats on a timer, not per
+        Candidates are independent (each takeover is one conditional statement on its own row), so all
+        are decided at once, at most ``recovery_concurrency`` of those that list their partner: a
+        Delivering one waits on its partner's listing without holding up the Running ones behind it. The activity heartbeats on a timer, not per
         candidate, so a short heartbeat timeout moves a batch stuck on a paused worker to another one.
         """
         result = RecoveryBatchResult()
         candidates = await self.store.find_expired_leases(limit=inp.limit)
         result.scanned = len(candidates)
-        slots = asyncio.Semaphore(max(1, self.settings.recovery_concurrency))
+        listings = asyncio.Semaphore(max(1, self.settings.recovery_concurrency))
 
         async def decide(candidate: ExpiredLease) -> None:
-            async with slots:
+            # Only a candidate that asks its partner takes a slot: the others are one statement each (the
+            # pool bounds those), so a Running one never waits behind listings that hang.
+            asks_partner = candidate.status == JobStatus.DELIVERING and not candidate.unpublished
+            async with listings if asks_partner else contextlib.nullcontext():
                 takeover = await self.take_over(candidate, inp.recovery_run_id)
             log.info("recovery %s: job %s %s", inp.recovery_run_id, candidate.id, takeover.value)
             result.count(takeover)

@@ -92,6 +92,35 @@ async def test_a_slow_listing_does_not_hold_up_the_running_attempts_behind_it(
     assert (await factory.job(delivering.id)).status != JobStatus.DELIVERING
 
 
+async def test_listings_that_fill_every_slot_do_not_hold_up_the_running_attempts_either(
+    factory, recovery_store, sftp_target: SftpTarget
+) -> None:
+    # One listing slot, held by a hung partner: the Running candidates need no slot (a statement each).
+    delivering, _ = await delivering_to(factory, sftp_target, os.urandom(500))
+    await factory.expire_lease(delivering.id, seconds_ago=30)
+    running = [(await factory.running())[0] for _ in range(3)]
+    for job in running:
+        await factory.expire_lease(job.id, seconds_ago=10)
+    listing = GatedListing()
+    recovery = RecoveryActivities(
+        recovery_store, Settings(max_attempts=3, recovery_concurrency=1), observe=listing
+    )
+
+    batch = asyncio.create_task(
+        ActivityEnvironment().run(
+            recovery.recover_expired_leases, RecoveryBatchInput(recovery_run_id="recovery:full", limit=50)
+        )
+    )
+    try:
+        assert await asyncio.to_thread(listing.entered.wait, 20)
+        for job in running:
+            await wait_for_status(factory, job.id, JobStatus.QUEUED)
+    finally:
+        listing.opened.set()
+    result = await batch
+    assert result.requeued >= 3 and result.outcome_unknown + result.completed >= 1
+
+
 async def run_recovery(client: Client, task_queue: str, heartbeat_seconds: float) -> RecoveryBatchResult:
     return await client.execute_workflow(
         RecoveryWorkflow.run,
@@ -146,10 +175,13 @@ async def test_a_batch_on_a_stalled_worker_is_retried_after_the_heartbeat_timeou
         ):
             run = asyncio.create_task(run_recovery(ts_env.client, task_queue, heartbeat_seconds=2.0))
             assert await asyncio.to_thread(listing.entered.wait, 20)
-            # The second attempt, after the timeout, finds the same candidates: it resolves the Delivering
-            # one and requeues the Running one while the first attempt is still stuck on its listing.
+            # The Running one needs no listing slot: requeued at once. The second attempt, after the timeout,
+            # resolves the Delivering one while the first attempt is still stuck on its listing.
             await wait_for_status(factory, running.id, JobStatus.QUEUED, within=20)
-            assert (await factory.job(delivering.id)).status != JobStatus.DELIVERING
+            deadline = time.monotonic() + 20
+            while (await factory.job(delivering.id)).status == JobStatus.DELIVERING:
+                assert time.monotonic() < deadline, "the retried batch never resolved the Delivering job"
+                await asyncio.sleep(0.1)
             elapsed = time.monotonic() - started
             listing.opened.set()
             await asyncio.wait_for(run, 60)
