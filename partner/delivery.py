@@ -51,6 +51,8 @@ __all__ = [
 log = logging.getLogger("fenced.partner")
 
 _ACK_POLL_SECONDS = 0.1
+READ_BACK_TRIES = 3  # new sessions asked for the read-back a confirmed rename's cut read-back left
+READ_BACK_RETRY_SECONDS = 0.5  # the pause before each, times the tries so far
 
 
 @dataclass
@@ -108,6 +110,8 @@ def deliver(
         run.evidence.record("interrupted", phase=run.phase, rename_sent=run.rename_sent, **error_code(exc))
     if run.interrupted_before_rename is not None and not run.rename_sent:
         report = run.confirm_never_renamed(connect_timeout, io_timeout)
+    elif run.read_back_cut:
+        report = run.read_back_again(connect_timeout, io_timeout, READ_BACK_TRIES)
     run.evidence.record(
         "outcome",
         outcome=report.outcome.value,
@@ -188,6 +192,8 @@ class _Delivery:
     report: DeliveryReport | None = None
     baseline: Observation | None = None
     interrupted_before_rename: int | None = None  # bytes sent when an upload was cut before its rename
+    read_back_cut: bool = False  # the server confirmed the rename, then the read-back was cut
+    overwrite: bool = False
 
     @property
     def final_path(self) -> str:
@@ -243,6 +249,7 @@ class _Delivery:
             _ended(span, renamed)
         if renamed is not None:
             return self._end(renamed)
+        self.overwrite = overwrite
         with sftp_span(SftpStep.READ_BACK) as span:
             confirmed = self._read_back(sftp, overwrite)
             _ended(span, confirmed)
@@ -377,6 +384,27 @@ class _Delivery:
             unknown(f"upload interrupted after {sent} bytes; the final name changed since the baseline")
         )
 
+    def read_back_again(self, connect_timeout: float, io_timeout: float, tries: int) -> DeliveryReport:
+        """The server confirmed the rename, then the read-back was cut: the evidence is still there to be
+        had, so read it back on a new session (a read, never a repeated upload) before leaving the
+        outcome to a person. Each try is recorded; the last cut leaves OutcomeUnknown as before."""
+        report = self.report or unknown("renamed, but the read-back was interrupted")
+        for attempt in range(1, tries + 1):
+            time.sleep(READ_BACK_RETRY_SECONDS * attempt)
+            try:
+                with session(self.destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+                    with sftp_span(SftpStep.READ_BACK) as span:
+                        report = self._read_back(opened.sftp, self.overwrite)
+                        _ended(span, report)
+            except Exception as exc:  # no session: this try is one more interruption
+                self.evidence.record(
+                    "interrupted", phase="read_back_again", rename_sent=True, **error_code(exc)
+                )
+                continue
+            if not self.read_back_cut:
+                break
+        return self._end(report)
+
     def _read_back(self, sftp: paramiko.SFTPClient, overwrite: bool) -> DeliveryReport:
         """Read back what the server and the contract can confirm, then classify."""
         self.phase = "read_back"
@@ -389,7 +417,9 @@ class _Delivery:
                     after, ack_tied = self._await_ack(sftp, after)
         except Exception as exc:
             self.evidence.record("interrupted", phase=self.phase, rename_sent=True, **error_code(exc))
+            self.read_back_cut = True
             return unknown("renamed, but the read-back was interrupted")
+        self.read_back_cut = False
         return classifier.confirm_delivery(
             after, self.file, self.destination, overwrite=overwrite, ack_tied=ack_tied
         )

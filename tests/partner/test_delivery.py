@@ -11,7 +11,7 @@ import asyncssh
 
 from domain.evidence import temp_name_for
 from domain.models import DeliveryOutcome, FailureCode
-from partner.delivery import DeliveryHooks
+from partner.delivery import READ_BACK_TRIES, DeliveryHooks
 from testbed.sftp import SftpTarget
 from tests.partner.helpers import (
     SIZE,
@@ -151,18 +151,40 @@ async def test_final_name_present_beforehand_fails_occupied_and_uploads_nothing(
     assert sftp_target.files() == {file.final_name: already}  # untouched, no temporary file
 
 
-async def test_cut_just_after_the_rename_is_unknown_with_the_file_published(
+async def test_a_read_back_cut_after_a_confirmed_rename_is_taken_again_on_a_new_session(
     sftp_target: SftpTarget, tmp_path
 ):
+    # The evidence is still there to be had: a read on a new session settles it, never a second upload.
     data = contact_bytes()
     file = local_file(tmp_path, data)
     run = await run_delivery(
         sftp_target.destination(), file, hooks=DeliveryHooks(after_rename=sftp_target.proxy.cut)
     )
 
-    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
     assert run.one("rename")["result"] == "ok"
     assert run.one("interrupted")["phase"] == "read_back"
+    kinds = run.kinds()
+    assert kinds.index("interrupted") < kinds.index("read_back")
+    assert run.one("read_back")["present"] is True and run.one("read_back")["size"] == len(data)
+    assert kinds.count("rename") == 1  # published once; only the read was repeated
+    assert sftp_target.files() == {file.final_name: data}
+
+
+async def test_cut_just_after_the_rename_with_no_new_session_to_be_had_is_unknown_with_the_file_published(
+    sftp_target: SftpTarget, tmp_path
+):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    run = await run_delivery(
+        sftp_target.destination(), file, hooks=DeliveryHooks(after_rename=sftp_target.proxy.close)
+    )
+
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    assert run.one("rename")["result"] == "ok"
+    phases = [e["phase"] for e in run.evidence if e["observation"] == "interrupted"]
+    assert phases == ["read_back"] + ["read_back_again"] * READ_BACK_TRIES
+    assert "read_back" not in run.kinds()
     assert sftp_target.files() == {file.final_name: data}
 
 
