@@ -197,7 +197,7 @@ def _stream_copy(
     _wait_until_ready(pgconn, stop)
     result = pgconn.get_result()
     if result is None or result.status != pq.ExecStatus.COPY_OUT:
-        raise BuildError("CopyFailed", _result_code(pgconn, result))
+        raise _copy_failed(pgconn, result)
     digest = hashlib.sha256()
     buffer = bytearray()
     size = 0
@@ -227,7 +227,7 @@ def _stream_copy(
     _wait_until_ready(pgconn, stop)
     final = pgconn.get_result()
     if final is None or final.status != pq.ExecStatus.COMMAND_OK:
-        raise BuildError("CopyFailed", _result_code(pgconn, final))
+        raise _copy_failed(pgconn, final)
     while pgconn.get_result() is not None:
         pass
     rows = final.command_tuples if final.command_tuples is not None else max(messages - 1, 0)
@@ -318,6 +318,16 @@ def _os_code(exc: OSError) -> str:
 
 def _pg_code(exc: psycopg.Error) -> str:
     return f"{type(exc).__name__}(sqlstate={exc.sqlstate})" if exc.sqlstate else type(exc).__name__
+
+
+def _copy_failed(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> BuildError:
+    """The COPY's failure, transient when the server went away under it (a restart's admin_shutdown,
+    a crash, a lost connection): nothing is wrong with the export, so the attempt is given back, not failed
+    (the soak saw a fast PostgreSQL restart fail a build with 57P01). A cancel (57014) is not: the builder
+    cancels only on a stop, and a statement timeout would recur on every attempt."""
+    code = _result_code(pgconn, result)
+    gone = code == "ConnectionLost" or code.startswith(("sqlstate=57P", "sqlstate=08"))
+    return BuildError("CopyFailed", code, transient=gone or pgconn.status != pq.ConnStatus.OK)
 
 
 def _result_code(pgconn: pq.abc.PGconn, result: pq.abc.PGresult | None) -> str:

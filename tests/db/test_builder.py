@@ -192,9 +192,33 @@ async def test_a_dropped_connection_is_a_build_error_without_data(
         await holder.rollback()
 
     assert caught.value.code in {"CopyFailed", "DatabaseError"}
+    # The server went away under the build (a restart's admin_shutdown): the attempt is given back, not failed.
+    assert caught.value.transient
     assert list_name not in str(caught.value) and "example.com" not in str(caught.value)
     error = caught.value  # no driver exception (whose message could hold data) travels with it
     assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    assert leftovers(tmp_path) == []
+
+
+async def test_a_query_cancelled_by_someone_else_is_a_build_error_that_would_recur_so_not_transient(
+    factory: Factory, database: pg.TestDatabase, worker_pool, tmp_path
+):
+    tenant_id, list_name = await many_contacts(factory, 10)
+    async with await psycopg.AsyncConnection.connect(database.admin_url) as holder:
+        await holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
+        task = asyncio.create_task(build(worker_pool, tenant_id, list_name, tmp_path))
+        blocked_pid = await wait_for_blocked(factory, holder.info.backend_pid)
+        await factory.admin("SELECT pg_cancel_backend(%(p)s)", {"p": blocked_pid})
+
+        with pytest.raises(BuildError) as caught:
+            await task
+        await holder.rollback()
+
+    assert (caught.value.code, str(caught.value), caught.value.transient) == (
+        "CopyFailed",
+        "CopyFailed: sqlstate=57014",
+        False,
+    )
     assert leftovers(tmp_path) == []
 
 
