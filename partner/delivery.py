@@ -51,6 +51,9 @@ __all__ = [
 log = logging.getLogger("fenced.partner")
 
 _ACK_POLL_SECONDS = 0.1
+CONNECT_TRIES = 3  # sessions a delivery tries to open before Failed NotDelivered (nothing is sent before one)
+CONNECT_RETRY_SECONDS = 1.0  # the pause before the next, times the tries so far
+RETRIED_CONNECT_CODES = frozenset({"Unreachable", "HandshakeFailed"})
 READ_BACK_TRIES = 3  # new sessions asked for the read-back a confirmed rename's cut read-back left
 READ_BACK_RETRY_SECONDS = 0.5  # the pause before each, times the tries so far
 
@@ -99,9 +102,19 @@ def deliver(
         ack_wait=ack_wait,
     )
     try:
-        with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
-            run.connected(opened)
-            report = run.deliver_over(opened)
+        for connect_try in range(1, CONNECT_TRIES + 1):
+            try:
+                with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+                    run.connected(opened)
+                    report = run.deliver_over(opened)
+                break
+            except ConnectRefused as exc:
+                # Only connect raises this: no session, nothing sent. A partner that did not answer this
+                # once (a cut link, a restart) is asked again; a key or a login it refused is final.
+                if exc.code not in RETRIED_CONNECT_CODES or connect_try == CONNECT_TRIES:
+                    raise
+                run.evidence.record("connect", result="retry", **error_code(exc))
+                time.sleep(CONNECT_RETRY_SECONDS * connect_try)
     except ConnectRefused as exc:
         run.evidence.record("connect", result="refused", **error_code(exc))
         report = failed(FailureCode.NOT_DELIVERED, f"no SFTP session opened ({exc.code}); nothing was sent")

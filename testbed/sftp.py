@@ -172,9 +172,9 @@ class TcpProxy:
     and then cuts: the request took effect on the server and the client never hears of it.
     """
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, port: int = 0) -> None:
         self.target = (target_host, target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", port))  # port: listen again where one was
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()

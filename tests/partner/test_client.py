@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import threading
+import time
 import uuid
 
 import asyncssh
@@ -19,8 +20,15 @@ from db.errors import DestinationNotFound
 from db.store import JobStore
 from domain.models import DeliveryOutcome, EventKind, FailureCode, JobStatus
 from partner.client import ConnectRefused, connect, parse_pinned_key, upload_exclusive
-from partner.delivery import DeliveryHooks, OriginalFile, deliver, observe_final_name
-from testbed.sftp import SftpTarget
+from partner.delivery import (
+    CONNECT_RETRY_SECONDS,
+    CONNECT_TRIES,
+    DeliveryHooks,
+    OriginalFile,
+    deliver,
+    observe_final_name,
+)
+from testbed.sftp import SftpTarget, TcpProxy
 from tests.partner.helpers import contact_bytes, local_file, run_delivery
 from tests.support.factories import Factory
 
@@ -45,7 +53,36 @@ async def test_an_unreachable_partner_is_not_delivered(sftp_target: SftpTarget, 
         DeliveryOutcome.FAILED,
         FailureCode.NOT_DELIVERED,
     )
-    assert run.one("connect")["code"] in {"Unreachable", "HandshakeFailed"}
+    connects = [e for e in run.evidence if e["observation"] == "connect"]
+    assert [e["result"] for e in connects] == ["retry"] * (CONNECT_TRIES - 1) + ["refused"]
+    assert {e["code"] for e in connects} <= {"Unreachable", "HandshakeFailed"}
+
+
+async def test_a_partner_that_refuses_connections_for_a_moment_is_asked_again_and_delivered(
+    sftp_target: SftpTarget, tmp_path
+):
+    # The soak's cut links ended 63 of 2000 exports Failed NotDelivered that a second connect would deliver.
+    data = contact_bytes(1000)
+    file = local_file(tmp_path, data)
+    sftp_target.proxy.close()  # nothing listens at the partner's address now
+    port = sftp_target.proxy.port
+    reopened: list[TcpProxy] = []
+
+    def listen_again() -> None:
+        time.sleep(CONNECT_RETRY_SECONDS / 2)
+        reopened.append(TcpProxy(*sftp_target.proxy.target, port=port))
+
+    threading.Thread(target=listen_again, daemon=True).start()
+    try:
+        run = await run_delivery(sftp_target.destination(), file)
+    finally:
+        for proxy in reopened:
+            proxy.close()
+
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    results = [e["result"] for e in run.evidence if e["observation"] == "connect"]
+    assert results[0] == "retry" and results[-1] == "ok"
+    assert sftp_target.files() == {file.final_name: data}
 
 
 async def test_a_client_key_the_partner_does_not_know_is_refused_before_any_file_operation(
