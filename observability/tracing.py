@@ -237,6 +237,17 @@ def _statement_span(statement: str, cleaned: Mapping[str, fields.Value]) -> Iter
         yield span
 
 
+def add_statement_event(statement: str, cleaned: Mapping[str, fields.Value]) -> None:
+    """Record ``statement`` as an event on the current span (its attributes as a statement span's)."""
+    trace.get_current_span().add_event(
+        statement,
+        {
+            ATTRIBUTE_PREFIX + "statement": fields.clean("statement", statement),
+            **{ATTRIBUTE_PREFIX + k: v for k, v in cleaned.items()},
+        },
+    )
+
+
 @contextlib.contextmanager
 def sftp_span(step: SftpStep | str, **values: Any) -> Iterator[Span]:
     """One span per SFTP step of a delivery (``sftp upload``), with byte counts and status codes.
