@@ -63,6 +63,7 @@ from typing import Any, LiteralString, cast
 from uuid import UUID
 
 import psycopg
+from psycopg import sql
 
 from chaos.client import ApiClient
 from chaos.config import LISTS, SoakConfig
@@ -462,7 +463,7 @@ def load(admin_url: str, scopes: Sequence[Scope], *, finished: int, queued: int)
         for statement in LOAD:
             conn.execute(statement, params)
         for table in ("export_jobs", "deliveries", "export_attempt_events", "outbox"):
-            conn.execute(f"VACUUM ANALYZE {table}")  # noqa: S608 - table names are constants
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
         counts = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'Queued'), count(*) FROM export_jobs"
         ).fetchone()
@@ -564,7 +565,7 @@ async def explain(
     else:
         prefix, args, text = "EXPLAIN (FORMAT JSON) ", params, q(name)
     async with conn.transaction(force_rollback=True):
-        await conn.execute(f"SET LOCAL ROLE {role}")  # noqa: S608 - a role of db.pool.Role
+        await conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
         cur = await conn.execute(prefix + text, args)
         rows = await cur.fetchall()
     if analyze:
