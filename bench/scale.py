@@ -67,6 +67,7 @@ from psycopg import sql
 
 from chaos.client import ApiClient
 from chaos.config import LISTS, SoakConfig
+from chaos.driver import retry_after
 from chaos.stack import WORKER_READY_LINE, Stack
 from db.admin import seed_tenant
 from db.pool import Role, open_pool
@@ -148,20 +149,10 @@ async def _create_exports(
                 return str(response.json()["export"]["id"])
             if response is not None and response.status_code < 500:
                 raise SystemExit(f"POST /exports answered {response.status_code}: {response.text[:300]}")
-            await asyncio.sleep(_retry_after(response))
+            await asyncio.sleep(retry_after(response))
         raise SystemExit("POST /exports: no 200/201 answer before the deadline")
 
     return list(await asyncio.gather(*(create() for _ in range(n))))
-
-
-def _retry_after(response: Any) -> float:
-    """Seconds to wait before a retry: the answer's Retry-After (0.2-5 s), 1 s without one."""
-    if response is None:
-        return 1.0
-    try:
-        return min(5.0, max(0.2, float(response.headers.get("retry-after", "1"))))
-    except ValueError:
-        return 1.0
 
 
 async def _wait_terminal(

@@ -187,7 +187,7 @@ class Driver:
             answers.append(answer)
             if response is not None and (response.status_code < 500 or once):
                 break
-            await asyncio.sleep(_retry_after(response))
+            await asyncio.sleep(retry_after(response))
         return answers
 
     async def _edit(self, record: ExportRecord, kind: str, list_name: str) -> None:
@@ -220,7 +220,7 @@ class Driver:
             )
             if response is not None and response.status_code < 500:
                 return
-            await asyncio.sleep(_retry_after(response))
+            await asyncio.sleep(retry_after(response))
 
     async def _cancel_at(self, record: ExportRecord, point: str, delay: float, again: str) -> None:
         assert record.job_id is not None
@@ -259,7 +259,7 @@ class Driver:
             cancel.answers.append(answer)
             if response is not None and response.status_code < 500:
                 break
-            await asyncio.sleep(_retry_after(response))
+            await asyncio.sleep(retry_after(response))
         return cancel
 
     async def _replace(self, original: ExportRecord, plan: ExportPlan) -> ExportRecord | None:
@@ -291,7 +291,7 @@ class Driver:
                 # A retry after a lost answer finds its own replacement live: look it up on the board.
                 replacement.job_id = self._replacement_on_board(original.job_id)
                 break
-            await asyncio.sleep(_retry_after(response))
+            await asyncio.sleep(retry_after(response))
         if replacement.job_id is None:
             replacement.notes.append("no replacement created")
             self.records.append(replacement)
@@ -332,7 +332,8 @@ def _created_id(answers: list[Answer]) -> str | None:
     return None
 
 
-def _retry_after(response: Any) -> float:
+def retry_after(response: Any) -> float:
+    """Seconds to wait before a retry: the answer's Retry-After (0.2-5 s), 1 s without one."""
     if response is None:
         return 1.0
     try:

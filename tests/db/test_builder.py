@@ -86,6 +86,27 @@ async def wait_for_blocked(factory: Factory, holder_pid: int) -> int:
     raise AssertionError("the build never waited on the held lock")
 
 
+async def build_ended_by(
+    factory: Factory, database: pg.TestDatabase, pool, work_dir: Path, function: str
+) -> tuple[str, BuildError]:
+    """A build held behind a lock on contacts, then ended from outside by ``function`` (the server's
+    pg_terminate_backend or pg_cancel_backend on its backend); the list's name and the build's error."""
+    tenant_id, list_name = await many_contacts(factory, 10)
+    ends = {
+        "pg_terminate_backend": "SELECT pg_terminate_backend(%(p)s)",
+        "pg_cancel_backend": "SELECT pg_cancel_backend(%(p)s)",
+    }
+    async with await psycopg.AsyncConnection.connect(database.admin_url) as holder:
+        await holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
+        task = asyncio.create_task(build(pool, tenant_id, list_name, work_dir))
+        blocked_pid = await wait_for_blocked(factory, holder.info.backend_pid)
+        await factory.admin(ends[function], {"p": blocked_pid})
+        with pytest.raises(BuildError) as caught:
+            await task
+        await holder.rollback()
+    return list_name, caught.value
+
+
 async def test_builds_exact_csv_bytes_and_hash_of_the_tenants_list_only(
     factory: Factory, worker_pool, tmp_path
 ):
@@ -180,22 +201,13 @@ async def test_cancel_while_the_query_waits_stops_promptly_and_frees_the_server(
 async def test_a_dropped_connection_is_a_build_error_without_data(
     factory: Factory, database: pg.TestDatabase, worker_pool, tmp_path
 ):
-    tenant_id, list_name = await many_contacts(factory, 10)
-    async with await psycopg.AsyncConnection.connect(database.admin_url) as holder:
-        await holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
-        task = asyncio.create_task(build(worker_pool, tenant_id, list_name, tmp_path))
-        blocked_pid = await wait_for_blocked(factory, holder.info.backend_pid)
-        await factory.admin("SELECT pg_terminate_backend(%(p)s)", {"p": blocked_pid})
+    list_name, error = await build_ended_by(factory, database, worker_pool, tmp_path, "pg_terminate_backend")
 
-        with pytest.raises(BuildError) as caught:
-            await task
-        await holder.rollback()
-
-    assert caught.value.code in {"CopyFailed", "DatabaseError"}
+    assert error.code in {"CopyFailed", "DatabaseError"}
     # The server went away under the build (a restart's admin_shutdown): the attempt is given back, not failed.
-    assert caught.value.transient
-    assert list_name not in str(caught.value) and "example.com" not in str(caught.value)
-    error = caught.value  # no driver exception (whose message could hold data) travels with it
+    assert error.transient
+    assert list_name not in str(error) and "example.com" not in str(error)
+    # no driver exception (whose message could hold data) travels with it
     assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
     assert leftovers(tmp_path) == []
 
@@ -203,18 +215,9 @@ async def test_a_dropped_connection_is_a_build_error_without_data(
 async def test_a_query_cancelled_by_someone_else_is_a_build_error_that_would_recur_so_not_transient(
     factory: Factory, database: pg.TestDatabase, worker_pool, tmp_path
 ):
-    tenant_id, list_name = await many_contacts(factory, 10)
-    async with await psycopg.AsyncConnection.connect(database.admin_url) as holder:
-        await holder.execute("LOCK TABLE contacts IN ACCESS EXCLUSIVE MODE")
-        task = asyncio.create_task(build(worker_pool, tenant_id, list_name, tmp_path))
-        blocked_pid = await wait_for_blocked(factory, holder.info.backend_pid)
-        await factory.admin("SELECT pg_cancel_backend(%(p)s)", {"p": blocked_pid})
+    _, error = await build_ended_by(factory, database, worker_pool, tmp_path, "pg_cancel_backend")
 
-        with pytest.raises(BuildError) as caught:
-            await task
-        await holder.rollback()
-
-    assert (caught.value.code, str(caught.value), caught.value.transient) == (
+    assert (error.code, str(error), error.transient) == (
         "CopyFailed",
         "CopyFailed: sqlstate=57014",
         False,
