@@ -20,9 +20,8 @@ The store calls it at two points:
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -35,33 +34,48 @@ from observability.metrics import Statement, TransitionResult, get_metrics, tran
 EVENT_STATEMENTS = frozenset({"append_delivery_evidence"})
 
 
-@contextlib.contextmanager
-def observe_statement(
-    name: str, params: Mapping[str, Any] | None = None, *, writes: bool = True, **values: Any
-) -> Iterator[Span]:
+class observe_statement:  # noqa: N801 - used as a function: ``with observe_statement(name, params):``
     """A span named ``name`` around the block and its duration in
     ``fenced_exports_statement_duration_seconds{statement=name}``, raised or not. A statement that only
     reads (``writes`` false) gets its span only when ``tracing.traces_reads()``.
 
     ``params`` (the statement's parameters) contribute only their IDs, sizes and codes
-    (``fields.from_params``); ``values`` add more of the same.
+    (``fields.from_params``); ``values`` add more of the same. A class rather than a generator: it runs
+    around every statement of the process, traced or not.
     """
-    started = time.perf_counter()
-    try:
-        if not tracing.tracing_enabled() or not (writes or tracing.traces_reads()):  # a timer and a histogram
-            yield INVALID_SPAN
-        elif name in EVENT_STATEMENTS:
+
+    __slots__ = ("_name", "_params", "_writes", "_values", "_span", "_started")
+
+    def __init__(
+        self, name: str, params: Mapping[str, Any] | None = None, *, writes: bool = True, **values: Any
+    ) -> None:
+        self._name, self._params, self._writes, self._values = name, params, writes, values
+        self._span: Any = None
+
+    def __enter__(self) -> Span:
+        self._started = time.perf_counter()
+        name = self._name
+        if not tracing.tracing_enabled() or not (self._writes or tracing.traces_reads()):  # timer + histogram
+            return INVALID_SPAN
+        carried = {
+            **(fields.from_params(self._params) if self._params else {}),
+            **fields.clean_all(self._values),
+        }
+        if name in EVENT_STATEMENTS:
             # An append to the attempt's history: an event on the span it belongs to (an SFTP step, the
             # deliver activity), a fraction of a span's cost; six per export were a fifth of its spans.
-            carried = {**(fields.from_params(params) if params else {}), **fields.clean_all(values)}
             tracing.add_statement_event(name, carried)
-            yield INVALID_SPAN
-        else:
-            carried = {**(fields.from_params(params) if params else {}), **fields.clean_all(values)}
-            with tracing._statement_span(name, carried) as span:
-                yield span
-    finally:
-        get_metrics().observe_statement_duration(name, time.perf_counter() - started)
+            return INVALID_SPAN
+        self._span = tracing._statement_span(name, carried)
+        entered: Span = self._span.__enter__()
+        return entered
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if self._span is not None:
+                self._span.__exit__(kind, exc, tb)
+        finally:
+            get_metrics().observe_statement_duration(self._name, time.perf_counter() - self._started)
 
 
 def record_transition(
