@@ -22,7 +22,8 @@ which is why this is a benchmark and not a test; ``tests/observability/test_gaug
 plan on a few thousand rows of the same mix.
 
     python -m bench obs                      # both
-    python -m bench.obs overhead [--exports 10] [--contacts 200] [--rounds 10]
+    python -m bench.obs overhead --on ""     # the control: the same two stacks with nothing switched on
+    python -m bench.obs overhead [--exports 40] [--contacts 200] [--rounds 20]
     python -m bench.obs scrape
 """
 
@@ -32,12 +33,15 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import gc
 import io
 import logging
 import os
+import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -78,6 +82,12 @@ ROWS = 1_000_000
 SCRAPE_ROUNDS = 3
 SCRAPE_TARGET_MS = 50.0
 OVERHEAD_TARGET = 1.03
+# 40 exports a batch: with 10, identical batches (both sides off) spread by a standard deviation of 12 %
+# per pair and a 40-pair median by +-2 %, as much as the target; with 40 (and the collection before each
+# batch) by 4 % per pair.
+EXPORTS = 40
+ROUNDS = 20
+MEASURED_BATCH = 5  # the warm-up batches are smaller
 TENANT = "00000000-0000-0000-0000-0000000000b1"
 DESTINATION = "00000000-0000-0000-0000-0000000000d1"
 SETTLED = ("Completed", "Failed", "Stopped", "Canceled", "Rejected", "OutcomeUnknown")
@@ -259,6 +269,29 @@ class NoMetrics(ExportMetrics):
         yield
 
 
+def thread_cpu() -> collections.Counter[str]:
+    """CPU seconds so far of this process's threads, by kind (``MainThread``, ``temporal_workflow``,
+    ``export-deliver``, the SDK core's ``tokio-rt-worker``...), from ``/proc/self/task``: where the
+    difference between the two sides is spent. Empty where there is no /proc."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: collections.Counter[str] = collections.Counter()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/self/task/{task}/stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        name = names.get(int(task), comm)
+        kind = re.sub(r"[\s_-]*(\(.*\)|\d+)?$", "", re.sub(r"\s*\(.*\)$", "", name)) or comm
+        out[kind] += (int(rest[11]) + int(rest[12])) / tick  # utime + stime
+    return out
+
+
 class Stack:
     """One real stack: a database, ``run_worker`` (its own task queue and client), the API on a port.
 
@@ -277,6 +310,7 @@ class Stack:
         self.list_name = ""
         self.metrics_url: str | None = None
         self.exports_run = 0
+        self.threads: collections.Counter[str] = collections.Counter()  # CPU seconds by thread kind
 
     async def start(
         self, env: Any, sftp: LocalSftpServer, work_root: Path, contacts: int, run_id: str
@@ -352,7 +386,12 @@ class Stack:
         return uuid.UUID(answer.json()["export"]["id"])
 
     async def batch(self, n: int) -> tuple[float, float]:
-        """``n`` exports created at once through the API; wall and CPU seconds until all are Completed."""
+        """``n`` exports created at once through the API; wall and CPU seconds until all are Completed.
+
+        A full collection first, outside the timing: a generation-2 collection landing in one batch and not
+        in its pair was the largest single source of spread between identical batches."""
+        gc.collect()
+        threads = thread_cpu()
         wall, cpu = time.perf_counter(), time.process_time()
         jobs = await asyncio.gather(*(self.create() for _ in range(n)))
         async with await psycopg.AsyncConnection.connect(self.database.admin_url, autocommit=True) as conn:
@@ -369,6 +408,8 @@ class Stack:
                     raise SystemExit(f"{self.variant}: the batch did not settle: {statuses}")
                 await asyncio.sleep(0.05)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        if n >= MEASURED_BATCH:
+            self.threads.update(thread_cpu() - threads)
         self.exports_run += n
         if statuses != {"Completed": n}:
             async with await psycopg.AsyncConnection.connect(self.database.admin_url) as conn:
@@ -514,6 +555,13 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
         f"{costs['off'] * 1e6:.1f} us per statement with both off; per export "
         f"{per_export * 1e3:.2f} ms of {cpu_off / exports * 1e3:.0f} ms CPU: estimated {estimate:.3f}x"
     )
+    measured = exports * rounds
+    print("CPU per export by thread (ms, on / off / difference):")
+    kinds = stacks["on"].threads + stacks["off"].threads
+    for kind, _ in kinds.most_common():
+        a, b = stacks["on"].threads[kind] / measured * 1e3, stacks["off"].threads[kind] / measured * 1e3
+        if max(a, b) >= 0.05:
+            print(f"  {kind:24s} {a:7.2f} {b:7.2f} {a - b:+7.2f}")
     print(
         "spans per export, by name: "
         + ", ".join(f"{name} {count / exports:g}" for name, count in span_names.most_common())
@@ -564,16 +612,16 @@ def per_call_costs(provider: Any, calls: int = 20_000) -> dict[str, float]:
 
 def run_with_defaults() -> None:
     """``python -m bench obs``: both parts, the default configuration."""
-    asyncio.run(overhead(exports=10, contacts=200, rounds=10))
+    asyncio.run(overhead(exports=EXPORTS, contacts=200, rounds=ROUNDS))
     asyncio.run(scrape())
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", nargs="?", choices=["overhead", "scrape", "both"], default="both")
-    parser.add_argument("--exports", type=int, default=10)
+    parser.add_argument("--exports", type=int, default=EXPORTS)
     parser.add_argument("--contacts", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument(
         "--on", default=",".join(ALL_PARTS), help=f"what 'on' turns on, of {', '.join(ALL_PARTS)} (all)"
     )
