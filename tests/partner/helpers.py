@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -82,9 +83,18 @@ async def run_delivery(
     hooks: DeliveryHooks | None = None,
     attempt_id: UUID | None = None,
     ack_wait: float = 5.0,
+    on_evidence: Callable[[dict[str, Any]], None] | None = None,
 ) -> Run:
+    """Deliver in a thread, as production does, collecting the evidence; ``on_evidence`` also sees each
+    record as it is made (a seam: act at a named point of the delivery)."""
     attempt_id = attempt_id or uuid.uuid4()
     evidence: list[dict[str, Any]] = []
+
+    def record(observation: dict[str, Any]) -> None:
+        evidence.append(observation)
+        if on_evidence is not None:
+            on_evidence(observation)
+
     report = await asyncio.to_thread(
         deliver,
         destination,
@@ -92,7 +102,7 @@ async def run_delivery(
         attempt_id,
         original=original,
         overwrite_agreed=overwrite_agreed,
-        on_evidence=evidence.append,
+        on_evidence=record,
         hooks=hooks,
         ack_wait=ack_wait,
         io_timeout=20.0,

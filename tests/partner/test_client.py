@@ -8,8 +8,8 @@ import asyncio
 import hashlib
 import json
 import threading
-import time
 import uuid
+from typing import Any
 
 import asyncssh
 import paramiko
@@ -21,7 +21,6 @@ from db.store import JobStore
 from domain.models import DeliveryOutcome, EventKind, FailureCode, JobStatus
 from partner.client import ConnectRefused, connect, parse_pinned_key, upload_exclusive
 from partner.delivery import (
-    CONNECT_RETRY_SECONDS,
     CONNECT_TRIES,
     DeliveryHooks,
     OriginalFile,
@@ -68,13 +67,14 @@ async def test_a_partner_that_refuses_connections_for_a_moment_is_asked_again_an
     port = sftp_target.proxy.port
     reopened: list[TcpProxy] = []
 
-    def listen_again() -> None:
-        time.sleep(CONNECT_RETRY_SECONDS / 2)
-        reopened.append(TcpProxy(*sftp_target.proxy.target, port=port))
+    def listen_again(observation: dict[str, Any]) -> None:
+        # The first connect was refused and recorded; the partner is back before the pause ends.
+        retry = observation["observation"] == "connect" and observation.get("result") == "retry"
+        if retry and not reopened:
+            reopened.append(TcpProxy(*sftp_target.proxy.target, port=port))
 
-    threading.Thread(target=listen_again, daemon=True).start()
     try:
-        run = await run_delivery(sftp_target.destination(), file)
+        run = await run_delivery(sftp_target.destination(), file, on_evidence=listen_again)
     finally:
         for proxy in reopened:
             proxy.close()
