@@ -460,7 +460,9 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     sink = sys.stderr if os.environ.get("BENCH_LOGS") else _Discard()  # formatted as in production, dropped
     configure_logging("json", stream=sink, level=logging.INFO)  # JSON lines at INFO on both sides
     spans = InMemorySpanExporter()
-    provider = tracing.setup_tracing("fenced-exports-bench", exporter=spans, set_global=False)
+    # Batched, as production exports (the OTLP exporter through a BatchSpanProcessor); flushed before reading.
+    provider = tracing.setup_tracing("fenced-exports-bench", exporter=spans, batched=True, set_global=False)
+    assert provider is not None  # an exporter was given
     metrics = process_metrics()
     work_root = Path(tempfile.mkdtemp(prefix="fenced-bench-obs-"))
     run_id = uuid.uuid4().hex[:6]
@@ -492,6 +494,7 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
                     walls[variant].append(wall)
                     cpus[variant].append(cpu)
                     if variant == "on":
+                        provider.force_flush()
                         finished = spans.get_finished_spans()
                         span_counts.append(len(finished))
                         span_names = collections.Counter(span.name for span in finished)
@@ -517,7 +520,7 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     pairs = [a / b for a, b in zip(walls["on"], walls["off"], strict=True)]
     cpu_pairs = [a / b for a, b in zip(cpus["on"], cpus["off"], strict=True)]
     spans_per_export = statistics.median(span_counts) / exports
-    costs = per_call_costs(provider)
+    costs = per_call_costs(provider, spans)
     # What the instrumentation itself costs per export, from its measured unit costs: a steadier figure than
     # wall clocks on a shared machine.
     per_export = (
@@ -581,16 +584,20 @@ def transitions_per_export(scraped: str, stacks: dict[str, Stack]) -> float:
     return total / max(1, stacks["on"].exports_run)
 
 
-def per_call_costs(provider: Any, calls: int = 20_000) -> dict[str, float]:
+def per_call_costs(provider: Any, spans: InMemorySpanExporter, calls: int = 20_000) -> dict[str, float]:
     """CPU seconds per call of the instrumentation, in this process: a statement's span and histogram with
     tracing on (less the same call with both off), and one transition counted (less its log line, which
-    both sides write)."""
+    both sides write). These are costs in a hot loop: the difference measured end to end has been two to
+    three times what they add up to, the same code run once in a while among an export's other work."""
     job = {"job_id": uuid.uuid4(), "attempt_id": uuid.uuid4(), "checked_version": 1}
 
     def timed(body: Any) -> float:
         started = time.process_time()
-        for _ in range(calls):
+        for i in range(calls):
             body()
+            if i % 1000 == 999:  # a batch's worth of spans, exported and dropped, as between rounds
+                provider.force_flush()
+                spans.clear()
         return (time.process_time() - started) / calls
 
     def statement() -> None:

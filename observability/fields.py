@@ -19,7 +19,9 @@ UUID_FIELDS = frozenset(
 # Identifiers made by code (workflow IDs, worker IDs, run IDs): letters, digits, '-', '_', ':' and '.'.
 NAME_FIELDS = frozenset({"workflow_id", "run_id", "worker_id", "recovery_run_id", "activity", "task_queue"})
 # Sizes and counts.
-NUMBER_FIELDS = frozenset({"bytes", "rows", "sent_bytes", "attempt_count", "version", "batch", "count"})
+NUMBER_FIELDS = frozenset(
+    {"bytes", "rows", "sent_bytes", "attempt_count", "version", "batch", "count", "schedule_to_start_seconds"}
+)
 # Codes: enumerations of this system or of SFTP (status codes), never free text.
 CODE_FIELDS = frozenset(
     {
@@ -94,9 +96,9 @@ def from_params(params: Mapping[str, Any]) -> dict[str, Value]:
     (reasons, names, evidence and hashes are left out). Values that are not of their field's shape are
     skipped rather than raised: parameters are not always what their name suggests."""
     out: dict[str, Value] = {}
-    for param, field in PARAM_FIELDS.items():
-        value = params.get(param)
-        if value is None:
+    for param, value in params.items():  # a statement has a few parameters; the table has many
+        field = PARAM_FIELDS.get(param)
+        if field is None or value is None:
             continue
         try:
             out[field] = clean(field, value)

@@ -11,8 +11,8 @@ installed).
 
 One trace per export: the FastAPI instrumentation opens it at ``POST /exports``; the store writes the
 request's ``traceparent`` into the outbox row; the dispatcher continues that trace around its workflow
-start (``continue_trace``); the temporalio ``TracingInterceptor`` (``observability.temporal``) carries it through the workflow
-into every activity; inside them, ``statement_span`` and ``sftp_span`` add one span per protocol statement and
+start (``continue_trace``); the temporalio ``TracingInterceptor`` (subclassed in ``observability.temporal``) carries it
+through the workflow into every activity; inside them, ``statement_span`` and ``sftp_span`` add one span per protocol statement and
 SFTP step. Span attributes go through ``observability.fields``: IDs, sizes, codes, never contact data.
 """
 
@@ -122,19 +122,21 @@ def setup_tracing(
     *,
     environ: Mapping[str, str] | None = None,
     exporter: SpanExporter | None = None,
+    batched: bool = False,
     set_global: bool = True,
 ) -> TracerProvider | None:
     """Build this process's tracer provider from the environment; ``None`` (tracing off) when nothing asks.
 
     Called once in ``main()`` of worker.py and ``starter.py serve`` (``service_name`` "fenced-exports-worker"
     / "fenced-exports-api"; ``OTEL_SERVICE_NAME`` wins). ``exporter`` bypasses the environment: spans go
-    to it synchronously (tests and the in-process benchmark pass an ``InMemorySpanExporter``). With
-    ``set_global`` the provider also becomes OpenTelemetry's global one (once per process).
+    to it synchronously (tests pass an ``InMemorySpanExporter``), or with ``batched`` through the
+    ``BatchSpanProcessor`` that exports in production (the in-process benchmark; ``force_flush`` before
+    reading). With ``set_global`` the provider also becomes OpenTelemetry's global one (once per process).
     """
     global _provider, _tracer
     env = os.environ if environ is None else environ
     if exporter is not None:
-        processor: Any = SimpleSpanProcessor(exporter)
+        processor: Any = BatchSpanProcessor(exporter) if batched else SimpleSpanProcessor(exporter)
     else:
         kind = requested_exporter(env)
         if kind is None:

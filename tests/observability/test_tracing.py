@@ -260,17 +260,21 @@ async def test_one_trace_from_the_api_through_the_outbox_and_temporal_into_the_a
         logging.getLogger().removeHandler(handler)
 
     found = by_name(spans)
-    # The temporalio interceptor parents the workflow's own spans to the client's StartWorkflow.
+    # The temporalio interceptor parents the workflow's own spans to the client's StartWorkflow; activity
+    # starts carry that context without a StartActivity span of their own (ExportTracingInterceptor).
     parents = {
         "StartWorkflow:TracedWorkflow": "POST /exports",
         "RunWorkflow:TracedWorkflow": "StartWorkflow:TracedWorkflow",
-        "StartActivity:traced_step": "StartWorkflow:TracedWorkflow",
-        "RunActivity:traced_step": "StartActivity:traced_step",
+        "RunActivity:traced_step": "StartWorkflow:TracedWorkflow",
+        "CompleteWorkflow:TracedWorkflow": "StartWorkflow:TracedWorkflow",
         "claim_if_queued": "RunActivity:traced_step",
         "sftp upload": "RunActivity:traced_step",
     }
     for child, parent in parents.items():
         assert found[child].parent.span_id == found[parent].context.span_id, (child, parent)
+    assert not [name for name in found if name.startswith("StartActivity:")]
+    waited = found["RunActivity:traced_step"].attributes["fenced_exports.schedule_to_start_seconds"]
+    assert isinstance(waited, float) and 0 <= waited < 30
     trace_id = api.get_span_context().trace_id
     assert {s.context.trace_id for s in spans.get_finished_spans()} == {trace_id}
 
