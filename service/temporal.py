@@ -261,6 +261,9 @@ def _explain_connect_failure(options: ConnectOptions, message: str) -> TemporalC
         or "UnexpectedEof" in message
         or "BrokenPipe" in message
         or "ConnectionReset" in message
+        # The same close, reaching the client after its first call was sent (a loaded machine): hyper
+        # cancels the call in flight.
+        or "operation was canceled" in message
     )
     if client_side and options.tls is None:
         return TemporalConnectError(
