@@ -19,9 +19,18 @@ from typing import Any
 from uuid import UUID
 
 import paramiko
+from paramiko.sftp import SFTP_NO_SUCH_FILE
 
 from domain.destination import Destination
-from domain.evidence import Ack, DeliveryReport, FileToDeliver, Observation, OriginalFile, temp_name_for
+from domain.evidence import (
+    Ack,
+    DeliveryReport,
+    FileToDeliver,
+    Observation,
+    OriginalFile,
+    fenced_name_for,
+    temp_name_for,
+)
 from domain.models import FailureCode
 from observability.tracing import SftpStep, set_attributes, sftp_span
 from partner.client import (
@@ -125,6 +134,8 @@ def deliver(
         report = run.confirm_never_renamed(connect_timeout, io_timeout)
     elif run.read_back_cut:
         report = run.read_back_again(connect_timeout, io_timeout, READ_BACK_TRIES)
+    elif run.rename_unanswered:
+        report = run.settle_lost_rename(connect_timeout, io_timeout, READ_BACK_TRIES)
     run.evidence.record(
         "outcome",
         outcome=report.outcome.value,
@@ -202,6 +213,7 @@ class _Delivery:
     ack_wait: float
     phase: str = "connect"
     rename_sent: bool = False
+    rename_unanswered: bool = False  # sent, and its answer never came
     report: DeliveryReport | None = None
     baseline: Observation | None = None
     interrupted_before_rename: int | None = None  # bytes sent when an upload was cut before its rename
@@ -343,6 +355,8 @@ class _Delivery:
             return self._after_refusal(form, exc.status, sftp, baseline)
         except Exception as exc:
             self.evidence.record("rename", form=form, result="no_answer", **error_code(exc))
+            # Settled after the session closes, on a new one (settle_lost_rename).
+            self.rename_unanswered = True
             return unknown(f"{form} sent but its answer never came; the final name may have been written")
         self.evidence.record("rename", form=form, result="ok")
         _call(self.hooks.after_rename)
@@ -417,6 +431,75 @@ class _Delivery:
             if not self.read_back_cut:
                 break
         return self._end(report)
+
+    def settle_lost_rename(self, connect_timeout: float, io_timeout: float, tries: int) -> DeliveryReport:
+        """The rename was sent and its answer lost: it may have published the file, or it may still wait in
+        the old session to be carried out. Evidence settles it on a new session (a few tries, each
+        recorded; the last failure leaves OutcomeUnknown as before), never a second upload:
+
+        - the final name changed since the baseline: the rename published it, if the read-back shows this
+          attempt's file under the contract's rules (Completed), else OutcomeUnknown;
+        - the final name still matches the baseline: move the temporary file to a name of its own
+          (``fenced_name_for``). Rename is atomic on a server that publishes by rename, so of the lost
+          rename and this one exactly one moves the file: once this one has, the lost one can never publish
+          it (Failed NotDelivered, after a listing that still matches the baseline); if the temporary file
+          is already gone, the lost rename has happened since the listing: read back.
+        """
+        report = self.report or unknown("rename sent but its answer never came")
+        for attempt in range(1, tries + 1):
+            time.sleep(READ_BACK_RETRY_SECONDS * attempt)
+            try:
+                with session(self.destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+                    report = self._settle_rename(opened.sftp)
+            except Exception as exc:  # no session, or cut on it: one more try
+                self.evidence.record(
+                    "interrupted", phase="settle_rename", rename_sent=True, **error_code(exc)
+                )
+                continue
+            if not self.read_back_cut:
+                break
+        return self._end(report)
+
+    def _settle_rename(self, sftp: paramiko.SFTPClient) -> DeliveryReport:
+        self.phase = "settle_rename"
+        assert self.baseline is not None  # a rename is sent only after the baseline listing
+        with sftp_span(SftpStep.OBSERVE):
+            now = observe(sftp, self.destination, self.file.final_name)
+        self.evidence.record("fresh_listing", final_name=self.file.final_name, **now.as_evidence())
+        if not now.same_as(self.baseline):
+            return self._read_back(sftp, self.overwrite)
+        fenced_name = fenced_name_for(self.attempt_id, self.file.final_name)
+        with sftp_span(SftpStep.FENCE) as span:
+            try:
+                sftp.rename(
+                    self.destination.remote_path(self.temp_name), self.destination.remote_path(fenced_name)
+                )
+            except SftpStatusError as exc:
+                self.evidence.record("fence", result="refused", fenced_name=fenced_name, status=exc.status)
+                set_attributes(span, status=exc.status)
+                if exc.status != SFTP_NO_SUCH_FILE:
+                    return unknown(
+                        "rename sent but its answer never came, and the temporary file could not be moved "
+                        f"away (status {exc.status})"
+                    )
+                # Gone since the listing. Moved by an earlier try of this fence whose answer was lost too,
+                # or else by the lost rename: then it published the file, and the read-back says whether.
+                if stat_or_none(sftp, self.destination.remote_path(fenced_name)) is None:
+                    return self._read_back(sftp, self.overwrite)
+                self.evidence.record("fence", result="already_moved", fenced_name=fenced_name)
+            else:
+                self.evidence.record("fence", result="ok", fenced_name=fenced_name)
+        with sftp_span(SftpStep.OBSERVE):
+            fresh = observe(sftp, self.destination, self.file.final_name)
+        self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
+        if not fresh.same_as(self.baseline):
+            return unknown("the temporary file was moved away, but the final name changed since the baseline")
+        return failed(
+            FailureCode.NOT_DELIVERED,
+            f"rename sent but its answer never came; on a new session the final name still matched the "
+            f"baseline and the temporary file was moved to {fenced_name}, so the lost rename can never "
+            "publish it",
+        )
 
     def _read_back(self, sftp: paramiko.SFTPClient, overwrite: bool) -> DeliveryReport:
         """Read back what the server and the contract can confirm, then classify."""

@@ -8,7 +8,8 @@ error type names appear: never file contents, contact data or credentials. The v
 :mod:`domain.evidence`.
 
 Observation kinds: ``connect``, ``baseline``, ``final_name_occupied``, ``upload``, ``interrupted``,
-``rename``, ``fresh_listing``, ``read_back``, ``ack``, ``outcome``.
+``rename``, ``fresh_listing``, ``fence`` (the temporary file moved away after a lost rename answer),
+``read_back``, ``ack``, ``outcome``.
 """
 
 from __future__ import annotations

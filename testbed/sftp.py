@@ -70,6 +70,25 @@ class Sshd:
     user: pwd.struct_passwd
     host: str = "127.0.0.1"
 
+    def session_processes(self) -> list[int]:
+        """The processes sshd runs for its open connections (every descendant of the listener), to pause
+        one with SIGSTOP as a slow server would be; empty where there is no /proc."""
+        parents: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        found, frontier = [], [self.process.pid]
+        while frontier:
+            children = [pid for pid, parent in parents.items() if parent in frontier]
+            found += children
+            frontier = children
+        return found
+
     @classmethod
     def start(cls, *, max_sessions: int = 20) -> Sshd:
         """Generate keys and a config, start ``sshd -D -e``, and wait until it answers with its banner."""
@@ -170,6 +189,10 @@ class TcpProxy:
 
     :meth:`cut_at_next_answer` lets the client's next request through, swallows the server's answer
     and then cuts: the request took effect on the server and the client never hears of it.
+    :meth:`cut_before_next_request` drops the client's next request and cuts: the server never sees it.
+    :meth:`cut_client_after_next_request` lets the next request through and resets only the client's
+    side: the server keeps the connection and the request, and whatever it answers later goes nowhere
+    (``late_answer`` is set when it does), as when the link to the client dies while the server is slow.
     """
 
     def __init__(self, target_host: str, target_port: int, *, port: int = 0) -> None:
@@ -179,8 +202,13 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._swallow_answer = threading.Event()
+        self._drop_request = threading.Event()
+        self._orphan_after_request = threading.Event()
+        self._orphans: set[socket.socket] = set()  # server sides whose client was cut
         self.cut_done = threading.Event()
         self.answer_swallowed = threading.Event()  # set before the cut that follows it
+        self.request_dropped = threading.Event()  # set before the cut that follows it
+        self.late_answer = threading.Event()  # a server side answered after its client was cut
         threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -204,9 +232,24 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
         try:
             while data := source.recv(1 << 16):
+                if from_server and source in self._orphans:
+                    self.late_answer.set()
+                    continue
                 if from_server and self._swallow_answer.is_set():
+                    self._swallow_answer.clear()  # once: a new session afterwards goes through
                     self.answer_swallowed.set()
                     self.cut()
+                    return
+                if not from_server and self._drop_request.is_set():
+                    self._drop_request.clear()
+                    self.request_dropped.set()
+                    self.cut()
+                    return
+                if not from_server and self._orphan_after_request.is_set():
+                    self._orphan_after_request.clear()
+                    sink.sendall(data)
+                    self._orphans.add(sink)
+                    self._reset(source)  # no FIN to the server: it only stops hearing from the client
                     return
                 sink.sendall(data)
         except OSError:
@@ -219,14 +262,28 @@ class TcpProxy:
         with self._lock:
             sockets, self._sockets = self._sockets, []
         for s in sockets:
-            with contextlib.suppress(OSError):
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, no FIN
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
+            self._reset(s)
         self.cut_done.set()
 
+    def _reset(self, s: socket.socket) -> None:
+        with self._lock:
+            if s in self._sockets:
+                self._sockets.remove(s)
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, no FIN
+            s.shutdown(socket.SHUT_RDWR)
+        s.close()
+
+    def cut_before_next_request(self) -> None:
+        """From now on, the client's next bytes are dropped and the connection is cut."""
+        self._drop_request.set()
+
+    def cut_client_after_next_request(self) -> None:
+        """From now on, the client's next bytes reach the server, then only the client's side is reset."""
+        self._orphan_after_request.set()
+
     def cut_at_next_answer(self) -> None:
-        """From now on, the first bytes the server sends are dropped and the connection is cut."""
+        """From now on, the first bytes the server sends are dropped and the connection is cut (once)."""
         self._swallow_answer.set()
 
     def stop_cutting(self) -> None:

@@ -4,15 +4,20 @@ proxy between client and server is cut from a delivery hook at a named point."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import os
+import signal
 import uuid
 
 import asyncssh
+import pytest
 
-from domain.evidence import temp_name_for
+from domain.evidence import fenced_name_for, temp_name_for
 from domain.models import DeliveryOutcome, FailureCode
 from partner.delivery import READ_BACK_TRIES, DeliveryHooks
-from testbed.sftp import SftpTarget
+from testbed.sftp import SftpTarget, Sshd
 from tests.partner.helpers import (
     SIZE,
     assert_no_data_in,
@@ -188,7 +193,9 @@ async def test_cut_just_after_the_rename_with_no_new_session_to_be_had_is_unknow
     assert sftp_target.files() == {file.final_name: data}
 
 
-async def test_rename_whose_answer_is_lost_is_unknown(sftp_target: SftpTarget, tmp_path):
+async def test_rename_whose_answer_is_lost_is_settled_by_a_read_back_on_a_new_session(
+    sftp_target: SftpTarget, tmp_path
+):
     data = contact_bytes()
     file = local_file(tmp_path, data)
     # The rename request reaches the server and takes effect; its answer is swallowed and the link cut.
@@ -198,10 +205,93 @@ async def test_rename_whose_answer_is_lost_is_unknown(sftp_target: SftpTarget, t
         hooks=DeliveryHooks(before_rename=sftp_target.proxy.cut_at_next_answer),
     )
 
-    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
-    assert run.one("rename")["result"] == "no_answer"
     assert sftp_target.proxy.answer_swallowed.is_set()
-    assert sftp_target.files() == {file.final_name: data}  # it did publish: only evidence can tell
+    assert run.one("rename")["result"] == "no_answer"
+    # The final name changed since the (absent) baseline: the lost rename published it, and the read-back
+    # on a new session shows this file under the contract's rules. Nothing is moved, nothing sent again.
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    assert run.one("fresh_listing")["present"] is True
+    assert run.one("read_back")["size"] == len(data)
+    assert "fence" not in run.kinds()
+    assert run.kinds().count("rename") == 1 and run.kinds().count("upload") == 1
+    assert sftp_target.files() == {file.final_name: data}
+
+
+async def test_rename_that_never_reached_the_server_is_fenced_and_not_delivered(
+    sftp_target: SftpTarget, tmp_path
+):
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    attempt_id = uuid.uuid4()
+    # The rename request is lost on the way: the client only knows it sent it and heard nothing.
+    run = await run_delivery(
+        sftp_target.destination(),
+        file,
+        attempt_id=attempt_id,
+        hooks=DeliveryHooks(before_rename=sftp_target.proxy.cut_before_next_request),
+    )
+
+    assert sftp_target.proxy.request_dropped.is_set()
+    assert run.one("rename")["result"] == "no_answer"
+    # On a new session the final name still matches the baseline: the temporary file is moved to a name
+    # of its own, after which the lost rename could never publish it, and a last listing confirms.
+    fenced = fenced_name_for(attempt_id, file.final_name)
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
+    fence = run.one("fence")
+    assert (fence["result"], fence["fenced_name"]) == ("ok", fenced)
+    kinds = run.kinds()
+    last_listing = max(i for i, kind in enumerate(kinds) if kind == "fresh_listing")
+    assert kinds.index("rename") < kinds.index("fence") < last_listing
+    assert [e["present"] for e in run.evidence if e["observation"] == "fresh_listing"] == [False, False]
+    assert "read_back" not in kinds
+    assert sftp_target.files() == {fenced: data}  # never published; the bytes kept under a temporary name
+
+
+@pytest.mark.sshd
+async def test_a_lost_rename_still_waiting_on_the_server_can_never_publish_once_the_file_is_fenced(
+    sshd_target: SftpTarget, sshd_server: Sshd, tmp_path
+):
+    """The race the fence is for: the rename request reached OpenSSH, whose session is paused (SIGSTOP)
+    before reading it; the link to the client dies. The fence moves the temporary file on a new session;
+    then the old session resumes, carries out the stale rename, fails (no such file) and answers into
+    the void. The final name is never written."""
+    data = contact_bytes()
+    file = local_file(tmp_path, data)
+    attempt_id = uuid.uuid4()
+    paused: list[int] = []
+
+    def pause_the_session_then_lose_the_link() -> None:
+        paused.extend(sshd_server.session_processes())  # only this delivery's session is open
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        sshd_target.proxy.cut_client_after_next_request()
+
+    try:
+        run = await run_delivery(
+            sshd_target.destination(),
+            file,
+            attempt_id=attempt_id,
+            hooks=DeliveryHooks(before_rename=pause_the_session_then_lose_the_link),
+        )
+        assert paused
+        assert not sshd_target.proxy.late_answer.is_set()  # the old session has not answered yet
+        assert (run.report.outcome, run.report.failure_code) == (
+            DeliveryOutcome.FAILED,
+            FailureCode.NOT_DELIVERED,
+        )
+        assert run.one("fence")["result"] == "ok"
+    finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    # The stale rename is carried out now, and answered (status NO_SUCH_FILE) to nobody.
+    assert await asyncio.to_thread(sshd_target.proxy.late_answer.wait, 10)
+    fenced = fenced_name_for(attempt_id, file.final_name)
+    assert sshd_target.files() == {fenced: data}
 
 
 async def test_file_appearing_before_the_rename_is_never_overwritten(sftp_target: SftpTarget, tmp_path):
