@@ -269,12 +269,12 @@ class _Delivery:
             _ended(span, uploaded)
         if uploaded is not None:
             return self._end(uploaded)
+        self.overwrite = overwrite  # before the rename: a lost answer is settled under the same rules
         with sftp_span(SftpStep.RENAME) as span:
             renamed = self._rename(sftp, baseline, overwrite)
             _ended(span, renamed)
         if renamed is not None:
             return self._end(renamed)
-        self.overwrite = overwrite
         with sftp_span(SftpStep.READ_BACK) as span:
             confirmed = self._read_back(sftp, overwrite)
             _ended(span, confirmed)

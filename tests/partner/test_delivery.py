@@ -496,6 +496,31 @@ async def test_agreed_overwrite_without_hash_or_ack_is_unknown(sftp_target: Sftp
     assert sftp_target.files() == {file.final_name: rebuilt}
 
 
+async def test_agreed_overwrite_whose_answer_is_lost_still_needs_a_hash_or_ack(
+    sftp_target: SftpTarget, tmp_path
+):
+    # The settlement of a lost rename reads back under the same rules: name and size never show an overwrite.
+    rebuilt = contact_bytes()
+    file = local_file(tmp_path, rebuilt)
+    sftp_target.put(file.final_name, contact_bytes())
+
+    run = await run_delivery(
+        sftp_target.destination(),
+        file,
+        original=original_of(contact_bytes(), file.final_name),
+        overwrite_agreed=True,
+        hooks=DeliveryHooks(before_rename=sftp_target.proxy.cut_at_next_answer),
+    )
+
+    assert (run.one("rename")["form"], run.one("rename")["result"]) == ("posix_rename", "no_answer")
+    assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
+    # Same size, and an mtime of the same second: the listing may not tell the files apart. A fence then
+    # finds no temporary file (the lost rename took it), which proves nothing either way.
+    fences = [e for e in run.evidence if e["observation"] == "fence"]
+    assert all((e["result"], e["status"]) == ("refused", 2) for e in fences)
+    assert sftp_target.files() == {file.final_name: rebuilt}
+
+
 async def test_agreed_overwrite_completes_on_the_partners_ack_of_this_upload(
     sftp_target: SftpTarget, tmp_path
 ):
