@@ -36,11 +36,11 @@ def temp_name_for(attempt_id: UUID, final_name: str) -> str:
     return f"{TEMP_PREFIX}{attempt_id}-{final_name}"
 
 
-def fenced_name_for(attempt_id: UUID, final_name: str) -> str:
-    """Where an attempt moves its temporary file when a rename's answer was lost and the rename had not
-    published it: once moved, the lost rename can never publish it. Still a temporary name (the same
+def set_aside_name_for(attempt_id: UUID, final_name: str) -> str:
+    """Where an attempt sets its temporary file aside when a rename's answer was lost and the rename had
+    not published it: once moved, the lost rename can never publish it. Still a temporary name (the same
     prefix, so the same cleanup agreement covers it), with an extension of its own."""
-    return f"{temp_name_for(attempt_id, final_name)}.fenced"
+    return f"{temp_name_for(attempt_id, final_name)}.set-aside"
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class SftpStep(StrEnum):
     READ_BACK = "read_back"
     ACK_WAIT = "ack_wait"
     OBSERVE = "observe"
-    FENCE = "fence"  # the temporary file moved away after a rename whose answer was lost
+    SET_ASIDE = "set_aside"  # the temporary file moved away after a rename whose answer was lost
 
 
 def requested_exporter(environ: Mapping[str, str] | None = None) -> str | None:

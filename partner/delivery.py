@@ -28,7 +28,7 @@ from domain.evidence import (
     FileToDeliver,
     Observation,
     OriginalFile,
-    fenced_name_for,
+    set_aside_name_for,
     temp_name_for,
 )
 from domain.models import FailureCode
@@ -440,7 +440,7 @@ class _Delivery:
         - the final name changed since the baseline: the rename published it, if the read-back shows this
           attempt's file under the contract's rules (Completed), else OutcomeUnknown;
         - the final name still matches the baseline: move the temporary file to a name of its own
-          (``fenced_name_for``). Rename is atomic on a server that publishes by rename, so of the lost
+          (``set_aside_name_for``). Rename is atomic on a server that publishes by rename, so of the lost
           rename and this one exactly one moves the file: once this one has, the lost one can never publish
           it (Failed NotDelivered, after a listing that still matches the baseline); if the temporary file
           is already gone, the lost rename has happened since the listing: read back.
@@ -468,27 +468,29 @@ class _Delivery:
         self.evidence.record("fresh_listing", final_name=self.file.final_name, **now.as_evidence())
         if not now.same_as(self.baseline):
             return self._read_back(sftp, self.overwrite)
-        fenced_name = fenced_name_for(self.attempt_id, self.file.final_name)
-        with sftp_span(SftpStep.FENCE) as span:
+        set_aside_name = set_aside_name_for(self.attempt_id, self.file.final_name)
+        with sftp_span(SftpStep.SET_ASIDE) as span:
             try:
                 sftp.rename(
-                    self.destination.remote_path(self.temp_name), self.destination.remote_path(fenced_name)
+                    self.destination.remote_path(self.temp_name), self.destination.remote_path(set_aside_name)
                 )
             except SftpStatusError as exc:
-                self.evidence.record("fence", result="refused", fenced_name=fenced_name, status=exc.status)
+                self.evidence.record(
+                    "set_aside", result="refused", set_aside_name=set_aside_name, status=exc.status
+                )
                 set_attributes(span, status=exc.status)
                 if exc.status != SFTP_NO_SUCH_FILE:
                     return unknown(
                         "rename sent but its answer never came, and the temporary file could not be moved "
                         f"away (status {exc.status})"
                     )
-                # Gone since the listing. Moved by an earlier try of this fence whose answer was lost too,
+                # Gone since the listing. Moved by an earlier try of this move whose answer was lost too,
                 # or else by the lost rename: then it published the file, and the read-back says whether.
-                if stat_or_none(sftp, self.destination.remote_path(fenced_name)) is None:
+                if stat_or_none(sftp, self.destination.remote_path(set_aside_name)) is None:
                     return self._read_back(sftp, self.overwrite)
-                self.evidence.record("fence", result="already_moved", fenced_name=fenced_name)
+                self.evidence.record("set_aside", result="already_moved", set_aside_name=set_aside_name)
             else:
-                self.evidence.record("fence", result="ok", fenced_name=fenced_name)
+                self.evidence.record("set_aside", result="ok", set_aside_name=set_aside_name)
         with sftp_span(SftpStep.OBSERVE):
             fresh = observe(sftp, self.destination, self.file.final_name)
         self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
@@ -497,7 +499,7 @@ class _Delivery:
         return failed(
             FailureCode.NOT_DELIVERED,
             f"rename sent but its answer never came; on a new session the final name still matched the "
-            f"baseline and the temporary file was moved to {fenced_name}, so the lost rename can never "
+            f"baseline and the temporary file was moved to {set_aside_name}, so the lost rename can never "
             "publish it",
         )
 

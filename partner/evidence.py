@@ -8,7 +8,7 @@ error type names appear: never file contents, contact data or credentials. The v
 :mod:`domain.evidence`.
 
 Observation kinds: ``connect``, ``baseline``, ``final_name_occupied``, ``upload``, ``interrupted``,
-``rename``, ``fresh_listing``, ``fence`` (the temporary file moved away after a lost rename answer),
+``rename``, ``fresh_listing``, ``set_aside`` (the temporary file moved away after a lost rename answer),
 ``read_back``, ``ack``, ``outcome``.
 """
 

@@ -7,11 +7,11 @@
 - Failed NotDelivered only when the final name was provably never written by this attempt: no SFTP
   session was ever opened, nothing was uploaded yet, the server refused the upload or the rename
   and a fresh listing still equals the baseline, or a rename's answer was lost and the temporary file
-  was then fenced away with the final name still equal to the baseline.
+  was then set aside with the final name still equal to the baseline.
 - Failed FinalNameOccupied / OriginalDelivered for an occupied final name, decided before uploading.
 - Everything else (connection loss, timeouts, an unconfirmed read-back) is OutcomeUnknown, resolved
   later from the recorded evidence. A rename whose answer never came is settled on a new session where
-  it can be (partner/delivery.settle_lost_rename: the read-back, or the temporary file fenced away so the
+  it can be (partner/delivery.settle_lost_rename: the read-back, or the temporary file set aside so the
   lost rename can never publish it), else OutcomeUnknown.
 """
 

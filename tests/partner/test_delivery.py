@@ -14,7 +14,7 @@ import uuid
 import asyncssh
 import pytest
 
-from domain.evidence import fenced_name_for, temp_name_for
+from domain.evidence import set_aside_name_for, temp_name_for
 from domain.models import DeliveryOutcome, FailureCode
 from partner.delivery import READ_BACK_TRIES, DeliveryHooks
 from testbed.sftp import SftpTarget, Sshd
@@ -212,12 +212,12 @@ async def test_rename_whose_answer_is_lost_is_settled_by_a_read_back_on_a_new_se
     assert run.report.outcome == DeliveryOutcome.COMPLETED
     assert run.one("fresh_listing")["present"] is True
     assert run.one("read_back")["size"] == len(data)
-    assert "fence" not in run.kinds()
+    assert "set_aside" not in run.kinds()
     assert run.kinds().count("rename") == 1 and run.kinds().count("upload") == 1
     assert sftp_target.files() == {file.final_name: data}
 
 
-async def test_rename_that_never_reached_the_server_is_fenced_and_not_delivered(
+async def test_rename_that_never_reached_the_server_is_set_aside_and_not_delivered(
     sftp_target: SftpTarget, tmp_path
 ):
     data = contact_bytes()
@@ -235,27 +235,27 @@ async def test_rename_that_never_reached_the_server_is_fenced_and_not_delivered(
     assert run.one("rename")["result"] == "no_answer"
     # On a new session the final name still matches the baseline: the temporary file is moved to a name
     # of its own, after which the lost rename could never publish it, and a last listing confirms.
-    fenced = fenced_name_for(attempt_id, file.final_name)
+    aside = set_aside_name_for(attempt_id, file.final_name)
     assert (run.report.outcome, run.report.failure_code) == (
         DeliveryOutcome.FAILED,
         FailureCode.NOT_DELIVERED,
     )
-    fence = run.one("fence")
-    assert (fence["result"], fence["fenced_name"]) == ("ok", fenced)
+    moved = run.one("set_aside")
+    assert (moved["result"], moved["set_aside_name"]) == ("ok", aside)
     kinds = run.kinds()
     last_listing = max(i for i, kind in enumerate(kinds) if kind == "fresh_listing")
-    assert kinds.index("rename") < kinds.index("fence") < last_listing
+    assert kinds.index("rename") < kinds.index("set_aside") < last_listing
     assert [e["present"] for e in run.evidence if e["observation"] == "fresh_listing"] == [False, False]
     assert "read_back" not in kinds
-    assert sftp_target.files() == {fenced: data}  # never published; the bytes kept under a temporary name
+    assert sftp_target.files() == {aside: data}  # never published; the bytes kept under a temporary name
 
 
 @pytest.mark.sshd
-async def test_a_lost_rename_still_waiting_on_the_server_can_never_publish_once_the_file_is_fenced(
+async def test_a_lost_rename_still_waiting_on_the_server_can_never_publish_once_the_file_is_set_aside(
     sshd_target: SftpTarget, sshd_server: Sshd, tmp_path
 ):
-    """The race the fence is for: the rename request reached OpenSSH, whose session is paused (SIGSTOP)
-    before reading it; the link to the client dies. The fence moves the temporary file on a new session;
+    """The race setting the file aside is for: the rename request reached OpenSSH, whose session is paused (SIGSTOP)
+    before reading it; the link to the client dies. The temporary file is set aside on a new session;
     then the old session resumes, carries out the stale rename, fails (no such file) and answers into
     the void. The final name is never written."""
     data = contact_bytes()
@@ -282,7 +282,7 @@ async def test_a_lost_rename_still_waiting_on_the_server_can_never_publish_once_
             DeliveryOutcome.FAILED,
             FailureCode.NOT_DELIVERED,
         )
-        assert run.one("fence")["result"] == "ok"
+        assert run.one("set_aside")["result"] == "ok"
     finally:
         for pid in paused:
             with contextlib.suppress(ProcessLookupError):
@@ -290,8 +290,8 @@ async def test_a_lost_rename_still_waiting_on_the_server_can_never_publish_once_
 
     # The stale rename is carried out now, and answered (status NO_SUCH_FILE) to nobody.
     assert await asyncio.to_thread(sshd_target.proxy.late_answer.wait, 10)
-    fenced = fenced_name_for(attempt_id, file.final_name)
-    assert sshd_target.files() == {fenced: data}
+    aside = set_aside_name_for(attempt_id, file.final_name)
+    assert sshd_target.files() == {aside: data}
 
 
 async def test_file_appearing_before_the_rename_is_never_overwritten(sftp_target: SftpTarget, tmp_path):
@@ -514,10 +514,10 @@ async def test_agreed_overwrite_whose_answer_is_lost_still_needs_a_hash_or_ack(
 
     assert (run.one("rename")["form"], run.one("rename")["result"]) == ("posix_rename", "no_answer")
     assert run.report.outcome == DeliveryOutcome.OUTCOME_UNKNOWN
-    # Same size, and an mtime of the same second: the listing may not tell the files apart. A fence then
+    # Same size, and an mtime of the same second: the listing may not tell the files apart. Setting the file aside then
     # finds no temporary file (the lost rename took it), which proves nothing either way.
-    fences = [e for e in run.evidence if e["observation"] == "fence"]
-    assert all((e["result"], e["status"]) == ("refused", 2) for e in fences)
+    moves = [e for e in run.evidence if e["observation"] == "set_aside"]
+    assert all((e["result"], e["status"]) == ("refused", 2) for e in moves)
     assert sftp_target.files() == {file.final_name: rebuilt}
 
 
