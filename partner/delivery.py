@@ -415,18 +415,35 @@ class _Delivery:
         """The server confirmed the rename, then the read-back was cut: the evidence is still there to be
         had, so read it back on a new session (a read, never a repeated upload) before leaving the
         outcome to a person. Each try is recorded; the last cut leaves OutcomeUnknown as before."""
+
+        def read_back(sftp: paramiko.SFTPClient) -> DeliveryReport:
+            with sftp_span(SftpStep.READ_BACK) as span:
+                report = self._read_back(sftp, self.overwrite)
+                _ended(span, report)
+            return report
+
         report = self.report or unknown("renamed, but the read-back was interrupted")
+        return self._on_new_sessions("read_back_again", read_back, report, connect_timeout, io_timeout, tries)
+
+    def _on_new_sessions(
+        self,
+        phase: str,
+        step: Callable[[paramiko.SFTPClient], DeliveryReport],
+        report: DeliveryReport,
+        connect_timeout: float,
+        io_timeout: float,
+        tries: int,
+    ) -> DeliveryReport:
+        """``step`` on a new session, up to ``tries`` times after a growing pause (the partner's, to come
+        back): a try with no session, or cut on it, or whose read-back was cut, is recorded and tried again.
+        The last report stands (``report`` when no try got one)."""
         for attempt in range(1, tries + 1):
             time.sleep(READ_BACK_RETRY_SECONDS * attempt)
             try:
                 with session(self.destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
-                    with sftp_span(SftpStep.READ_BACK) as span:
-                        report = self._read_back(opened.sftp, self.overwrite)
-                        _ended(span, report)
-            except Exception as exc:  # no session: this try is one more interruption
-                self.evidence.record(
-                    "interrupted", phase="read_back_again", rename_sent=True, **error_code(exc)
-                )
+                    report = step(opened.sftp)
+            except Exception as exc:  # no session, or cut on it: this try is one more interruption
+                self.evidence.record("interrupted", phase=phase, rename_sent=True, **error_code(exc))
                 continue
             if not self.read_back_cut:
                 break
@@ -446,19 +463,9 @@ class _Delivery:
           is already gone, the lost rename has happened since the listing: read back.
         """
         report = self.report or unknown("rename sent but its answer never came")
-        for attempt in range(1, tries + 1):
-            time.sleep(READ_BACK_RETRY_SECONDS * attempt)
-            try:
-                with session(self.destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
-                    report = self._settle_rename(opened.sftp)
-            except Exception as exc:  # no session, or cut on it: one more try
-                self.evidence.record(
-                    "interrupted", phase="settle_rename", rename_sent=True, **error_code(exc)
-                )
-                continue
-            if not self.read_back_cut:
-                break
-        return self._end(report)
+        return self._on_new_sessions(
+            "settle_rename", self._settle_rename, report, connect_timeout, io_timeout, tries
+        )
 
     def _settle_rename(self, sftp: paramiko.SFTPClient) -> DeliveryReport:
         self.phase = "settle_rename"
