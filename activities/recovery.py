@@ -9,9 +9,12 @@ commits after the scan makes it match nothing, and the job is left to its worker
 - Delivering whose rename fence was never written: Failed NotDelivered (the final name was never
   written by it: it sent nothing, or only a temporary file).
 - Delivering otherwise: resolved from evidence, never stopped or retried. Completed only when the
-  destination or a receipt the attempt appended matches the expected file recorded at cutoff 2;
-  otherwise OutcomeUnknown. An absent file is never a reason for Failed: a paused worker can still
-  upload. What recovery observed is appended as DeliveryEvidence under the recovery run's ID.
+  destination or a receipt the attempt appended matches the expected file recorded at cutoff 2. An
+  absent file is never a reason for Failed on its own: a paused worker can still rename. So before an
+  OutcomeUnknown recovery moves the attempt's temporary file to its set-aside name: once it is there, that
+  rename can never publish it, and a final name that still shows the attempt's baseline is Failed
+  NotDelivered (``fail_set_aside_delivery``). Otherwise OutcomeUnknown. What recovery observed and what its
+  move found are appended as DeliveryEvidence under the recovery run's ID.
 
 Runs as ``exports_recovery``. Payloads and evidence carry IDs, sizes, hashes and codes only.
 """
@@ -23,6 +26,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from temporalio import activity
 
@@ -30,11 +34,19 @@ from activities.export import keep_heartbeating
 from db.errors import StoreError
 from db.store import JobStore
 from domain.destination import Destination
-from domain.evidence import Observation
+from domain.evidence import Observation, SetAside
 from domain.models import ExpiredLease, ExportJob, JobStatus
 from observability import logs
-from partner.delivery import observe_final_name
-from rules.recovery import attempt_evidence, decide_delivery, observation_evidence
+from partner.delivery import observe_final_name, set_aside_for_recovery
+from rules.recovery import (
+    Verdict,
+    attempt_evidence,
+    decide_after_set_aside,
+    decide_delivery,
+    may_set_aside,
+    observation_evidence,
+    set_aside_evidence,
+)
 from settings import Settings
 from workflows.models import RecoveryBatchInput, RecoveryBatchResult, Takeover
 
@@ -47,16 +59,27 @@ OBSERVE_RETRY_SECONDS = 2.0  # the pause before the next listing, times the trie
 # -- the activities --------------------------------------------------------------------------------
 
 Observe = Callable[[Destination, str], Observation]
+SetAsideAt = Callable[[Destination, UUID, str], tuple[SetAside, Observation]]
 
 
 class RecoveryActivities:
     """Recovery's activities over a worker store. ``observe`` lists the final name on the destination
-    (default ``partner.delivery.observe_final_name``; a test seam, never a replacement for the server)."""
+    (default ``partner.delivery.observe_final_name``) and ``set_aside`` moves an attempt's temporary file
+    aside (default ``partner.delivery.set_aside_for_recovery``): test seams, never replacements for the
+    server."""
 
-    def __init__(self, store: JobStore, settings: Settings, *, observe: Observe | None = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        settings: Settings,
+        *,
+        observe: Observe | None = None,
+        set_aside: SetAsideAt | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
         self._observe = observe or observe_final_name
+        self._set_aside_at = set_aside or set_aside_for_recovery
         # Test seam: while true, the batch sends no heartbeat (a stalled, e.g. SIGSTOPped, worker).
         self.heartbeats_paused: Callable[[], bool] = lambda: False
 
@@ -165,12 +188,58 @@ class RecoveryActivities:
             observation_evidence(observation, job, destination.id, error),
         )
         verdict = decide_delivery(job, evidence, observation, destination, observe_error=error)
+        if may_set_aside(job, verdict, observation):
+            settled = await self._set_aside(job, destination, evidence, verdict, run_id)
+            if settled is None:
+                return Takeover.MATCHED_NOTHING
+            verdict = settled
+            if verdict.resolution == JobStatus.FAILED:
+                done = await self.store.fail_set_aside_delivery(
+                    job.id, candidate.attempt_id, run_id, verdict.summary
+                )
+                return Takeover.NOT_DELIVERED if done else Takeover.MATCHED_NOTHING
         done = await self.store.resolve_expired_delivery(
             job.id, candidate.attempt_id, verdict.resolution, run_id, verdict.summary
         )
         if not done:
             return Takeover.MATCHED_NOTHING
         return Takeover.COMPLETED if verdict.resolution == JobStatus.COMPLETED else Takeover.OUTCOME_UNKNOWN
+
+    async def _set_aside(
+        self,
+        job: ExportJob,
+        destination: Destination,
+        evidence: list[dict[str, Any]],
+        before: Verdict,
+        run_id: str,
+    ) -> Verdict | None:
+        """Instead of an OutcomeUnknown, move the attempt's temporary file to its set-aside name, so its
+        rename can never publish it, and decide on what that found (``rules.recovery.decide_after_set_aside``).
+        ``None`` when the row moved on since it was read: a renewal (a paused worker woke) changes the lease,
+        and then the worker, not recovery, owns its temporary file."""
+        now = await self.store.get_job(job.id)
+        if now is None or (now.status, now.attempt_id, now.lease_expires_at) != (
+            job.status,
+            job.attempt_id,
+            job.lease_expires_at,
+        ):
+            return None
+        assert job.attempt_id is not None and job.expected_file_name is not None  # may_set_aside held
+        aside: SetAside | None = None
+        after: Observation | None = None
+        error: str | None = None
+        try:
+            aside, after = await asyncio.wait_for(
+                asyncio.to_thread(self._set_aside_at, destination, job.attempt_id, job.expected_file_name),
+                timeout=OBSERVE_TIMEOUT_SECONDS,
+            )
+        except Exception as exc:  # noqa: BLE001 - a move that did not answer proves nothing either way
+            error = type(exc).__name__
+            log.info("recovery could not set job %s's temporary file aside (%s)", job.id, error)
+        await self.store.append_delivery_evidence(
+            job.id, job.attempt_id, run_id, set_aside_evidence(aside, after, job, error)
+        )
+        return decide_after_set_aside(job, evidence, destination, before, aside, after, error=error)
 
     async def _observe_final_name(
         self, destination: Destination, job: ExportJob

@@ -462,6 +462,27 @@ SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s,
 FROM failed
 RETURNING id;
 
+-- name: fail_set_aside_delivery
+-- An expired Delivering attempt that fenced its rename (its upload to the temporary name was complete),
+-- whose temporary file recovery then moved to the attempt's set-aside name, or found there, with the final
+-- name still as the attempt's baseline showed it: no rename of the temporary name can publish the file any
+-- more, so the attempt never wrote the final name. Failed NotDelivered on that affirmative evidence (000
+-- "Recovery": "the partner confirming that nothing was published and that the attempt's ... upload slot
+-- can no longer publish"). The lease condition makes a renewal during recovery's move win; the worker
+-- then finds its rename refused and records the same outcome itself.
+WITH failed AS (
+    UPDATE export_jobs
+    SET status = 'Failed', failure_reason = 'NotDelivered', lease_expires_at = NULL
+    WHERE id = %(job_id)s AND status = 'Delivering' AND attempt_id = %(expired_attempt_id)s
+      AND rename_fenced_at IS NOT NULL
+      AND lease_expires_at < clock_timestamp()
+    RETURNING id, attempt_id)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, 'Failed NotDelivered: ' || %(evidence_summary)s,
+       clock_timestamp()
+FROM failed
+RETURNING id;
+
 -- name: reconcile_unknown
 -- OutcomeUnknown -> Completed or Failed (NotDelivered), for that attempt, once: the unique index allows one
 -- Reconciled event per attempt. No lease condition: recovery cleared the lease.

@@ -698,6 +698,19 @@ class JobStore:
             recovery_run_id=recovery_run_id,
         )
 
+    @transition(Statement.FAIL_SET_ASIDE_DELIVERY)
+    async def fail_set_aside_delivery(
+        self, job_id: UUID, expired_attempt_id: UUID, recovery_run_id: str, evidence_summary: str
+    ) -> bool:
+        """Delivering, expired, rename fenced, its temporary file set aside by recovery -> Failed NotDelivered."""
+        return await self._matched(
+            "fail_set_aside_delivery",
+            job_id=job_id,
+            expired_attempt_id=expired_attempt_id,
+            recovery_run_id=recovery_run_id,
+            evidence_summary=evidence_summary,
+        )
+
     # -- reconciliation and correction --------------------------------------------------------------
 
     @transition(Statement.RECONCILE_UNKNOWN)

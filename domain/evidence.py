@@ -44,6 +44,35 @@ def set_aside_name_for(attempt_id: UUID, final_name: str) -> str:
 
 
 @dataclass(frozen=True)
+class SetAside:
+    """What moving an attempt's temporary file to its set-aside name (``set_aside_name_for``) found.
+
+    ``result``: ``ok``, moved now; ``already_moved``, the temporary name was empty and the set-aside name
+    holds the file (an earlier move whose answer was lost); ``gone``, neither name holds it (a rename
+    took it, or somebody removed it); ``refused``, the server refused the move for another reason.
+    """
+
+    name: str
+    result: str
+    status: int | None = None  # the SFTP status of a refused move
+    size: int | None = None  # of the file found under the set-aside name (``already_moved``)
+
+    @property
+    def moved(self) -> bool:
+        """The file is under the set-aside name: a rename of the temporary name can never publish it."""
+        return self.result in ("ok", "already_moved")
+
+    def evidence(self) -> list[dict[str, Any]]:
+        """The ``set_aside`` evidence items: a refused move first, then what the set-aside name showed."""
+        if self.result == "ok":
+            return [{"result": "ok", "set_aside_name": self.name}]
+        refused = {"result": "refused", "set_aside_name": self.name, "status": self.status}
+        if self.result == "already_moved":
+            return [refused, {"result": "already_moved", "set_aside_name": self.name, "size": self.size}]
+        return [refused]
+
+
+@dataclass(frozen=True)
 class FileToDeliver:
     """The local file an attempt uploads, with the size and hash recorded at cutoff 2."""
 

@@ -54,6 +54,7 @@ class Statement(StrEnum):
     FENCE_UPLOAD_IF_DELIVERING = "fence_upload_if_delivering"
     FENCE_RENAME_IF_DELIVERING = "fence_rename_if_delivering"
     FAIL_UNPUBLISHED_DELIVERY = "fail_unpublished_delivery"
+    FAIL_SET_ASIDE_DELIVERY = "fail_set_aside_delivery"
 
 
 class TransitionResult(StrEnum):

@@ -28,6 +28,7 @@ from domain.evidence import (
     FileToDeliver,
     Observation,
     OriginalFile,
+    SetAside,
     set_aside_name_for,
     temp_name_for,
 )
@@ -53,8 +54,11 @@ __all__ = [
     "FileToDeliver",
     "Observation",
     "OriginalFile",
+    "SetAside",
     "deliver",
     "observe_final_name",
+    "set_aside",
+    "set_aside_for_recovery",
 ]
 
 log = logging.getLogger("fenced.partner")
@@ -197,6 +201,48 @@ def _read_ack(sftp: paramiko.SFTPClient, destination: Destination, final_name: s
         return None
     ack = Ack.parse(raw)
     return ack.as_evidence() if ack is not None else {"format": "unrecognized", "bytes": len(raw)}
+
+
+def set_aside(
+    sftp: paramiko.SFTPClient, destination: Destination, attempt_id: UUID, final_name: str
+) -> SetAside:
+    """Move ``attempt_id``'s temporary file for ``final_name`` to its set-aside name, with the rename that
+    never replaces a file. Rename is atomic on a server that publishes by rename, so of this move and a
+    rename of the temporary name to the final name exactly one moves the file: once this one has, that
+    rename can never publish it. Used by the worker after a lost rename answer, and by recovery."""
+    name = set_aside_name_for(attempt_id, final_name)
+    temp = destination.remote_path(temp_name_for(attempt_id, final_name))
+    try:
+        sftp.rename(temp, destination.remote_path(name))
+    except SftpStatusError as exc:
+        # Servers differ in the status: OpenSSH says no such file for a missing temporary file; asyncssh
+        # first refuses an existing target (failure). What the two names hold says which case it is.
+        found = stat_or_none(sftp, destination.remote_path(name))
+        if found is not None and stat_or_none(sftp, temp) is None:
+            return SetAside(name, "already_moved", status=exc.status, size=found.st_size)
+        if found is None and exc.status == SFTP_NO_SUCH_FILE:
+            return SetAside(name, "gone", status=exc.status)
+        return SetAside(name, "refused", status=exc.status)
+    return SetAside(name, "ok")
+
+
+def set_aside_for_recovery(
+    destination: Destination,
+    attempt_id: UUID,
+    final_name: str,
+    *,
+    connect_timeout: float = 15.0,
+    io_timeout: float = 60.0,
+) -> tuple[SetAside, Observation]:
+    """Recovery's move of an expired attempt's temporary file to its set-aside name, then what the final
+    name shows, on one session. Raises like :func:`observe_final_name` when the server cannot be asked."""
+    with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
+        with sftp_span(SftpStep.SET_ASIDE) as span:
+            aside = set_aside(opened.sftp, destination, attempt_id, final_name)
+            set_attributes(span, status=aside.status)
+        with sftp_span(SftpStep.OBSERVE):
+            after = observe(opened.sftp, destination, final_name)
+    return aside, after
 
 
 @dataclass
@@ -475,29 +521,20 @@ class _Delivery:
         self.evidence.record("fresh_listing", final_name=self.file.final_name, **now.as_evidence())
         if not now.same_as(self.baseline):
             return self._read_back(sftp, self.overwrite)
-        set_aside_name = set_aside_name_for(self.attempt_id, self.file.final_name)
         with sftp_span(SftpStep.SET_ASIDE) as span:
-            try:
-                sftp.rename(
-                    self.destination.remote_path(self.temp_name), self.destination.remote_path(set_aside_name)
-                )
-            except SftpStatusError as exc:
-                self.evidence.record(
-                    "set_aside", result="refused", set_aside_name=set_aside_name, status=exc.status
-                )
-                set_attributes(span, status=exc.status)
-                if exc.status != SFTP_NO_SUCH_FILE:
-                    return unknown(
-                        "rename sent but its answer never came, and the temporary file could not be moved "
-                        f"away (status {exc.status})"
-                    )
-                # Gone since the listing. Moved by an earlier try of this move whose answer was lost too,
-                # or else by the lost rename: then it published the file, and the read-back says whether.
-                if stat_or_none(sftp, self.destination.remote_path(set_aside_name)) is None:
-                    return self._read_back(sftp, self.overwrite)
-                self.evidence.record("set_aside", result="already_moved", set_aside_name=set_aside_name)
-            else:
-                self.evidence.record("set_aside", result="ok", set_aside_name=set_aside_name)
+            aside = set_aside(sftp, self.destination, self.attempt_id, self.file.final_name)
+            set_attributes(span, status=aside.status)
+        for item in aside.evidence():
+            self.evidence.record("set_aside", **item)
+        if aside.result == "refused":
+            return unknown(
+                "rename sent but its answer never came, and the temporary file could not be moved "
+                f"away (status {aside.status})"
+            )
+        if aside.result == "gone":
+            # Gone since the listing, and not set aside by an earlier try whose answer was lost too: the
+            # lost rename took it, so it published the file, and the read-back says whether.
+            return self._read_back(sftp, self.overwrite)
         with sftp_span(SftpStep.OBSERVE):
             fresh = observe(sftp, self.destination, self.file.final_name)
         self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
@@ -506,7 +543,7 @@ class _Delivery:
         return failed(
             FailureCode.NOT_DELIVERED,
             f"rename sent but its answer never came; on a new session the final name still matched the "
-            f"baseline and the temporary file was moved to {set_aside_name}, so the lost rename can never "
+            f"baseline and the temporary file was moved to {aside.name}, so the lost rename can never "
             "publish it",
         )
 

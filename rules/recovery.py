@@ -2,7 +2,11 @@
 
 Completed only when the destination, or a receipt the attempt appended, matches the expected file
 recorded at cutoff 2 under the worker's own rules (:mod:`rules.delivery`); otherwise OutcomeUnknown.
-An absent file is never a reason for Failed: a paused worker can still upload.
+An absent file is never a reason for Failed: a paused worker can still upload. Failed NotDelivered needs
+affirmative evidence (000 "Recovery": the partner confirming that nothing was published and that the
+attempt's upload slot can no longer publish): the attempt's temporary file moved to its set-aside name, so
+its rename can never publish it, and a final name that still shows what the attempt's baseline showed
+(:func:`decide_after_set_aside`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from domain.destination import Destination
-from domain.evidence import FileToDeliver, Observation, temp_name_for
+from domain.evidence import FileToDeliver, Observation, SetAside, temp_name_for
 from domain.models import AttemptEvent, DeliveryOutcome, EventKind, ExportJob, JobStatus
 from rules.delivery import confirm_delivery
 
@@ -151,6 +155,73 @@ def decide_delivery(
     return Verdict(resolution=resolution, summary=f"{basis}: {report.summary}")
 
 
+def may_set_aside(job: ExportJob, verdict: Verdict, now: Observation | None) -> bool:
+    """Whether recovery should move the attempt's temporary file aside before recording ``verdict``: only
+    in place of an OutcomeUnknown, when the partner answered, and after the rename fence, when the upload
+    to the temporary name was complete and only the rename was left to send."""
+    return (
+        verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+        and now is not None
+        and job.rename_fenced_at is not None
+        and _expected(job) is not None
+    )
+
+
+def decide_after_set_aside(
+    job: ExportJob,
+    evidence: list[dict[str, Any]],
+    destination: Destination,
+    before: Verdict,
+    aside: SetAside | None,
+    after: Observation | None,
+    *,
+    error: str | None = None,
+) -> Verdict:
+    """Decide again after recovery tried to move the attempt's temporary file to its set-aside name;
+    ``after`` is what the final name showed then (both ``None`` when the partner could not be asked,
+    ``error``).
+
+    - The file is under the set-aside name (moved now, or by an earlier move whose answer was lost) and
+      the final name still shows what the attempt's baseline showed (nothing, without a baseline): Failed
+      NotDelivered. The file never was under the final name, and no rename of the temporary name can put
+      it there any more.
+    - Neither name holds it: a rename took it since recovery's listing (a paused worker woke), so the
+      final name decides as before (:func:`decide_delivery` on ``after``), or somebody removed it, which
+      proves nothing.
+    - Otherwise ``before`` (OutcomeUnknown), with what the move found.
+    """
+    if aside is None or after is None:
+        return _still(before, f"the temporary file was not set aside ({error or 'no answer'})")
+    if aside.result == "gone":
+        again = decide_delivery(job, evidence, after, destination)
+        if again.resolution == JobStatus.COMPLETED:
+            return again
+        return _still(before, "neither the temporary nor the set-aside name holds the attempt's file")
+    if not aside.moved:
+        return _still(before, f"the move to {aside.name} was refused (status {aside.status})")
+    baseline_item = _last(evidence, "baseline")
+    unchanged = (
+        not after.present if baseline_item is None else after.same_as(_observation_from(baseline_item))
+    )
+    if not unchanged:
+        return _still(
+            before, f"the file was set aside as {aside.name}, but the final name changed since the baseline"
+        )
+    how = "moved" if aside.result == "ok" else "found"
+    final = "still shows the attempt's baseline" if baseline_item is not None else "is still absent"
+    return Verdict(
+        resolution=JobStatus.FAILED,
+        summary=(
+            f"recovery {how} the attempt's temporary file under {aside.name}, so its rename can never "
+            f"publish it, and the final name {final}"
+        ),
+    )
+
+
+def _still(before: Verdict, why: str) -> Verdict:
+    return Verdict(resolution=before.resolution, summary=f"{before.summary}; {why}")
+
+
 def _receipt_verdict(
     evidence: list[dict[str, Any]], expected: FileToDeliver, destination: Destination, *, overwrite: bool
 ) -> Verdict | None:
@@ -172,6 +243,27 @@ def _receipt_verdict(
     if report.outcome != DeliveryOutcome.COMPLETED:
         return None
     return Verdict(resolution=JobStatus.COMPLETED, summary=f"receipt of this attempt: {report.summary}")
+
+
+def set_aside_evidence(
+    aside: SetAside | None, after: Observation | None, job: ExportJob, error: str | None
+) -> dict[str, Any]:
+    """What recovery's move of the temporary file found, and the final name after it: names, sizes, codes."""
+    item: dict[str, Any] = {
+        "observation": "recovery_set_aside",
+        "final_name": job.expected_file_name,
+        "attempt_id": str(job.attempt_id),
+    }
+    if aside is None or after is None:
+        return {**item, "error": error}
+    return {
+        **item,
+        "set_aside_name": aside.name,
+        "result": aside.result,
+        "status": aside.status,
+        "moved": aside.moved,
+        "final_after": after.as_evidence(),
+    }
 
 
 def observation_evidence(

@@ -198,7 +198,7 @@ class Takeover(StrEnum):
     EXHAUSTED = "Exhausted"
     COMPLETED = "Completed"
     OUTCOME_UNKNOWN = "OutcomeUnknown"
-    NOT_DELIVERED = "NotDelivered"  # the attempt never fenced its rename: Failed NotDelivered
+    NOT_DELIVERED = "NotDelivered"  # no rename fence, or its temporary file set aside: Failed NotDelivered
     MATCHED_NOTHING = "MatchedNothing"  # renewed, finished or taken over since the scan
     ERROR = "Error"  # not decided this run; the next run nominates it again
 

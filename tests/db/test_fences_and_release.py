@@ -6,6 +6,8 @@
   (the rename fence only after the upload fence);
 - ``fail_unpublished_delivery``: an expired attempt that never fenced its rename is Failed NotDelivered,
   and it and a late fence serialize on the row: whichever commits first, the other matches nothing;
+- ``fail_set_aside_delivery``: an expired attempt that fenced its rename, whose temporary file recovery set
+  aside, is Failed NotDelivered; it and the paused worker's renewal serialize on the row the same way;
 - cutoff 2 gives the upload a full lease and marks the attempt as expecting its fences.
 """
 
@@ -14,7 +16,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from domain.models import AuthorizationResult, EventKind, FailureCode, FenceResult, FinishResult, JobStatus
+from domain.models import (
+    AuthorizationResult,
+    DeliveryOutcome,
+    EventKind,
+    FailureCode,
+    FenceResult,
+    FinishResult,
+    JobStatus,
+)
 from tests.db.race import authorize, cancel, still_waiting
 
 RUN = "recovery-test"
@@ -232,3 +242,82 @@ async def test_a_rolled_back_recovery_lets_the_waiting_fence_through(factory, ki
     assert await fencing == FenceResult.LEASE_LAPSED
     assert (await worker_store.renew_lease(job.id, attempt)).owned
     assert await worker_store.fence_upload_if_delivering(job.id, attempt) == FenceResult.FENCED
+
+
+# -- recovery's set-aside ---------------------------------------------------------------------------
+
+
+def set_aside_params(job_id: uuid.UUID, attempt_id: uuid.UUID) -> dict[str, object]:
+    return {**fail_params(job_id, attempt_id), "evidence_summary": "set aside (test)"}
+
+
+async def test_recovery_fails_a_set_aside_attempt_only_after_its_rename_fence_and_over_an_expired_lease(
+    factory, recovery_store
+):
+    renamed, a = await factory.delivering()
+    await factory.fence(renamed.id, a, rename=True)
+    uploaded, b = await factory.delivering()
+    await factory.fence(uploaded.id, b, rename=False)
+    current, c = await factory.delivering()
+    await factory.fence(current.id, c, rename=True)
+    for job in (renamed, uploaded):
+        await factory.expire_lease(job.id)
+
+    assert await recovery_store.fail_set_aside_delivery(renamed.id, a, RUN, "set aside (test)")
+    # Without the rename fence the upload may not have been complete: fail_unpublished_delivery's case.
+    assert not await recovery_store.fail_set_aside_delivery(uploaded.id, b, RUN, "set aside (test)")
+    assert not await recovery_store.fail_set_aside_delivery(
+        current.id, c, RUN, "set aside (test)"
+    )  # its lease
+
+    row = await factory.job(renamed.id)
+    assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    [event] = [
+        e for e in await recovery_store.job_events(renamed.id) if e.kind == EventKind.RESOLVED_BY_RECOVERY
+    ]
+    assert (event.attempt_id, event.observed_by, event.detail) == (
+        a,
+        RUN,
+        "Failed NotDelivered: set aside (test)",
+    )
+    for job in (uploaded, current):
+        assert (await factory.job(job.id)).status == JobStatus.DELIVERING
+
+
+async def test_a_renewal_committed_first_makes_the_set_aside_failure_wait_then_match_nothing(factory, kit):
+    job, attempt = await factory.delivering()
+    await factory.fence(job.id, attempt, rename=True)
+    await factory.expire_lease(job.id)
+    held = await kit.hold("exports_worker")
+    assert await held.run("renew_lease", {"job_id": job.id, "attempt_id": attempt, "lease_seconds": 60})
+
+    recovery = await kit.solo("exports_recovery")
+    failing = asyncio.create_task(recovery.store.fail_set_aside_delivery(job.id, attempt, RUN, "set aside"))
+    await kit.wait_until_blocked_by(recovery.pid, held.pid)
+    await still_waiting(failing)
+
+    await held.commit()
+    assert await failing is False  # the paused worker woke: it finds its rename refused and says so itself
+    assert (await factory.job(job.id)).status == JobStatus.DELIVERING
+
+
+async def test_the_set_aside_failure_committed_first_makes_the_renewal_wait_then_lose_the_job(factory, kit):
+    job, attempt = await factory.delivering()
+    await factory.fence(job.id, attempt, rename=True)
+    await factory.expire_lease(job.id)
+    held = await kit.hold("exports_recovery")
+    assert await held.run("fail_set_aside_delivery", set_aside_params(job.id, attempt))
+
+    worker = await kit.solo("exports_worker")
+    renewing = asyncio.create_task(worker.store.renew_lease(job.id, attempt))
+    await kit.wait_until_blocked_by(worker.pid, held.pid)
+    await still_waiting(renewing)
+
+    await held.commit()
+    assert (await renewing).owned is False
+    assert (
+        await worker.store.finish_delivery(job.id, attempt, DeliveryOutcome.COMPLETED)
+        == FinishResult.NOT_OWNER
+    )
+    row = await factory.job(job.id)
+    assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)

@@ -69,9 +69,9 @@ WRITTEN_ROWS = {
     "cancel_and_record": "SELECT count(*) FROM cancellation_requests"
     " WHERE outcome IN ('CanceledWhileQueued', 'StopRequested')",
 }
-# Two takeovers write the same event kind: their sum is checked against it.
+# Three takeovers write the same event kind: their sum is checked against it.
 SHARED_EVENT = (
-    ("resolve_expired_delivery", "fail_unpublished_delivery"),
+    ("resolve_expired_delivery", "fail_unpublished_delivery", "fail_set_aside_delivery"),
     "SELECT count(*) FROM export_attempt_events WHERE kind = 'ResolvedByRecovery'",
 )
 

@@ -69,13 +69,15 @@ async def unreachable(factory, job: ExportJob) -> None:
     )
 
 
-async def recovery_evidence(factory, job_id) -> list[dict]:
+async def recovery_evidence(factory, job_id, observation: str = "recovery_listing") -> list[dict]:
+    """What recovery appended: its listings of the final name, or (``recovery_set_aside``) its moves."""
     events = await factory.worker.job_events(job_id)
-    return [
+    found = [
         json.loads(e.detail)
         for e in events
         if e.kind == "DeliveryEvidence" and (e.observed_by or "").startswith("recovery:")
     ]
+    return [item for item in found if item["observation"] == observation]
 
 
 async def resolution(factory, job_id) -> tuple[JobStatus, str]:

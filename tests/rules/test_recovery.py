@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from domain.destination import Destination
-from domain.evidence import Observation
+from domain.evidence import Observation, SetAside
 from domain.models import AttemptEvent, EventKind, JobStatus
-from rules.recovery import attempt_evidence, decide_delivery
+from rules.recovery import Verdict, attempt_evidence, decide_after_set_aside, decide_delivery, may_set_aside
 from tests.rules.factories import job
 
 DATA = b"email,first_name,last_name\r\n"
@@ -139,3 +139,58 @@ def test_attempt_evidence_is_this_attempts_own_not_recoverys_nor_another_attempt
         _event(EventKind.FINISHED, ATTEMPT, "worker-3", mine),
     ]
     assert attempt_evidence(events, ATTEMPT) == [{"observation": "baseline", "present": False}]
+
+
+# -- after recovery set the temporary file aside (decide_after_set_aside) -------------------------------
+
+ABSENT = Observation(present=False)
+UNKNOWN = Verdict(
+    resolution=JobStatus.OUTCOME_UNKNOWN, summary="final name absent; no receipt of this attempt"
+)
+ASIDE = "aside"
+
+
+def fenced(**fields: Any):  # noqa: ANN201 - an ExportJob
+    return delivering(rename_fenced_at=datetime.now(UTC), **fields)
+
+
+def test_set_aside_is_tried_only_in_place_of_an_unknown_after_the_rename_fence_with_the_partner_answering():
+    assert may_set_aside(fenced(), UNKNOWN, ABSENT)
+    assert not may_set_aside(delivering(), UNKNOWN, ABSENT)  # no rename fence: the upload may be partial
+    assert not may_set_aside(fenced(), UNKNOWN, None)  # the partner did not answer the listing
+    assert not may_set_aside(fenced(expected_file_sha256=None), UNKNOWN, ABSENT)
+    completed = Verdict(resolution=JobStatus.COMPLETED, summary="listing by recovery")
+    assert not may_set_aside(fenced(), completed, present())
+
+
+def test_a_file_moved_or_found_aside_under_an_unchanged_final_name_is_not_delivered():
+    for result, how in (("ok", "moved"), ("already_moved", "found")):
+        for evidence, final in (([ABSENT_BASELINE], ABSENT), ([], ABSENT)):
+            verdict = decide_after_set_aside(
+                fenced(), evidence, destination(), UNKNOWN, SetAside(ASIDE, result), final
+            )
+            assert verdict.resolution == JobStatus.FAILED
+            assert verdict.summary.startswith(f"recovery {how} the attempt's temporary file under {ASIDE}")
+
+
+def test_a_set_aside_file_proves_nothing_when_the_final_name_changed_or_the_move_did_not_happen():
+    moved = SetAside(ASIDE, "ok")
+    cases = [
+        (moved, present(), "the final name changed since the baseline"),
+        (SetAside(ASIDE, "refused", status=3), ABSENT, "refused (status 3)"),
+        (SetAside(ASIDE, "gone", status=2), ABSENT, "neither the temporary nor the set-aside name"),
+    ]
+    for aside, after, why in cases:
+        verdict = decide_after_set_aside(fenced(), [ABSENT_BASELINE], destination(), UNKNOWN, aside, after)
+        assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+        assert verdict.summary.startswith(UNKNOWN.summary) and why in verdict.summary
+    unasked = decide_after_set_aside(fenced(), [], destination(), UNKNOWN, None, None, error="TimeoutError")
+    assert unasked.resolution == JobStatus.OUTCOME_UNKNOWN and "TimeoutError" in unasked.summary
+
+
+def test_a_temporary_file_a_rename_took_since_the_listing_is_decided_on_the_final_name():
+    gone = SetAside(ASIDE, "gone", status=2)
+    ours = decide_after_set_aside(fenced(), [ABSENT_BASELINE], destination(), UNKNOWN, gone, present())
+    assert ours.resolution == JobStatus.COMPLETED
+    wrong = decide_after_set_aside(fenced(), [ABSENT_BASELINE], destination(), UNKNOWN, gone, present(size=3))
+    assert wrong.resolution == JobStatus.OUTCOME_UNKNOWN
