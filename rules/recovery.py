@@ -127,7 +127,8 @@ def decide_delivery(
             summary=f"destination not observed ({observe_error or 'no answer'}); no receipt of this attempt",
         )
     if not now.present:
-        # A temporary file, or none at all, is evidence of nothing while the worker might still upload.
+        # A temporary file, or none at all, is evidence of nothing while the worker might still rename
+        # (until recovery sets the file aside: may_set_aside, decide_after_set_aside).
         return Verdict(
             resolution=JobStatus.OUTCOME_UNKNOWN, summary="final name absent; no receipt of this attempt"
         )
@@ -204,9 +205,12 @@ def decide_after_set_aside(
         not after.present if baseline_item is None else after.same_as(_observation_from(baseline_item))
     )
     if not unchanged:
-        return _still(
-            before, f"the file was set aside as {aside.name}, but the final name changed since the baseline"
+        changed = (
+            "changed since the baseline"
+            if baseline_item is not None
+            else "holds a file, and no baseline was recorded"
         )
+        return _still(before, f"the file was set aside as {aside.name}, but the final name {changed}")
     how = "moved" if aside.result == "ok" else "found"
     final = "still shows the attempt's baseline" if baseline_item is not None else "is still absent"
     return Verdict(

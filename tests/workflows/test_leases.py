@@ -14,6 +14,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from db.errors import TransientStoreError
+from domain.evidence import set_aside_name_for
 from domain.models import AuthorizationResult, EventKind, ExportJob, FailureCode, JobStatus
 from testbed import pg
 from tests.workflows.harness import Harness, make_host, recover
@@ -133,10 +134,13 @@ async def test_a_takeover_during_the_upload_refuses_the_rename_and_nothing_is_pu
     assert harness.files_on_disk() == []
 
 
-async def test_a_takeover_after_the_rename_fence_keeps_the_late_receipt_as_evidence(harness: Harness) -> None:
-    # The seed's case "if a takeover does commit during the upload": past its rename fence the attempt may
-    # publish, so recovery cannot prove anything yet (OutcomeUnknown); the rename goes ahead, and its late
-    # receipt is kept as evidence without changing the row.
+async def test_a_takeover_after_the_rename_fence_sets_the_file_aside_and_the_late_rename_is_refused(
+    harness: Harness,
+) -> None:
+    # The seed's case "if a takeover does commit during the upload", past the rename fence: recovery moves
+    # the paused attempt's temporary file to its set-aside name, so the rename can no longer publish it, and
+    # records Failed NotDelivered. The worker wakes, sends its rename, is refused (nothing there), and
+    # classifies the same outcome; its terminal write matches nothing, and the final name is never written.
     harness.host.set_timings(LEASE, RENEW)
     harness.host.activities.lease_timer_disabled = True  # the worker is paused: its lease can expire
     job = await harness.queue_export(contacts=3000)
@@ -150,12 +154,55 @@ async def test_a_takeover_after_the_rename_fence_keeps_the_late_receipt_as_evide
     harness.host.activities.after_rename_fence = taken_over_before_the_rename
     result = await harness.run(job)
 
-    assert takeovers == ["OutcomeUnknown"]  # nothing under the final name yet: no evidence of delivery
+    assert takeovers == ["NotDelivered"]
+    assert result.outcome == AttemptOutcome.NOT_OWNER  # its terminal write matched nothing
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    assert harness.uploads(job) == []  # the final name was never written
+    assert [p.name for p in harness.partner_files(job)] == [
+        set_aside_name_for(row.attempt_id, job.final_name)
+    ]
+    events = await harness.factory.worker.job_events(job.id)
+    resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
+    late = [e for e in events[resolved + 1 :] if e.kind == EventKind.DELIVERY_EVIDENCE]
+    assert any(
+        '"observation": "rename"' in (e.detail or "") and '"refused"' in (e.detail or "") for e in late
+    )
+    assert any(
+        '"observation": "outcome"' in (e.detail or "") and "NotDelivered" in (e.detail or "") for e in late
+    )
+    assert "Finished" not in [e.kind for e in events]
+    assert harness.files_on_disk() == []
+
+
+async def test_a_takeover_after_the_rename_fence_keeps_the_late_receipt_as_evidence(harness: Harness) -> None:
+    # The same takeover where the partner refuses recovery's move (a directory holds the set-aside name):
+    # nothing proves the rename can no longer publish (OutcomeUnknown); the rename goes ahead, and its late
+    # receipt is kept as evidence without changing the row.
+    harness.host.set_timings(LEASE, RENEW)
+    harness.host.activities.lease_timer_disabled = True
+    job = await harness.queue_export(contacts=3000)
+    takeovers: list[str] = []
+
+    async def taken_over_before_the_rename(job_id: uuid.UUID) -> None:
+        if not takeovers:
+            attempt = (await harness.factory.job(job.id)).attempt_id
+            (harness.sftp.local_dir / set_aside_name_for(attempt, job.final_name)).mkdir()
+            await harness.factory.expire_lease(job.id)
+            takeovers.append(await recover(harness, job))
+
+    harness.host.activities.after_rename_fence = taken_over_before_the_rename
+    result = await harness.run(job)
+
+    assert takeovers == ["OutcomeUnknown"]  # nothing under the final name yet, and the move was refused
     assert result.outcome == AttemptOutcome.NOT_OWNER  # its terminal write matched nothing
     assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN  # the late receipt changed nothing
     assert len(harness.uploads(job)) == 1  # the upload was not interrupted
     events = await harness.factory.worker.job_events(job.id)
     resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
+    assert "the move to" in (events[resolved].detail or "") and "was refused" in (
+        events[resolved].detail or ""
+    )
     late = [e for e in events[resolved + 1 :] if e.kind == EventKind.DELIVERY_EVIDENCE]
     assert late and all(e.observed_by == harness.host.name for e in late)
     assert any(

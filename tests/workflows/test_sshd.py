@@ -14,6 +14,7 @@ from tests.workflows.harness import Harness, SftpTarget
 from tests.workflows.test_leases import (  # noqa: F401 - collected here too, against sshd
     test_a_long_upload_that_outlasts_the_initial_lease_finishes_completed,
     test_a_takeover_after_the_rename_fence_keeps_the_late_receipt_as_evidence,
+    test_a_takeover_after_the_rename_fence_sets_the_file_aside_and_the_late_rename_is_refused,
     test_a_takeover_during_the_upload_refuses_the_rename_and_nothing_is_published,
 )
 from tests.workflows.test_outcomes import (  # noqa: F401
