@@ -13,8 +13,9 @@ paused worker that wakes are here, each through the worker's real ``deliver``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,11 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.recovery import RecoveryActivities
 from domain.evidence import set_aside_name_for, temp_name_for
-from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus
+from domain.models import DeliveryOutcome, ExportJob, FailureCode, FinishResult, JobStatus
 from partner.client import session
-from partner.delivery import DeliveryHooks, FileToDeliver, deliver, observe_final_name, set_aside_for_recovery
+from partner.delivery import DeliveryHooks, observe_final_name, set_aside_for_recovery
 from testbed.sftp import SftpTarget
+from tests.partner.helpers import local_file, run_delivery
 from tests.recovery.test_recovery_delivering import (
     SIZE,
     delivering_to,
@@ -48,6 +50,40 @@ async def record_baseline(worker_store, job, attempt, destination) -> None:
     )
 
 
+@dataclass
+class Paused:
+    """An attempt that fenced its rename and stopped there, its lease expired: the state recovery meets."""
+
+    job: ExportJob
+    attempt: uuid.UUID
+    data: bytes
+    temp: str
+    aside: str
+
+
+async def paused_after_the_rename_fence(
+    factory, worker_store, target: SftpTarget, *, baseline: bool = True, file_at: str = "temp"
+) -> Paused:
+    """Its whole file under the temporary name (``file_at="aside"``: already set aside, ``"none"``: no
+    file), its baseline recorded unless ``baseline`` is false, then its lease expired."""
+    data = os.urandom(SIZE)
+    job, attempt = await delivering_to(factory, target, data)
+    if baseline:
+        destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
+        await record_baseline(worker_store, job, attempt, destination)
+    paused = Paused(
+        job,
+        attempt,
+        data,
+        temp_name_for(attempt, job.final_name),
+        set_aside_name_for(attempt, job.final_name),
+    )
+    if file_at != "none":
+        target.put(paused.temp if file_at == "temp" else paused.aside, data)
+    await factory.expire_lease(job.id)
+    return paused
+
+
 async def candidate_for(factory, job_id):
     return next(c for c in await factory.recovery.find_expired_leases(limit=500) if c.id == job_id)
 
@@ -56,46 +92,36 @@ async def candidate_for(factory, job_id):
 async def test_a_crash_after_the_rename_fence_before_the_rename_is_set_aside_and_not_delivered(
     client, settings, recovery_worker, factory, worker_store, sftp_target: SftpTarget, baseline
 ):
-    data = os.urandom(SIZE)
-    job, attempt = await delivering_to(factory, sftp_target, data)
-    destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
-    if baseline:
-        await record_baseline(worker_store, job, attempt, destination)
-    temp, aside = temp_name_for(attempt, job.final_name), set_aside_name_for(attempt, job.final_name)
-    sftp_target.put(
-        temp, data
-    )  # its upload was complete, it fenced its rename, and it died before sending it
-    await factory.expire_lease(job.id)
+    # Its upload was complete, it fenced its rename, and it died before sending the rename.
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target, baseline=baseline)
 
     await recover(client, settings)
 
-    status, detail = await resolution(factory, job.id)
+    status, detail = await resolution(factory, p.job.id)
     assert status == JobStatus.FAILED, detail
-    assert (await factory.job(job.id)).failure_reason == FailureCode.NOT_DELIVERED
+    assert (await factory.job(p.job.id)).failure_reason == FailureCode.NOT_DELIVERED
     final = "still shows the attempt's baseline" if baseline else "is still absent"
     assert detail == (
-        f"Failed NotDelivered: recovery moved the attempt's temporary file under {aside}, so its rename can "
+        f"Failed NotDelivered: recovery moved the attempt's temporary file under {p.aside}, so its rename can "
         f"never publish it, and the final name {final}"
     )
-    assert sftp_target.files() == {
-        aside: data
-    }  # the bytes are kept, under a temporary name; nothing uploaded
-    [moved] = await recovery_evidence(factory, job.id, "recovery_set_aside")
+    assert sftp_target.files() == {p.aside: p.data}  # the bytes kept under a temporary name; nothing uploaded
+    [moved] = await recovery_evidence(factory, p.job.id, "recovery_set_aside")
     assert (moved["result"], moved["moved"], moved["final_after"]["present"]) == ("ok", True, False)
 
     # The paused worker wakes and sends its rename: the server refuses it, there is nothing to publish.
+    destination = await worker_store.load_destination(p.job.tenant_id, p.job.destination_id)
+
     def late_rename() -> None:
         with session(destination) as opened:
-            opened.sftp.rename(destination.remote_path(temp), destination.remote_path(job.final_name))
+            opened.sftp.rename(destination.remote_path(p.temp), destination.remote_path(p.job.final_name))
 
     with pytest.raises(OSError) as refused:
         await asyncio.to_thread(late_rename)
     assert getattr(refused.value, "status", None) == 2  # SSH_FX_NO_SUCH_FILE
-    assert sftp_target.files() == {aside: data}
-    assert (
-        await worker_store.finish_delivery(job.id, attempt, DeliveryOutcome.COMPLETED)
-        == FinishResult.NOT_OWNER
-    )
+    assert sftp_target.files() == {p.aside: p.data}
+    late = await worker_store.finish_delivery(p.job.id, p.attempt, DeliveryOutcome.COMPLETED)
+    assert late == FinishResult.NOT_OWNER
 
 
 async def test_a_file_the_worker_set_aside_before_it_died_is_found_and_not_delivered(
@@ -103,29 +129,23 @@ async def test_a_file_the_worker_set_aside_before_it_died_is_found_and_not_deliv
 ):
     # The worker settled a lost rename answer by setting its file aside, then died before its terminal write
     # (the case the last note left open): recovery finds the file under the set-aside name.
-    data = os.urandom(SIZE)
-    job, attempt = await delivering_to(factory, sftp_target, data)
-    destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
-    await record_baseline(worker_store, job, attempt, destination)
-    aside = set_aside_name_for(attempt, job.final_name)
-    sftp_target.put(aside, data)
-    await factory.expire_lease(job.id)
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target, file_at="aside")
 
     await recover(client, settings)
 
-    status, detail = await resolution(factory, job.id)
+    status, detail = await resolution(factory, p.job.id)
     assert status == JobStatus.FAILED, detail
-    assert f"recovery found the attempt's temporary file under {aside}" in detail
-    [found] = await recovery_evidence(factory, job.id, "recovery_set_aside")
+    assert f"recovery found the attempt's temporary file under {p.aside}" in detail
+    [found] = await recovery_evidence(factory, p.job.id, "recovery_set_aside")
     assert (found["result"], found["moved"]) == ("already_moved", True)
-    assert sftp_target.files() == {aside: data}
+    assert sftp_target.files() == {p.aside: p.data}
 
 
 async def test_over_an_occupied_baseline_the_set_aside_leaves_the_occupant_and_is_not_delivered(
     client, settings, recovery_worker, factory, worker_store, sftp_target: SftpTarget
 ):
-    # A replacement over the original's file (an agreed overwrite): its posix_rename was never answered
-    # before it died. Setting its file aside leaves the original's file as the baseline showed it.
+    # A replacement over the original's file (an agreed overwrite) whose posix_rename was never sent before
+    # it died. Setting its file aside leaves the original's file as the baseline showed it.
     data = os.urandom(SIZE)
     occupant = os.urandom(SIZE)
     _, replacement, attempt = await replacement_delivering(factory, sftp_target, data)
@@ -144,33 +164,35 @@ async def test_over_an_occupied_baseline_the_set_aside_leaves_the_occupant_and_i
     assert sftp_target.files() == {replacement.final_name: occupant, aside: data}
 
 
+async def take_over(factory, recovery_store, settings, job: ExportJob, **seams) -> Takeover:
+    """Recovery's takeover of this one job, with ``observe`` or ``set_aside`` seams."""
+    recovery = RecoveryActivities(recovery_store, settings, **seams)
+    return await ActivityEnvironment().run(
+        recovery.take_over, await candidate_for(factory, job.id), "recovery:t"
+    )
+
+
 @pytest.mark.parametrize("sftp_server", ["asyncssh"])
 async def test_a_final_name_that_changed_when_the_file_was_set_aside_stays_unknown(
     factory, recovery_store, settings, worker_store, sftp_target: SftpTarget
 ):
-    # Somebody wrote the final name between recovery's listing and its move (at a named seam): the file is
+    # Somebody wrote the final name between recovery's listing and its move (at the move's seam): the file is
     # set aside all the same, but what is under the final name is not what the baseline showed.
-    data = os.urandom(SIZE)
-    job, attempt = await delivering_to(factory, sftp_target, data)
-    destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
-    await record_baseline(worker_store, job, attempt, destination)
-    sftp_target.put(temp_name_for(attempt, job.final_name), data)
-    await factory.expire_lease(job.id)
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target)
 
     def someone_writes_the_final_name_first(destination, attempt_id, final_name):
         sftp_target.put(final_name, os.urandom(SIZE // 2))
         return set_aside_for_recovery(destination, attempt_id, final_name)
 
-    recovery = RecoveryActivities(recovery_store, settings, set_aside=someone_writes_the_final_name_first)
-    takeover = await ActivityEnvironment().run(
-        recovery.take_over, await candidate_for(factory, job.id), "recovery:t"
+    takeover = await take_over(
+        factory, recovery_store, settings, p.job, set_aside=someone_writes_the_final_name_first
     )
 
     assert takeover == Takeover.OUTCOME_UNKNOWN
-    status, detail = await resolution(factory, job.id)
+    status, detail = await resolution(factory, p.job.id)
     assert status == JobStatus.OUTCOME_UNKNOWN
     assert detail.endswith("but the final name changed since the baseline")
-    assert set_aside_name_for(attempt, job.final_name) in sftp_target.files()
+    assert p.aside in sftp_target.files()
 
 
 async def test_a_worker_that_wakes_after_the_set_aside_finds_its_rename_refused_and_agrees(
@@ -183,80 +205,56 @@ async def test_a_worker_that_wakes_after_the_set_aside_finds_its_rename_refused_
     data = os.urandom(SIZE)
     job, attempt = await delivering_to(factory, sftp_target, data, fenced="upload")
     destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
-    local = tmp_path / job.final_name
-    local.write_bytes(data)
     loop = asyncio.get_running_loop()
-    recovery = RecoveryActivities(recovery_store, settings)
     takeovers: list[Takeover] = []
 
     def fence_then_stall_past_the_lease() -> bool:
         async def while_stalled() -> None:
-            assert await worker_store.fence_rename_if_delivering(
-                job.id, attempt
-            )  # the fence, as the worker does
+            assert await worker_store.fence_rename_if_delivering(job.id, attempt)  # as the worker does
             await factory.expire_lease(job.id)
-            takeovers.append(
-                await ActivityEnvironment().run(
-                    recovery.take_over, await candidate_for(factory, job.id), "recovery:t"
-                )
-            )
+            takeovers.append(await take_over(factory, recovery_store, settings, job))
 
         asyncio.run_coroutine_threadsafe(while_stalled(), loop).result(60)
         return True  # the fence matched before the stall: the worker goes on to send its rename
 
-    report = await asyncio.to_thread(
-        deliver,
+    run = await run_delivery(
         destination,
-        FileToDeliver(path=local, final_name=job.final_name, size=SIZE, sha256=hashlib.sha256(data).digest()),
-        attempt,
-        original=None,
-        overwrite_agreed=False,
-        on_evidence=lambda item: None,
+        local_file(tmp_path, data, job.final_name),
+        attempt_id=attempt,
         hooks=DeliveryHooks(authorize_rename=fence_then_stall_past_the_lease),
     )
+    report = run.report
 
     assert takeovers == [Takeover.NOT_DELIVERED]
     assert (report.outcome, report.failure_code) == (DeliveryOutcome.FAILED, FailureCode.NOT_DELIVERED)
-    renamed = next(e for e in report.evidence if e["observation"] == "rename")
-    assert (renamed["result"], renamed["status"]) == ("refused", 2)
-    assert (
-        await worker_store.finish_delivery(job.id, attempt, report.outcome, report.failure_code)
-        == FinishResult.NOT_OWNER
-    )
+    assert (run.one("rename")["result"], run.one("rename")["status"]) == ("refused", 2)
+    finish = await worker_store.finish_delivery(job.id, attempt, report.outcome, report.failure_code)
+    assert finish == FinishResult.NOT_OWNER
     assert (await factory.status(job.id)) == JobStatus.FAILED
     assert sftp_target.files() == {set_aside_name_for(attempt, job.final_name): data}
 
 
 async def test_a_worker_that_wakes_and_renames_before_the_set_aside_is_completed_on_evidence(
-    settings, recovery_store, factory, worker_store, sftp_target: SftpTarget, tmp_path: Path
+    settings, recovery_store, factory, worker_store, sftp_target: SftpTarget
 ):
     """The other order: recovery lists the final name (absent), then the paused worker wakes and its rename
     lands before recovery's move (at the move's seam). The move finds neither name holding the file, and
     the final name now shows the attempt's file: Completed on that evidence, never a second upload."""
-    data = os.urandom(SIZE)
-    job, attempt = await delivering_to(factory, sftp_target, data)
-    destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
-    await record_baseline(worker_store, job, attempt, destination)
-    temp = temp_name_for(attempt, job.final_name)
-    sftp_target.put(temp, data)
-    await factory.expire_lease(job.id)
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target)
 
     def the_worker_renames_first(destination, attempt_id, final_name):
         with session(destination) as opened:  # the worker's own rename request, on its session
-            opened.sftp.rename(destination.remote_path(temp), destination.remote_path(final_name))
+            opened.sftp.rename(destination.remote_path(p.temp), destination.remote_path(final_name))
         return set_aside_for_recovery(destination, attempt_id, final_name)
 
-    recovery = RecoveryActivities(recovery_store, settings, set_aside=the_worker_renames_first)
-    takeover = await ActivityEnvironment().run(
-        recovery.take_over, await candidate_for(factory, job.id), "recovery:t"
-    )
+    takeover = await take_over(factory, recovery_store, settings, p.job, set_aside=the_worker_renames_first)
 
     assert takeover == Takeover.COMPLETED
-    status, detail = await resolution(factory, job.id)
+    status, detail = await resolution(factory, p.job.id)
     assert status == JobStatus.COMPLETED, detail
-    [moved] = await recovery_evidence(factory, job.id, "recovery_set_aside")
+    [moved] = await recovery_evidence(factory, p.job.id, "recovery_set_aside")
     assert (moved["result"], moved["moved"], moved["final_after"]["size"]) == ("gone", False, SIZE)
-    assert sftp_target.files() == {job.final_name: data}
+    assert sftp_target.files() == {p.job.final_name: p.data}
 
 
 @pytest.mark.parametrize("sftp_server", ["asyncssh"])
@@ -265,25 +263,22 @@ async def test_a_renewal_before_the_move_leaves_the_workers_file_where_it_is(
 ):
     # The paused worker wakes and renews while recovery lists: the row moved on, so recovery does not touch
     # the temporary file of an attempt that owns its lease again, and takes nothing over.
-    data = os.urandom(SIZE)
-    job, attempt = await delivering_to(factory, sftp_target, data)
-    temp = temp_name_for(attempt, job.final_name)
-    sftp_target.put(temp, data)
-    await factory.expire_lease(job.id)
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target)
     loop = asyncio.get_running_loop()
 
     def observe_while_the_worker_renews(destination, name):
         seen = observe_final_name(destination, name)
-        asyncio.run_coroutine_threadsafe(worker_store.renew_lease(job.id, attempt), loop).result(10)
+        asyncio.run_coroutine_threadsafe(worker_store.renew_lease(p.job.id, p.attempt), loop).result(10)
         return seen
 
-    recovery = RecoveryActivities(recovery_store, settings, observe=observe_while_the_worker_renews)
-    takeover = await recovery.take_over(await candidate_for(factory, job.id), "recovery:t")
+    takeover = await take_over(
+        factory, recovery_store, settings, p.job, observe=observe_while_the_worker_renews
+    )
 
     assert takeover == Takeover.MATCHED_NOTHING
-    assert (await factory.job(job.id)).status == JobStatus.DELIVERING
-    assert sftp_target.files() == {temp: data}
-    assert await recovery_evidence(factory, job.id, "recovery_set_aside") == []
+    assert (await factory.job(p.job.id)).status == JobStatus.DELIVERING
+    assert sftp_target.files() == {p.temp: p.data}
+    assert await recovery_evidence(factory, p.job.id, "recovery_set_aside") == []
 
 
 @pytest.mark.parametrize("sftp_server", ["asyncssh"])
@@ -293,24 +288,17 @@ async def test_a_move_that_cannot_be_made_stays_unknown(
     # The partner answers recovery's listing, then the link is cut as the move's session opens (a real cut
     # at the proxy): nothing proves the rename can no longer publish, so OutcomeUnknown, and the file stays
     # where it was.
-    data = os.urandom(SIZE)
-    job, attempt = await delivering_to(factory, sftp_target, data)
-    temp = temp_name_for(attempt, job.final_name)
-    sftp_target.put(temp, data)
-    await factory.expire_lease(job.id)
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target)
 
     def cut_before_the_move(destination, attempt_id, final_name):
         sftp_target.proxy.cut_before_next_request()
         return set_aside_for_recovery(destination, attempt_id, final_name)
 
-    recovery = RecoveryActivities(recovery_store, settings, set_aside=cut_before_the_move)
-    takeover = await ActivityEnvironment().run(
-        recovery.take_over, await candidate_for(factory, job.id), "recovery:t"
-    )
+    takeover = await take_over(factory, recovery_store, settings, p.job, set_aside=cut_before_the_move)
 
     assert takeover == Takeover.OUTCOME_UNKNOWN
-    status, detail = await resolution(factory, job.id)
+    status, detail = await resolution(factory, p.job.id)
     assert status == JobStatus.OUTCOME_UNKNOWN
     assert "the temporary file was not set aside" in detail
     assert sftp_target.proxy.request_dropped.is_set()
-    assert sftp_target.files() == {temp: data}
+    assert sftp_target.files() == {p.temp: p.data}

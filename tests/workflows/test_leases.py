@@ -134,6 +134,38 @@ async def test_a_takeover_during_the_upload_refuses_the_rename_and_nothing_is_pu
     assert harness.files_on_disk() == []
 
 
+async def taken_over_after_the_rename_fence(
+    harness: Harness, job: ExportJob, *, refuse_the_move: bool = False
+):
+    """Run ``job`` on a paused worker (its lease can expire) that recovery takes over right after its rename
+    fence; with ``refuse_the_move`` a directory at the set-aside name makes the partner refuse recovery's
+    move. Returns (the takeovers, the run's result, the events after recovery's resolution, all events)."""
+    harness.host.set_timings(LEASE, RENEW)
+    harness.host.activities.lease_timer_disabled = True
+    takeovers: list[str] = []
+
+    async def taken_over_before_the_rename(job_id: uuid.UUID) -> None:
+        if not takeovers:
+            if refuse_the_move:
+                attempt = (await harness.factory.job(job.id)).attempt_id
+                (harness.sftp.local_dir / set_aside_name_for(attempt, job.final_name)).mkdir()
+            await harness.factory.expire_lease(job.id)
+            takeovers.append(await recover(harness, job))
+
+    harness.host.activities.after_rename_fence = taken_over_before_the_rename
+    result = await harness.run(job)
+    events = await harness.factory.worker.job_events(job.id)
+    resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
+    late = [e for e in events[resolved + 1 :] if e.kind == EventKind.DELIVERY_EVIDENCE]
+    return takeovers, result, events[resolved], late, events
+
+
+def late_evidence(late, observation: str, word: str) -> bool:
+    return any(
+        f'"observation": "{observation}"' in (e.detail or "") and word in (e.detail or "") for e in late
+    )
+
+
 async def test_a_takeover_after_the_rename_fence_sets_the_file_aside_and_the_late_rename_is_refused(
     harness: Harness,
 ) -> None:
@@ -141,18 +173,8 @@ async def test_a_takeover_after_the_rename_fence_sets_the_file_aside_and_the_lat
     # the paused attempt's temporary file to its set-aside name, so the rename can no longer publish it, and
     # records Failed NotDelivered. The worker wakes, sends its rename, is refused (nothing there), and
     # classifies the same outcome; its terminal write matches nothing, and the final name is never written.
-    harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True  # the worker is paused: its lease can expire
     job = await harness.queue_export(contacts=3000)
-    takeovers: list[str] = []
-
-    async def taken_over_before_the_rename(job_id: uuid.UUID) -> None:
-        if not takeovers:
-            await harness.factory.expire_lease(job.id)
-            takeovers.append(await recover(harness, job))
-
-    harness.host.activities.after_rename_fence = taken_over_before_the_rename
-    result = await harness.run(job)
+    takeovers, result, _, late, events = await taken_over_after_the_rename_fence(harness, job)
 
     assert takeovers == ["NotDelivered"]
     assert result.outcome == AttemptOutcome.NOT_OWNER  # its terminal write matched nothing
@@ -162,52 +184,27 @@ async def test_a_takeover_after_the_rename_fence_sets_the_file_aside_and_the_lat
     assert [p.name for p in harness.partner_files(job)] == [
         set_aside_name_for(row.attempt_id, job.final_name)
     ]
-    events = await harness.factory.worker.job_events(job.id)
-    resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
-    late = [e for e in events[resolved + 1 :] if e.kind == EventKind.DELIVERY_EVIDENCE]
-    assert any(
-        '"observation": "rename"' in (e.detail or "") and '"refused"' in (e.detail or "") for e in late
-    )
-    assert any(
-        '"observation": "outcome"' in (e.detail or "") and "NotDelivered" in (e.detail or "") for e in late
-    )
+    assert late_evidence(late, "rename", '"refused"') and late_evidence(late, "outcome", "NotDelivered")
     assert "Finished" not in [e.kind for e in events]
     assert harness.files_on_disk() == []
 
 
 async def test_a_takeover_after_the_rename_fence_keeps_the_late_receipt_as_evidence(harness: Harness) -> None:
-    # The same takeover where the partner refuses recovery's move (a directory holds the set-aside name):
-    # nothing proves the rename can no longer publish (OutcomeUnknown); the rename goes ahead, and its late
-    # receipt is kept as evidence without changing the row.
-    harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True
+    # The same takeover where the partner refuses recovery's move: nothing proves the rename can no longer
+    # publish (OutcomeUnknown); the rename goes ahead, and its late receipt is kept as evidence without
+    # changing the row.
     job = await harness.queue_export(contacts=3000)
-    takeovers: list[str] = []
-
-    async def taken_over_before_the_rename(job_id: uuid.UUID) -> None:
-        if not takeovers:
-            attempt = (await harness.factory.job(job.id)).attempt_id
-            (harness.sftp.local_dir / set_aside_name_for(attempt, job.final_name)).mkdir()
-            await harness.factory.expire_lease(job.id)
-            takeovers.append(await recover(harness, job))
-
-    harness.host.activities.after_rename_fence = taken_over_before_the_rename
-    result = await harness.run(job)
+    takeovers, result, resolved, late, events = await taken_over_after_the_rename_fence(
+        harness, job, refuse_the_move=True
+    )
 
     assert takeovers == ["OutcomeUnknown"]  # nothing under the final name yet, and the move was refused
     assert result.outcome == AttemptOutcome.NOT_OWNER  # its terminal write matched nothing
     assert await harness.status(job) == JobStatus.OUTCOME_UNKNOWN  # the late receipt changed nothing
     assert len(harness.uploads(job)) == 1  # the upload was not interrupted
-    events = await harness.factory.worker.job_events(job.id)
-    resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
-    assert "the move to" in (events[resolved].detail or "") and "was refused" in (
-        events[resolved].detail or ""
-    )
-    late = [e for e in events[resolved + 1 :] if e.kind == EventKind.DELIVERY_EVIDENCE]
+    assert "the move to" in (resolved.detail or "") and "was refused" in (resolved.detail or "")
     assert late and all(e.observed_by == harness.host.name for e in late)
-    assert any(
-        '"observation": "outcome"' in (e.detail or "") and "Completed" in (e.detail or "") for e in late
-    )
+    assert late_evidence(late, "outcome", "Completed")
     assert "Finished" not in [e.kind for e in events]
     assert harness.files_on_disk() == []
 
