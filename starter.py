@@ -128,6 +128,7 @@ def cmd_seed_demo(args: argparse.Namespace, settings: Settings) -> int:
                 "host_key": args.host_key,
                 "credential_ref": args.credential_ref,
                 "remote_dir": args.remote_dir,
+                "temporary_files": args.temporary_files,
             },
             contacts=args.contacts,
         )
@@ -646,6 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--host-key", required=True, help="the partner's pinned host key line")
     sub.add_argument("--credential-ref", required=True, help="path of the private key on the worker host")
     sub.add_argument("--remote-dir", default="/")
+    sub.add_argument(
+        "--temporary-files",
+        choices=["keep", "remove"],
+        default="keep",
+        help="the partner's cleanup agreement: 'remove' lets an attempt's temporary files be removed once its "
+        "export is recorded Failed (default: keep them)",
+    )
     return parser
 
 

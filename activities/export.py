@@ -50,6 +50,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
 from db.errors import StoreError, TransientStoreError
 from db.store import JobStore
+from domain.destination import Destination
 from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
@@ -64,7 +65,15 @@ from domain.models import (
 )
 from observability import logs
 from observability.metrics import CancellationSource, get_metrics
-from partner.delivery import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, deliver
+from partner.delivery import (
+    DeliveryHooks,
+    DeliveryReport,
+    FileToDeliver,
+    OriginalFile,
+    deliver,
+    remove_temporary_files,
+)
+from partner.evidence import error_code
 from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.policy import evaluate_policy
 from runtime.lease import LeaseKeeper
@@ -829,6 +838,8 @@ class ExportActivities:
         finished = await self.store.finish_delivery(
             job.id, inp.attempt_id, report.outcome, code, summary=report.summary
         )
+        if report.outcome == DeliveryOutcome.FAILED and destination.temporary_files == "remove":
+            await self._clean_up_after_failed(job, inp.attempt_id, destination, finished)
         return DeliverResult(
             delivery=report.outcome,
             failure_code=code,
@@ -836,6 +847,41 @@ class ExportActivities:
             evidence_appended=recorder.appended,
             evidence_lost=len(recorder.pending),
         )
+
+    async def _clean_up_after_failed(
+        self, job: ExportJob, attempt_id: UUID, destination: Destination, finished: FinishResult
+    ) -> None:
+        """Under the partner's cleanup agreement, remove this attempt's temporary and set-aside files once
+        its export is recorded Failed: by this write, or by recovery before it (the row says Failed for this
+        attempt). An uncertain write, or a row that says anything else (an OutcomeUnknown keeps its files
+        as evidence), removes nothing. A failed removal is evidence, never a change of outcome."""
+        if finished == FinishResult.NOT_OWNER:
+            try:
+                now = await self.store.get_job(job.id)
+            except StoreError:
+                return
+            if now is None or (now.status, now.attempt_id) != (JobStatus.FAILED, attempt_id):
+                return
+        elif finished != FinishResult.WRITTEN:
+            return
+        final_name = job.expected_file_name or job.final_name
+        loop = asyncio.get_running_loop()
+        try:
+            records = await loop.run_in_executor(
+                self._delivery_threads,
+                functools.partial(
+                    contextvars.copy_context().run,
+                    remove_temporary_files,
+                    destination,
+                    attempt_id,
+                    final_name,
+                ),
+            )
+        except Exception as exc:  # noqa: BLE001 - the partner could not be asked: the files stay, as agreed before
+            log.info("job %s: temporary files not removed (%s)", job.id, type(exc).__name__)
+            records = [{"observation": "cleanup", "result": "not_asked", **error_code(exc)}]
+        for record in records:
+            await self._append(job.id, attempt_id, record)
 
     async def _original_file(self, job: ExportJob) -> OriginalFile | None:
         if job.replaces_job_id is None:

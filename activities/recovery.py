@@ -15,6 +15,8 @@ commits after the scan makes it match nothing, and the job is left to its worker
   rename can never publish it, and a final name that still shows the attempt's baseline is Failed
   NotDelivered (``fail_set_aside_delivery``). Otherwise OutcomeUnknown. What recovery observed and what its
   move found are appended as DeliveryEvidence under the recovery run's ID.
+- After either Failed NotDelivered, under the partner's cleanup agreement (``temporary_files``), the
+  attempt's temporary and set-aside files are removed, and what that found is appended too.
 
 Runs as ``exports_recovery``. Payloads and evidence carry IDs, sizes, hashes and codes only.
 """
@@ -37,7 +39,7 @@ from domain.destination import Destination
 from domain.evidence import Observation, SetAside
 from domain.models import ExpiredLease, ExportJob, JobStatus
 from observability import logs
-from partner.delivery import observe_final_name, set_aside_for_recovery
+from partner.delivery import observe_final_name, remove_temporary_files, set_aside_for_recovery
 from rules.recovery import (
     Verdict,
     attempt_evidence,
@@ -169,7 +171,10 @@ class RecoveryActivities:
                 # The attempt never fenced its rename, so it never wrote the final name; the statement also
                 # refuses a late fence. If a fence or a renewal committed since the scan, it matches nothing.
                 done = await self.store.fail_unpublished_delivery(job_id, attempt_id, run_id)
-                return Takeover.NOT_DELIVERED if done else Takeover.MATCHED_NOTHING
+                if not done:
+                    return Takeover.MATCHED_NOTHING
+                await self._clean_up(job_id, attempt_id, run_id)
+                return Takeover.NOT_DELIVERED
             return await self._resolve_delivery(candidate, run_id)
         return Takeover.MATCHED_NOTHING
 
@@ -197,7 +202,10 @@ class RecoveryActivities:
                 done = await self.store.fail_set_aside_delivery(
                     job.id, candidate.attempt_id, run_id, verdict.summary
                 )
-                return Takeover.NOT_DELIVERED if done else Takeover.MATCHED_NOTHING
+                if not done:
+                    return Takeover.MATCHED_NOTHING
+                await self._clean_up(job.id, candidate.attempt_id, run_id)
+                return Takeover.NOT_DELIVERED
         done = await self.store.resolve_expired_delivery(
             job.id, candidate.attempt_id, verdict.resolution, run_id, verdict.summary
         )
@@ -240,6 +248,34 @@ class RecoveryActivities:
             job.id, job.attempt_id, run_id, set_aside_evidence(aside, after, job, error)
         )
         return decide_after_set_aside(job, evidence, destination, before, aside, after, error=error)
+
+    async def _clean_up(self, job_id: UUID, attempt_id: UUID, run_id: str) -> None:
+        """After recovery recorded Failed NotDelivered, and only under the partner's cleanup agreement
+        (``temporary_files = 'remove'``): remove the attempt's temporary and set-aside files, and keep what
+        that found as evidence. The outcome is already recorded: nothing here can change it, and an error
+        here is logged, not counted against the takeover."""
+        try:
+            job = await self.store.get_job(job_id)
+            if job is None:
+                return
+            destination = await self.store.load_destination(job.tenant_id, job.destination_id)
+            if destination.temporary_files != "remove":
+                return
+            name = job.expected_file_name or job.final_name
+            try:
+                records = await asyncio.wait_for(
+                    asyncio.to_thread(remove_temporary_files, destination, attempt_id, name),
+                    timeout=OBSERVE_TIMEOUT_SECONDS,
+                )
+            except Exception as exc:  # noqa: BLE001 - the files stay, as without the agreement
+                log.info(
+                    "recovery could not remove job %s's temporary files (%s)", job_id, type(exc).__name__
+                )
+                records = [{"observation": "cleanup", "result": "not_asked", "error": type(exc).__name__}]
+            for record in records:
+                await self.store.append_delivery_evidence(job_id, attempt_id, run_id, record)
+        except (StoreError, OSError, TimeoutError) as exc:
+            log.info("recovery's cleanup of job %s not recorded (%s)", job_id, type(exc).__name__)
 
     async def _observe_final_name(
         self, destination: Destination, job: ExportJob

@@ -175,6 +175,7 @@ _DESTINATION_DEFAULTS: dict[str, Any] = {
     "hash_evidence": "read_back",
     "ack_suffix": None,
     "max_write_request": 32768,
+    "temporary_files": "keep",
 }
 
 

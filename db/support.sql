@@ -123,7 +123,7 @@ SELECT id, name, host, port, remote_dir FROM destinations WHERE tenant_id = %(te
 -- name: load_destination
 -- One tenant's destination with its partner contract, for the worker and recovery.
 SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-       name_and_size_identify, hash_evidence, ack_suffix, max_write_request
+       name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
 
 -- name: set_build_scope
@@ -172,9 +172,10 @@ INSERT INTO tenants (id, name) VALUES (%(id)s, %(name)s) RETURNING id;
 -- Seeds a partner destination (administrator's connection). It starts paused, as every new destination
 -- does, until a switch row enables it (seed_switch, or an operator's resume).
 INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request)
+                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files)
 VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
-        %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s, %(max_write_request)s)
+        %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s, %(max_write_request)s,
+        %(temporary_files)s)
 RETURNING id;
 
 -- name: seed_switch

@@ -20,8 +20,10 @@ class Destination(BaseModel):
     field); ``credential_ref`` is the path of the private key file on the worker host, never the key.
     The contract: ``name_and_size_identify`` (name and size identify a delivered file),
     ``hash_evidence`` (``read_back``: the account may read the file back to hash it; ``ack_file``: the
-    partner writes ``{final}{ack_suffix}``, see :mod:`domain.evidence`) and ``max_write_request``
-    (the largest SFTP write the server accepts; OpenSSH's limit is 261,120).
+    partner writes ``{final}{ack_suffix}``, see :mod:`domain.evidence`), ``max_write_request``
+    (the largest SFTP write the server accepts; OpenSSH's limit is 261,120) and ``temporary_files``
+    (the cleanup agreement: ``remove`` lets an attempt's temporary and set-aside files be removed once its
+    export is recorded Failed; ``keep`` leaves them to the partner).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -39,6 +41,7 @@ class Destination(BaseModel):
     hash_evidence: Literal["none", "read_back", "ack_file"] = "none"
     ack_suffix: str | None = None
     max_write_request: int = 32768
+    temporary_files: Literal["keep", "remove"] = "keep"
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Destination:

@@ -74,6 +74,7 @@ class SftpStep(StrEnum):
     ACK_WAIT = "ack_wait"
     OBSERVE = "observe"
     SET_ASIDE = "set_aside"  # the temporary file moved away after a rename whose answer was lost
+    CLEANUP = "cleanup"  # an attempt's temporary files removed after Failed, under the partner's agreement
 
 
 def requested_exporter(environ: Mapping[str, str] | None = None) -> str | None:

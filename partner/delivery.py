@@ -57,6 +57,7 @@ __all__ = [
     "SetAside",
     "deliver",
     "observe_final_name",
+    "remove_temporary_files",
     "set_aside",
     "set_aside_for_recovery",
 ]
@@ -172,6 +173,36 @@ def observe_final_name(
         session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened,
     ):
         return observe(opened.sftp, destination, final_name)
+
+
+def remove_temporary_files(
+    destination: Destination,
+    attempt_id: UUID,
+    final_name: str,
+    *,
+    connect_timeout: float = 15.0,
+    io_timeout: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Remove ``attempt_id``'s temporary and set-aside files for ``final_name``, under a cleanup agreement
+    (``destination.temporary_files == "remove"``) and only once its export is recorded Failed: partial
+    contact data the partner would otherwise keep. Nothing of them was published, and removing them can
+    publish nothing; the final name is never touched. Returns one ``cleanup`` evidence dict per name
+    (``removed``, ``absent``, or ``refused`` with its status). Raises like :func:`observe_final_name` when
+    the server cannot be asked."""
+    evidence = EvidenceLog(attempt_id, destination.id, lambda item: None)
+    with (
+        sftp_span(SftpStep.CLEANUP),
+        session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened,
+    ):
+        for name in (temp_name_for(attempt_id, final_name), set_aside_name_for(attempt_id, final_name)):
+            try:
+                opened.sftp.remove(destination.remote_path(name))
+            except SftpStatusError as exc:
+                result = "absent" if exc.status == SFTP_NO_SUCH_FILE else "refused"
+                evidence.record("cleanup", name=name, result=result, status=exc.status)
+            else:
+                evidence.record("cleanup", name=name, result="removed")
+    return evidence.records
 
 
 def observe(sftp: paramiko.SFTPClient, destination: Destination, final_name: str) -> Observation:

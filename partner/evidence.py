@@ -9,7 +9,8 @@ error type names appear: never file contents, contact data or credentials. The v
 
 Observation kinds: ``connect``, ``baseline``, ``final_name_occupied``, ``upload``, ``interrupted``,
 ``rename``, ``fresh_listing``, ``set_aside`` (the temporary file moved away after a lost rename answer),
-``read_back``, ``ack``, ``outcome``.
+``read_back``, ``ack``, ``outcome``; and after a Failed export under a cleanup agreement, ``cleanup``
+(:func:`partner.delivery.remove_temporary_files`).
 """
 
 from __future__ import annotations

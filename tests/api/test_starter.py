@@ -135,3 +135,40 @@ async def test_migrate_is_idempotent(database):
 
     assert proc.returncode == 0
     assert json.loads(out) == {"applied": []}
+
+
+async def test_seed_demo_records_the_partners_cleanup_agreement(database):
+    args = (
+        "--host-key",
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPlaceholder",
+        "--credential-ref",
+        "/keys/partner",
+    )
+    seeded = []
+    for agreement in ("remove", None):
+        extra = ("--temporary-files", agreement) if agreement else ()
+        code, out, err = await starter(
+            database,
+            "--json",
+            "seed-demo",
+            "--database-url",
+            database.admin_url,
+            "--contacts",
+            "1",
+            *args,
+            *extra,
+        )
+        assert code == 0, err
+        seeded.append(json.loads(out)["destination_id"])
+    with psycopg.connect(database.admin_url) as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT id::text, temporary_files FROM destinations WHERE id = ANY(%s::uuid[])", (seeded,)
+            ).fetchall()
+        )
+    assert [rows[d] for d in seeded] == ["remove", "keep"]  # keep unless the partner agreed
+
+    code, _, err = await starter(
+        database, "seed-demo", "--database-url", database.admin_url, *args, "--temporary-files", "delete"
+    )
+    assert code == 2 and "invalid choice" in err

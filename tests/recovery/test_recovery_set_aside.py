@@ -62,12 +62,13 @@ class Paused:
 
 
 async def paused_after_the_rename_fence(
-    factory, worker_store, target: SftpTarget, *, baseline: bool = True, file_at: str = "temp"
+    factory, worker_store, target: SftpTarget, *, baseline: bool = True, file_at: str = "temp", **contract
 ) -> Paused:
     """Its whole file under the temporary name (``file_at="aside"``: already set aside, ``"none"``: no
-    file), its baseline recorded unless ``baseline`` is false, then its lease expired."""
+    file), its baseline recorded unless ``baseline`` is false, then its lease expired; ``contract`` is
+    the destination's."""
     data = os.urandom(SIZE)
-    job, attempt = await delivering_to(factory, target, data)
+    job, attempt = await delivering_to(factory, target, data, **contract)
     if baseline:
         destination = await worker_store.load_destination(job.tenant_id, job.destination_id)
         await record_baseline(worker_store, job, attempt, destination)
@@ -302,3 +303,74 @@ async def test_a_move_that_cannot_be_made_stays_unknown(
     assert "the temporary file was not set aside" in detail
     assert sftp_target.proxy.request_dropped.is_set()
     assert sftp_target.files() == {p.temp: p.data}
+
+
+# -- the partner's cleanup agreement (temporary_files = 'remove') --------------------------------------
+
+
+async def cleanup_evidence(factory, job_id) -> list[tuple[str, str]]:
+    found = await recovery_evidence(factory, job_id, "cleanup")
+    return [(item["name"].rsplit(".", 1)[-1], item["result"]) for item in found]
+
+
+async def test_under_a_cleanup_agreement_the_set_aside_file_is_removed_once_failed_is_recorded(
+    client, settings, recovery_worker, factory, worker_store, sftp_target: SftpTarget
+):
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target, temporary_files="remove")
+
+    await recover(client, settings)
+
+    assert (await resolution(factory, p.job.id))[0] == JobStatus.FAILED
+    assert sftp_target.files() == {}  # no contact data left at the partner, and nothing published
+    assert await cleanup_evidence(factory, p.job.id) == [("csv", "absent"), ("set-aside", "removed")]
+
+
+async def test_under_a_cleanup_agreement_an_unfenced_attempts_partial_file_is_removed(
+    client, settings, recovery_worker, factory, sftp_target: SftpTarget
+):
+    data = os.urandom(SIZE)
+    job, attempt = await delivering_to(factory, sftp_target, data, fenced="upload", temporary_files="remove")
+    sftp_target.put(temp_name_for(attempt, job.final_name), data[: SIZE // 2])  # cut mid-upload, then died
+    await factory.expire_lease(job.id)
+
+    await recover(client, settings)
+
+    assert (await resolution(factory, job.id))[0] == JobStatus.FAILED
+    assert sftp_target.files() == {}
+    assert await cleanup_evidence(factory, job.id) == [("csv", "removed"), ("set-aside", "absent")]
+
+
+@pytest.mark.parametrize("sftp_server", ["asyncssh"])
+async def test_an_outcome_unknown_keeps_its_files_whatever_the_agreement(
+    factory, recovery_store, settings, worker_store, sftp_target: SftpTarget
+):
+    # A move that cannot be made leaves OutcomeUnknown: the temporary file is evidence for the reconciler.
+    p = await paused_after_the_rename_fence(factory, worker_store, sftp_target, temporary_files="remove")
+
+    def cut_before_the_move(destination, attempt_id, final_name):
+        sftp_target.proxy.cut_before_next_request()
+        return set_aside_for_recovery(destination, attempt_id, final_name)
+
+    takeover = await take_over(factory, recovery_store, settings, p.job, set_aside=cut_before_the_move)
+
+    assert takeover == Takeover.OUTCOME_UNKNOWN
+    assert sftp_target.files() == {p.temp: p.data}
+    assert await cleanup_evidence(factory, p.job.id) == []
+
+
+async def test_without_a_cleanup_agreement_the_files_stay_with_the_partner(
+    client, settings, recovery_worker, factory, sftp_target: SftpTarget
+):
+    data = os.urandom(SIZE)
+    job, attempt = await delivering_to(
+        factory, sftp_target, data, fenced="upload"
+    )  # temporary_files = 'keep'
+    partial = data[: SIZE // 2]
+    sftp_target.put(temp_name_for(attempt, job.final_name), partial)
+    await factory.expire_lease(job.id)
+
+    await recover(client, settings)
+
+    assert (await resolution(factory, job.id))[0] == JobStatus.FAILED
+    assert sftp_target.files() == {temp_name_for(attempt, job.final_name): partial}
+    assert await cleanup_evidence(factory, job.id) == []

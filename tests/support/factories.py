@@ -121,14 +121,15 @@ class Factory:
             "hash_evidence": "none",
             "ack_suffix": None,
             "max_write_request": 32768,
+            "temporary_files": "keep",
         }
         row.update(fields)
         await self.admin(
             "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref,"
-            " remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request)"
+            " remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files)"
             " VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,"
             " %(credential_ref)s, %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s,"
-            " %(max_write_request)s)",
+            " %(max_write_request)s, %(temporary_files)s)",
             row,
         )
         if enabled:
