@@ -72,6 +72,10 @@ READ_BACK_TRIES = 3  # new sessions asked for the read-back a confirmed rename's
 READ_BACK_RETRY_SECONDS = 0.5  # the pause before each, times the tries so far
 
 
+class _NothingSentYet(Exception):
+    """The session was lost before anything was uploaded (at the baseline listing): try a new one."""
+
+
 @dataclass
 class DeliveryHooks:
     """Named seams for tests; each runs in the delivering thread at its point, and may be ``None``."""
@@ -128,6 +132,18 @@ def deliver(
                 if exc.code not in RETRIED_CONNECT_CODES or connect_try == CONNECT_TRIES:
                     raise
                 run.evidence.record("connect", result="retry", **error_code(exc))
+                time.sleep(CONNECT_RETRY_SECONDS * connect_try)
+            except _NothingSentYet:
+                # The session was lost before the baseline listing answered: nothing was uploaded, so a new
+                # session is as good as the first, as when the connect itself was not answered.
+                if connect_try == CONNECT_TRIES:
+                    report = run._end(
+                        failed(
+                            FailureCode.NOT_DELIVERED,
+                            f"baseline listing failed on {CONNECT_TRIES} sessions; nothing was uploaded",
+                        )
+                    )
+                    break
                 time.sleep(CONNECT_RETRY_SECONDS * connect_try)
     except ConnectRefused as exc:
         run.evidence.record("connect", result="refused", **error_code(exc))
@@ -319,8 +335,10 @@ class _Delivery:
                 baseline = observe(sftp, self.destination, self.file.final_name)
         except Exception as exc:
             self.evidence.record("interrupted", phase=self.phase, rename_sent=False, **error_code(exc))
-            return self._end(
-                failed(FailureCode.NOT_DELIVERED, "baseline listing failed; nothing was uploaded")
+            if not isinstance(exc, SftpStatusError):
+                raise _NothingSentYet from exc  # the session was lost: deliver() opens another
+            return self._end(  # the server answered, and refused: another session would hear the same
+                failed(FailureCode.NOT_DELIVERED, "baseline listing refused; nothing was uploaded")
             )
         self.evidence.record("baseline", final_name=self.file.final_name, **baseline.as_evidence())
         self.baseline = baseline

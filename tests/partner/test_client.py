@@ -85,6 +85,61 @@ async def test_a_partner_that_refuses_connections_for_a_moment_is_asked_again_an
     assert sftp_target.files() == {file.final_name: data}
 
 
+def cut_the_baseline_listing(target: SftpTarget, times: int):
+    """An ``on_evidence`` seam: on each of the first ``times`` sessions, the request right after the connect
+    (the baseline listing) is dropped and the link cut, at the proxy."""
+    cuts: list[int] = []
+
+    def on_evidence(observation: dict[str, Any]) -> None:
+        if (
+            observation["observation"] == "connect"
+            and observation.get("result") == "ok"
+            and len(cuts) < times
+        ):
+            cuts.append(1)
+            target.proxy.cut_before_next_request()
+
+    return on_evidence, cuts
+
+
+async def test_a_session_lost_at_the_baseline_listing_is_opened_again_and_delivered(
+    sftp_target: SftpTarget, tmp_path
+):
+    # The 1,000-export soak ended 5 exports Failed NotDelivered at a baseline listing cut by a partner link
+    # fault: nothing had been uploaded, so a new session is as good as the first.
+    data = contact_bytes(1000)
+    file = local_file(tmp_path, data)
+    on_evidence, cuts = cut_the_baseline_listing(sftp_target, times=1)
+
+    run = await run_delivery(sftp_target.destination(), file, on_evidence=on_evidence)
+
+    assert cuts and sftp_target.proxy.request_dropped.is_set()
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    assert run.kinds()[:4] == ["connect", "interrupted", "connect", "baseline"]
+    assert run.evidence[1]["phase"] == "baseline"
+    assert run.kinds().count("upload") == 1  # one upload: nothing was sent on the lost session
+    assert sftp_target.files() == {file.final_name: data}
+
+
+async def test_a_baseline_listing_lost_on_every_session_is_not_delivered_and_nothing_is_sent(
+    sftp_target: SftpTarget, tmp_path
+):
+    on_evidence, cuts = cut_the_baseline_listing(sftp_target, times=CONNECT_TRIES)
+
+    run = await run_delivery(
+        sftp_target.destination(), local_file(tmp_path, contact_bytes(1000)), on_evidence=on_evidence
+    )
+
+    assert len(cuts) == CONNECT_TRIES
+    assert (run.report.outcome, run.report.failure_code) == (
+        DeliveryOutcome.FAILED,
+        FailureCode.NOT_DELIVERED,
+    )
+    assert run.report.summary == f"baseline listing failed on {CONNECT_TRIES} sessions; nothing was uploaded"
+    assert run.kinds().count("interrupted") == CONNECT_TRIES and "upload" not in run.kinds()
+    assert sftp_target.files() == {}
+
+
 async def test_a_client_key_the_partner_does_not_know_is_refused_before_any_file_operation(
     sftp_target: SftpTarget, tmp_path
 ):
