@@ -838,7 +838,7 @@ class ExportActivities:
         finished = await self.store.finish_delivery(
             job.id, inp.attempt_id, report.outcome, code, summary=report.summary
         )
-        if report.outcome == DeliveryOutcome.FAILED and destination.temporary_files == "remove":
+        if code == FailureCode.NOT_DELIVERED and destination.temporary_files == "remove":
             await self._clean_up_after_failed(job, inp.attempt_id, destination, finished)
         return DeliverResult(
             delivery=report.outcome,
@@ -852,7 +852,7 @@ class ExportActivities:
         self, job: ExportJob, attempt_id: UUID, destination: Destination, finished: FinishResult
     ) -> None:
         """Under the partner's cleanup agreement, remove this attempt's temporary and set-aside files once
-        its export is recorded Failed: by this write, or by recovery before it (the row says Failed for this
+        its export is recorded Failed NotDelivered (no other failure uploads anything): by this write, or by recovery before it (the row says Failed for this
         attempt). An uncertain write, or a row that says anything else (an OutcomeUnknown keeps its files
         as evidence), removes nothing. A failed removal is evidence, never a change of outcome."""
         if finished == FinishResult.NOT_OWNER:
