@@ -140,7 +140,8 @@ def deliver(
                     report = run._end(
                         failed(
                             FailureCode.NOT_DELIVERED,
-                            f"baseline listing failed on {CONNECT_TRIES} sessions; nothing was uploaded",
+                            f"the session was lost at the baseline listing on the last of {CONNECT_TRIES} tries "
+                            "to reach the partner; nothing was uploaded",
                         )
                     )
                     break

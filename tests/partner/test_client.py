@@ -135,7 +135,10 @@ async def test_a_baseline_listing_lost_on_every_session_is_not_delivered_and_not
         DeliveryOutcome.FAILED,
         FailureCode.NOT_DELIVERED,
     )
-    assert run.report.summary == f"baseline listing failed on {CONNECT_TRIES} sessions; nothing was uploaded"
+    assert run.report.summary == (
+        f"the session was lost at the baseline listing on the last of {CONNECT_TRIES} tries to reach the "
+        "partner; nothing was uploaded"
+    )
     assert run.kinds().count("interrupted") == CONNECT_TRIES and "upload" not in run.kinds()
     assert sftp_target.files() == {}
 
