@@ -1,4 +1,4 @@
-"""A real worker process killed with SIGKILL at three named points: recovery takes the attempt over, and
+"""A real worker process killed with SIGKILL at four named points: recovery takes the attempt over, and
 the partner never receives a second upload.
 
 Each test starts ``tests/e2e/killed_worker_runner.py`` (``worker.run_worker`` with one seam that writes a
@@ -34,7 +34,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.recovery import RecoveryActivities
 from db.builder import build_dirs
 from db.store import JobStore
-from domain.evidence import temp_name_for
+from domain.evidence import set_aside_name_for, temp_name_for
 from domain.models import ExportJob, FailureCode, JobStatus
 from partner.local_server import LocalSftpServer
 from runtime.scavenger import scavenge_export_files
@@ -92,10 +92,11 @@ def task_queue() -> str:
     return f"exports-{uuid.uuid4().hex[:8]}"
 
 
-async def queue_export(factory: Factory, partner: Partner, contacts: int) -> ExportJob:
-    """A tenant, a destination on the partner, ``contacts`` contacts on list ``main``, and a queued export."""
+async def queue_export(factory: Factory, partner: Partner, contacts: int, **contract: Any) -> ExportJob:
+    """A tenant, a destination on the partner (with ``contract``'s columns), ``contacts`` contacts on list
+    ``main``, and a queued export."""
     tenant_id = await factory.tenant()
-    destination_id = await factory.destination(tenant_id, **partner.row)
+    destination_id = await factory.destination(tenant_id, **{**partner.row, **contract})
     rows = [(f"c{i}-{uuid.uuid4().hex[:8]}@example.test", f"First{i}", f"Last{i}") for i in range(contacts)]
     await factory.contacts(tenant_id, "main", rows)
     return await factory.queued(tenant_id, destination_id, list_name="main")
@@ -405,6 +406,52 @@ async def test_killed_mid_upload_ends_not_delivered_with_the_attempts_temp_file_
     assert (after.status, after.attempt_count) == (JobStatus.FAILED, 1)
     assert await factory.outbox_count(job.id) == 1 and await outbox_unpublished(factory, job.id) == 0
     assert partner.files() == left  # nothing new, nothing grown: no second upload
+
+
+@pytest.mark.parametrize("temporary_files", ["keep", "remove"])
+async def test_killed_after_the_rename_fence_is_set_aside_by_recovery_and_never_published(
+    ts_env, database, factory, worker_store, partner, task_queue, tmp_path, recovery_store, temporary_files
+):
+    # Past its rename fence the attempt was free to rename, so "absent" alone proves nothing; recovery sets
+    # its temporary file aside (a rename can then never publish it) and records Failed NotDelivered. Under
+    # the partner's cleanup agreement the set-aside file is removed as well.
+    job = await queue_export(factory, partner, contacts=UPLOAD_CONTACTS, temporary_files=temporary_files)
+    async with killable_worker(
+        "after_rename_fence",
+        job,
+        database_url=database.app_url,
+        client=ts_env.client,
+        task_queue=task_queue,
+        work_dir=tmp_path / "killed",
+    ) as killed:
+        await killed.reached()
+        fenced = await factory.job(job.id)
+        assert fenced.status == JobStatus.DELIVERING and fenced.rename_fenced_at is not None
+        temp_name = temp_name_for(fenced.attempt_id, fenced.final_name)
+        await wait_for_partner_file(partner, temp_name, fenced.expected_file_bytes)
+        await killed.kill()
+    assert partner.files() == {temp_name: fenced.expected_file_bytes}  # the whole file, never renamed
+
+    await factory.expire_lease(job.id)
+    assert await recover(recovery_store, job.id) == Takeover.NOT_DELIVERED
+
+    ended = await factory.job(job.id)
+    assert (ended.status, ended.failure_reason, ended.attempt_id) == (
+        JobStatus.FAILED,
+        FailureCode.NOT_DELIVERED,
+        fenced.attempt_id,
+    )
+    kinds = await factory.event_kinds(job.id)
+    transitions = [k for k in kinds if k != "DeliveryEvidence"]  # evidence: recovery's listing, move, cleanup
+    assert transitions[-1] == "ResolvedByRecovery" and "Finished" not in kinds and "RenameFenced" in kinds
+    aside = set_aside_name_for(fenced.attempt_id, fenced.final_name)
+    expected = {} if temporary_files == "remove" else {aside: fenced.expected_file_bytes}
+    assert partner.files() == expected  # the final name was never written
+
+    async with healthy_worker(ts_env.client, database.app_url, task_queue, tmp_path / "healthy"):
+        again = await wake_up_again(ts_env.client, job.id, task_queue)
+    assert again.outcome == AttemptOutcome.SETTLED
+    assert partner.files() == expected  # no second upload
 
 
 # -- a drain (issue 10: a deploy's SIGTERM) -------------------------------------------------------------
