@@ -118,6 +118,13 @@ class PartnerSession:
             self.transport.close()
 
 
+def _refused_or_lost(transport: paramiko.Transport, refused: str) -> str:
+    """``refused`` when the server answered no over a link that is still up; ``LinkLost`` when the link
+    died during the step. paramiko reports both as the same exception (a lost link during authentication is
+    an ``AuthenticationException`` too); only the transport tells them apart."""
+    return refused if transport.is_active() else "LinkLost"
+
+
 def connect(
     destination: Destination,
     *,
@@ -161,11 +168,11 @@ def connect(
         try:
             transport.auth_publickey(destination.username, client_key)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ConnectRefused("AuthRefused", type(exc).__name__) from None
+            raise ConnectRefused(_refused_or_lost(transport, "AuthRefused"), type(exc).__name__) from None
         try:
             sftp = _StatusSFTPClient.from_transport(transport)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ConnectRefused("SessionRefused", type(exc).__name__) from None
+            raise ConnectRefused(_refused_or_lost(transport, "SessionRefused"), type(exc).__name__) from None
         if sftp is None:
             raise ConnectRefused("SessionRefused")
         channel = sftp.get_channel()

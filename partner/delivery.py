@@ -67,7 +67,7 @@ log = logging.getLogger("fenced.partner")
 _ACK_POLL_SECONDS = 0.1
 CONNECT_TRIES = 3  # sessions a delivery tries to open before Failed NotDelivered (nothing is sent before one)
 CONNECT_RETRY_SECONDS = 1.0  # the pause before the next, times the tries so far
-RETRIED_CONNECT_CODES = frozenset({"Unreachable", "HandshakeFailed"})
+RETRIED_CONNECT_CODES = frozenset({"Unreachable", "HandshakeFailed", "LinkLost"})
 READ_BACK_TRIES = 3  # new sessions asked for the read-back a confirmed rename's cut read-back left
 READ_BACK_RETRY_SECONDS = 0.5  # the pause before each, times the tries so far
 

@@ -18,6 +18,7 @@ import pytest
 from db.embedded import free_port
 from db.errors import DestinationNotFound
 from db.store import JobStore
+from domain.destination import Destination
 from domain.models import DeliveryOutcome, EventKind, FailureCode, JobStatus
 from partner.client import ConnectRefused, connect, parse_pinned_key, upload_exclusive
 from partner.delivery import (
@@ -334,3 +335,79 @@ async def test_two_uploads_racing_for_one_final_name_never_overwrite(
     assert outcomes == ["Completed", "OutcomeUnknown"]  # one published, the other was refused
     winner = (first, second)[[r.outcome for r in reports].index(DeliveryOutcome.COMPLETED)]
     assert (sshd_target.local_dir / name).read_bytes() == winner  # whole, never replaced
+
+
+class _DropsTheFirstLink(asyncssh.SSHServer):
+    """A real asyncssh server's own callback, used as the seam: the first connection's link is dropped
+    (``conn.abort()``) when its client asks to authenticate; every later connection is served normally."""
+
+    def __init__(self, step: str, dropped: list[str]) -> None:
+        self.step, self.dropped = step, dropped
+        self.conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self.conn = conn
+
+    def begin_auth(self, username: str) -> bool:
+        if self.step == "auth" and not self.dropped and self.conn is not None:
+            self.dropped.append("auth")
+            self.conn.abort()
+        return True
+
+
+@pytest.mark.parametrize("step", ["auth", "session"])
+async def test_a_link_lost_during_authentication_or_the_session_open_is_tried_again_and_delivered(
+    tmp_path, step: str
+):
+    # 1 in 1,000 exports of each soak ended "no SFTP session opened (SessionRefused)" after a cut link: paramiko
+    # reports a link lost in these steps like a refusal, but the transport is no longer up.
+    host_key = asyncssh.generate_private_key("ssh-ed25519")
+    client_key = asyncssh.generate_private_key("ssh-ed25519")
+    key_path = tmp_path / "client_key"
+    client_key.write_private_key(key_path, "openssh")
+    key_path.chmod(0o600)
+    root = tmp_path / "root"
+    root.mkdir()
+    dropped: list[str] = []
+
+    def sftp_dropping_the_first_session(chan: asyncssh.SSHServerChannel) -> asyncssh.SFTPServer:
+        # The session step's seam: the SFTP subsystem the client asked for, the first time, loses its link.
+        if step == "session" and not dropped:
+            dropped.append("session")
+            chan.get_extra_info("connection").abort()
+        return asyncssh.SFTPServer(chan, chroot=bytes(root))
+
+    server = await asyncssh.listen(
+        "127.0.0.1",
+        0,
+        server_factory=lambda: _DropsTheFirstLink(step, dropped),
+        server_host_keys=[host_key],
+        authorized_client_keys=asyncssh.import_authorized_keys(
+            client_key.export_public_key("openssh").decode()
+        ),
+        sftp_factory=sftp_dropping_the_first_session,
+    )
+    try:
+        dest = Destination(
+            id=uuid.uuid4(),
+            tenant_id=uuid.uuid4(),
+            name="partner-drops",
+            host="127.0.0.1",
+            port=server.get_port(),
+            username="partner",
+            host_key=host_key.export_public_key("openssh").decode().strip(),
+            credential_ref=str(key_path),
+            remote_dir="/",
+        )
+        data = contact_bytes(1000)
+        file = local_file(tmp_path, data)
+        run = await run_delivery(dest, file)
+    finally:
+        server.close()
+        await server.wait_closed()
+
+    assert dropped == [step]
+    connects = [e for e in run.evidence if e["observation"] == "connect"]
+    assert [(e["result"], e.get("code")) for e in connects] == [("retry", "LinkLost"), ("ok", None)]
+    assert run.report.outcome == DeliveryOutcome.COMPLETED
+    assert (root / file.final_name).read_bytes() == data
