@@ -119,8 +119,12 @@ def deliver(
         hooks=hooks or DeliveryHooks(),
         ack_wait=ack_wait,
     )
+    # Two budgets: connects not answered, and sessions lost before the baseline listing answered. Nothing
+    # is uploaded before the baseline, so each is just a new session; a partner link that flaps twice in a
+    # few seconds (the soak's cuts) spends one of each, not three of one.
+    unanswered = lost = 0
     try:
-        for connect_try in range(1, CONNECT_TRIES + 1):
+        while True:
             try:
                 with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
                     run.connected(opened)
@@ -129,23 +133,25 @@ def deliver(
             except ConnectRefused as exc:
                 # Only connect raises this: no session, nothing sent. A partner that did not answer this
                 # once (a cut link, a restart) is asked again; a key or a login it refused is final.
-                if exc.code not in RETRIED_CONNECT_CODES or connect_try == CONNECT_TRIES:
+                unanswered += 1
+                if exc.code not in RETRIED_CONNECT_CODES or unanswered == CONNECT_TRIES:
                     raise
                 run.evidence.record("connect", result="retry", **error_code(exc))
-                time.sleep(CONNECT_RETRY_SECONDS * connect_try)
+                time.sleep(CONNECT_RETRY_SECONDS * unanswered)
             except _NothingSentYet:
                 # The session was lost before the baseline listing answered: nothing was uploaded, so a new
                 # session is as good as the first, as when the connect itself was not answered.
-                if connect_try == CONNECT_TRIES:
+                lost += 1
+                if lost == CONNECT_TRIES:
                     report = run._end(
                         failed(
                             FailureCode.NOT_DELIVERED,
-                            f"the session was lost at the baseline listing on the last of {CONNECT_TRIES} tries "
-                            "to reach the partner; nothing was uploaded",
+                            f"the session was lost at the baseline listing {CONNECT_TRIES} times; "
+                            "nothing was uploaded",
                         )
                     )
                     break
-                time.sleep(CONNECT_RETRY_SECONDS * connect_try)
+                time.sleep(CONNECT_RETRY_SECONDS * lost)
     except ConnectRefused as exc:
         run.evidence.record("connect", result="refused", **error_code(exc))
         report = failed(FailureCode.NOT_DELIVERED, f"no SFTP session opened ({exc.code}); nothing was sent")

@@ -122,6 +122,40 @@ async def test_a_session_lost_at_the_baseline_listing_is_opened_again_and_delive
     assert sftp_target.files() == {file.final_name: data}
 
 
+async def test_connects_not_answered_and_a_session_lost_at_the_baseline_have_budgets_of_their_own(
+    sftp_target: SftpTarget, tmp_path
+):
+    # The soak's pattern: two partner cuts a few seconds apart. The connects are not answered twice, then the
+    # session that opens is cut at its baseline listing; one more session delivers.
+    data = contact_bytes(1000)
+    file = local_file(tmp_path, data)
+    sftp_target.proxy.close()  # nothing listens at the partner's address now
+    port = sftp_target.proxy.port
+    seen = {"retry": 0, "ok": 0}
+    back: list[TcpProxy] = []
+
+    def flapping_partner(observation: dict[str, Any]) -> None:
+        if observation["observation"] != "connect" or observation.get("result") not in seen:
+            return
+        seen[observation["result"]] += 1
+        if seen["retry"] == CONNECT_TRIES - 1 and not back:
+            back.append(TcpProxy(*sftp_target.proxy.target, port=port))  # back for the last connect
+        if observation["result"] == "ok" and seen["ok"] == 1:
+            back[0].cut_before_next_request()  # and cut again at the first session's baseline listing
+
+    try:
+        run = await run_delivery(sftp_target.destination(), file, on_evidence=flapping_partner)
+    finally:
+        for proxy in back:
+            proxy.close()
+
+    assert run.report.outcome == DeliveryOutcome.COMPLETED, run.report.summary
+    connects = [e["result"] for e in run.evidence if e["observation"] == "connect"]
+    assert connects == ["retry"] * (CONNECT_TRIES - 1) + ["ok", "ok"]
+    assert [e["phase"] for e in run.evidence if e["observation"] == "interrupted"] == ["baseline"]
+    assert sftp_target.files() == {file.final_name: data}
+
+
 async def test_a_baseline_listing_lost_on_every_session_is_not_delivered_and_nothing_is_sent(
     sftp_target: SftpTarget, tmp_path
 ):
@@ -137,8 +171,7 @@ async def test_a_baseline_listing_lost_on_every_session_is_not_delivered_and_not
         FailureCode.NOT_DELIVERED,
     )
     assert run.report.summary == (
-        f"the session was lost at the baseline listing on the last of {CONNECT_TRIES} tries to reach the "
-        "partner; nothing was uploaded"
+        f"the session was lost at the baseline listing {CONNECT_TRIES} times; nothing was uploaded"
     )
     assert run.kinds().count("interrupted") == CONNECT_TRIES and "upload" not in run.kinds()
     assert sftp_target.files() == {}
