@@ -41,6 +41,12 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
     parser.add_argument("--report-json", type=Path, help="write the full report as JSON here")
     parser.add_argument("--run-dir", type=Path, help="directory for logs (default: a new one under /tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the partner's files and the databases")
+    parser.add_argument(
+        "--temporary-files",
+        choices=["keep", "remove"],
+        default="keep",
+        help="the partner's cleanup agreement for temporary files (default keep)",
+    )
     args = parser.parse_args(argv)
     faults = () if args.faults == "none" else tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_KINDS]
@@ -61,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         report_json=args.report_json,
         run_dir=args.run_dir,
         keep=args.keep,
+        temporary_files=args.temporary_files,
     )
 
 

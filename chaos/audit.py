@@ -345,7 +345,16 @@ class Auditor:
         the rows of the list its final terms name."""
         on_disk = {p.name: p for p in self.inp.upload_dir.iterdir() if p.is_file()}
         self.result.counts["partner_files"] = len(on_disk)
-        self.result.counts["partner_temporary_files_left"] = sum(1 for n in on_disk if parse_temp_name(n))
+        left = [parsed for n in on_disk if (parsed := parse_temp_name(n)) is not None]
+        self.result.counts["partner_temporary_files_left"] = len(left)
+        # Left by an attempt whose job is recorded Failed for it: under a 'remove' agreement the worker or
+        # recovery removes these, unless the removal itself met a fault (kept as cleanup evidence).
+        failed_attempts = {
+            str(j["attempt_id"]) for j in self.jobs.values() if j["status"] == "Failed" and j["attempt_id"]
+        }
+        self.result.counts["partner_temporary_files_left_by_failed"] = sum(
+            1 for attempt, _ in left if str(attempt) in failed_attempts
+        )
         last_writer: dict[str, FinalWrite] = {}
         for write in self.writes:
             last_writer[write.name] = write

@@ -41,6 +41,7 @@ class SoakConfig:
     report_json: Path | None = None
     run_dir: Path | None = None  # default: a fresh directory under /tmp, kept (logs), partner files removed
     keep: bool = False  # keep the partner's files and the databases' directories too
+    temporary_files: str = "keep"  # the partner destination's cleanup agreement ('keep' or 'remove')
     # The workers' settings (EXPORTS_*): short, so a lease lost to a fault is recovered within the run.
     lease_seconds: float = 6.0
     renew_every_seconds: float = 2.0

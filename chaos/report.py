@@ -84,7 +84,8 @@ def render(report: dict[str, Any]) -> str:
         for k, v in report["faults_by_kind"].items()))  # fmt: skip
     add(f"recovery takeovers: {c.get('recovery_takeovers', {})}")
     add(f"partner: {c.get('final_name_writes', 0)} final-name writes, {c.get('temporary_files_created', 0)} "
-        f"temporary files created, {c.get('partner_temporary_files_left', 0)} left behind; writes by "
+        f"temporary files created, {c.get('partner_temporary_files_left', 0)} left behind "
+        f"({c.get('partner_temporary_files_left_by_failed', 0)} of Failed attempts); writes by "
         f"{c.get('final_name_writes_by', {})}, {c.get('final_name_writes_unattributed', 0)} not attributable")  # fmt: skip
     add(f"workflow histories checked: {c.get('histories_checked', 0)}; export workflow results: "
         f"{c.get('export_workflow_results', {})}")  # fmt: skip

@@ -224,6 +224,7 @@ class Stack:
                 "remote_dir": str(self.upload_dir),
                 "hash_evidence": "read_back",
                 "max_write_request": 261120,
+                "temporary_files": self.config.temporary_files,
             },
             contacts=0,
         )
