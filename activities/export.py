@@ -73,7 +73,6 @@ from partner.delivery import (
     deliver,
     remove_temporary_files,
 )
-from partner.evidence import error_code
 from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.policy import evaluate_policy
 from runtime.lease import LeaseKeeper
@@ -852,9 +851,10 @@ class ExportActivities:
         self, job: ExportJob, attempt_id: UUID, destination: Destination, finished: FinishResult
     ) -> None:
         """Under the partner's cleanup agreement, remove this attempt's temporary and set-aside files once
-        its export is recorded Failed NotDelivered (no other failure uploads anything): by this write, or by recovery before it (the row says Failed for this
-        attempt). An uncertain write, or a row that says anything else (an OutcomeUnknown keeps its files
-        as evidence), removes nothing. A failed removal is evidence, never a change of outcome."""
+        its export is recorded Failed NotDelivered (no other failure uploads anything): by this write, or
+        by recovery before it (the row says Failed for this attempt). An uncertain write, or a row that says
+        anything else (an OutcomeUnknown keeps its files as evidence), removes nothing. What the removal
+        found, a failure included, is evidence, never a change of outcome."""
         if finished == FinishResult.NOT_OWNER:
             try:
                 now = await self.store.get_job(job.id)
@@ -864,22 +864,16 @@ class ExportActivities:
                 return
         elif finished != FinishResult.WRITTEN:
             return
-        final_name = job.expected_file_name or job.final_name
-        loop = asyncio.get_running_loop()
-        try:
-            records = await loop.run_in_executor(
-                self._delivery_threads,
-                functools.partial(
-                    contextvars.copy_context().run,
-                    remove_temporary_files,
-                    destination,
-                    attempt_id,
-                    final_name,
-                ),
-            )
-        except Exception as exc:  # noqa: BLE001 - the partner could not be asked: the files stay, as agreed before
-            log.info("job %s: temporary files not removed (%s)", job.id, type(exc).__name__)
-            records = [{"observation": "cleanup", "result": "not_asked", **error_code(exc)}]
+        records = await asyncio.get_running_loop().run_in_executor(
+            self._delivery_threads,
+            functools.partial(
+                contextvars.copy_context().run,
+                remove_temporary_files,
+                destination,
+                attempt_id,
+                job.expected_file_name or job.final_name,
+            ),
+        )
         for record in records:
             await self._append(job.id, attempt_id, record)
 

@@ -252,8 +252,9 @@ class RecoveryActivities:
     async def _clean_up(self, job_id: UUID, attempt_id: UUID, run_id: str) -> None:
         """After recovery recorded Failed NotDelivered, and only under the partner's cleanup agreement
         (``temporary_files = 'remove'``): remove the attempt's temporary and set-aside files, and keep what
-        that found as evidence. The outcome is already recorded: nothing here can change it, and an error
-        here is logged, not counted against the takeover."""
+        that found as evidence (``partner.delivery.remove_temporary_files`` never raises). The outcome is
+        already recorded: nothing here can change it, and a database error here is logged, not counted
+        against the takeover."""
         try:
             job = await self.store.get_job(job_id)
             if job is None:
@@ -262,16 +263,7 @@ class RecoveryActivities:
             if destination.temporary_files != "remove":
                 return
             name = job.expected_file_name or job.final_name
-            try:
-                records = await asyncio.wait_for(
-                    asyncio.to_thread(remove_temporary_files, destination, attempt_id, name),
-                    timeout=OBSERVE_TIMEOUT_SECONDS,
-                )
-            except Exception as exc:  # noqa: BLE001 - the files stay, as without the agreement
-                log.info(
-                    "recovery could not remove job %s's temporary files (%s)", job_id, type(exc).__name__
-                )
-                records = [{"observation": "cleanup", "result": "not_asked", "error": type(exc).__name__}]
+            records = await asyncio.to_thread(remove_temporary_files, destination, attempt_id, name)
             for record in records:
                 await self.store.append_delivery_evidence(job_id, attempt_id, run_id, record)
         except (StoreError, OSError, TimeoutError) as exc:

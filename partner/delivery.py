@@ -210,21 +210,25 @@ def remove_temporary_files(
     (``destination.temporary_files == "remove"``) and only once its export is recorded Failed: partial
     contact data the partner would otherwise keep. Nothing of them was published, and removing them can
     publish nothing; the final name is never touched. Returns one ``cleanup`` evidence dict per name
-    (``removed``, ``absent``, or ``refused`` with its status). Raises like :func:`observe_final_name` when
-    the server cannot be asked."""
+    (``removed``, ``absent``, or ``refused`` with its status); never raises: a partner that cannot be asked
+    is one ``not_asked`` dict with the error's type, and the files stay, as without the agreement."""
     evidence = EvidenceLog(attempt_id, destination.id, lambda item: None)
-    with (
-        sftp_span(SftpStep.CLEANUP),
-        session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened,
-    ):
-        for name in (temp_name_for(attempt_id, final_name), set_aside_name_for(attempt_id, final_name)):
-            try:
-                opened.sftp.remove(destination.remote_path(name))
-            except SftpStatusError as exc:
-                result = "absent" if exc.status == SFTP_NO_SUCH_FILE else "refused"
-                evidence.record("cleanup", name=name, result=result, status=exc.status)
-            else:
-                evidence.record("cleanup", name=name, result="removed")
+    try:
+        with (
+            sftp_span(SftpStep.CLEANUP),
+            session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened,
+        ):
+            for name in (temp_name_for(attempt_id, final_name), set_aside_name_for(attempt_id, final_name)):
+                try:
+                    opened.sftp.remove(destination.remote_path(name))
+                except SftpStatusError as exc:
+                    result = "absent" if exc.status == SFTP_NO_SUCH_FILE else "refused"
+                    evidence.record("cleanup", name=name, result=result, status=exc.status)
+                else:
+                    evidence.record("cleanup", name=name, result="removed")
+    except Exception as exc:  # no session, or cut on it: what was done so far is kept, then why it stopped
+        log.info("temporary files of attempt %s not removed (%s)", attempt_id, type(exc).__name__)
+        evidence.record("cleanup", result="not_asked", **error_code(exc))
     return evidence.records
 
 

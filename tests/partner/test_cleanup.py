@@ -8,6 +8,7 @@ import asyncio
 import json
 import uuid
 
+from db.embedded import free_port
 from domain.evidence import set_aside_name_for, temp_name_for
 from partner.delivery import remove_temporary_files
 from testbed.sftp import SftpTarget
@@ -47,3 +48,20 @@ async def test_a_set_aside_file_is_removed_and_a_second_removal_finds_nothing(sf
     assert [r["result"] for r in first] == ["absent", "removed"]
     assert [r["result"] for r in again] == ["absent", "absent"]
     assert sftp_target.files() == {}
+
+
+async def test_a_partner_that_cannot_be_asked_is_one_not_asked_record_and_no_exception(
+    sftp_target: SftpTarget,
+):
+    attempt = uuid.uuid4()
+    final = f"contacts-{uuid.uuid4()}.csv"
+    sftp_target.put(temp_name_for(attempt, final), contact_bytes())
+    unreachable = sftp_target.destination(temporary_files="remove", port=free_port())
+
+    records = await asyncio.to_thread(remove_temporary_files, unreachable, attempt, final)
+
+    assert [(r["observation"], r["result"], r["error"]) for r in records] == [
+        ("cleanup", "not_asked", "ConnectRefused")
+    ]
+    assert records[0]["code"] == "Unreachable"
+    assert temp_name_for(attempt, final) in sftp_target.files()  # the file stays, as without the agreement
