@@ -311,6 +311,43 @@ async def test_killed_while_building_is_requeued_by_recovery_and_delivered_once_
     assert await outbox_unpublished(factory, job.id) == 0
 
 
+async def taken_over_as_not_delivered(
+    factory: Factory, recovery_store: JobStore, job: ExportJob, attempt_id: UUID | None
+) -> list[str]:
+    """Expire the killed attempt's lease and run recovery's takeover: Failed NotDelivered for that attempt,
+    and no terminal write of its own. Returns the job's event kinds."""
+    await factory.expire_lease(job.id)
+    assert await recover(recovery_store, job.id) == Takeover.NOT_DELIVERED
+    ended = await factory.job(job.id)
+    assert (ended.status, ended.failure_reason, ended.attempt_id) == (
+        JobStatus.FAILED,
+        FailureCode.NOT_DELIVERED,
+        attempt_id,
+    )
+    kinds = await factory.event_kinds(job.id)
+    assert "Finished" not in kinds
+    return kinds
+
+
+async def a_second_wake_up_settles(
+    ts_env: WorkflowEnvironment,
+    database: Any,
+    factory: Factory,
+    job: ExportJob,
+    task_queue: str,
+    work_dir: Path,
+    attempt_id: UUID | None,
+) -> None:
+    """Nothing can start a second upload: a healthy worker drains the outbox, one more wake-up settles, and
+    the row still says Failed for the one attempt."""
+    async with healthy_worker(ts_env.client, database.app_url, task_queue, work_dir):
+        again = await wake_up_again(ts_env.client, job.id, task_queue)
+    assert again.outcome == AttemptOutcome.SETTLED
+    after = await factory.job(job.id)
+    assert (after.status, after.attempt_count, after.attempt_id) == (JobStatus.FAILED, 1, attempt_id)
+    assert await factory.outbox_count(job.id) == 1 and await outbox_unpublished(factory, job.id) == 0
+
+
 async def test_killed_after_cutoff_2_before_the_upload_ends_not_delivered_and_is_never_uploaded(
     ts_env, database, factory, worker_store, partner, task_queue, tmp_path, recovery_store
 ):
@@ -328,32 +365,15 @@ async def test_killed_after_cutoff_2_before_the_upload_ends_not_delivered_and_is
         assert authorized.status == JobStatus.DELIVERING
         await killed.kill()
 
-    await factory.expire_lease(job.id)
     # Issue 10: killed before its upload fence, the attempt sent nothing; recovery proves it.
-    assert await recover(recovery_store, job.id) == Takeover.NOT_DELIVERED
-
-    ended = await factory.job(job.id)
-    assert (ended.status, ended.failure_reason, ended.attempt_id) == (
-        JobStatus.FAILED,
-        FailureCode.NOT_DELIVERED,
-        authorized.attempt_id,
-    )
-    kinds = await factory.event_kinds(job.id)
+    kinds = await taken_over_as_not_delivered(factory, recovery_store, job, authorized.attempt_id)
     assert kinds[:2] == ["Claimed", "DeliveryAuthorized"] and kinds[-1] == "ResolvedByRecovery"
-    assert "Finished" not in kinds and "UploadFenced" not in kinds
+    assert "UploadFenced" not in kinds
     assert partner.files() == {}  # no final name, and not even a temporary file
 
-    # Nothing can start a second upload: a healthy worker drains the outbox, and one more wake-up settles.
-    async with healthy_worker(ts_env.client, database.app_url, task_queue, tmp_path / "healthy"):
-        again = await wake_up_again(ts_env.client, job.id, task_queue)
-    assert again.outcome == AttemptOutcome.SETTLED
-    after = await factory.job(job.id)
-    assert (after.status, after.attempt_count, after.attempt_id) == (
-        JobStatus.FAILED,
-        1,
-        authorized.attempt_id,
+    await a_second_wake_up_settles(
+        ts_env, database, factory, job, task_queue, tmp_path / "healthy", authorized.attempt_id
     )
-    assert await factory.outbox_count(job.id) == 1 and await outbox_unpublished(factory, job.id) == 0
     assert partner.files() == {}
 
 
@@ -383,28 +403,16 @@ async def test_killed_mid_upload_ends_not_delivered_with_the_attempts_temp_file_
     assert set(left) == {temp_name}  # attributable to the attempt: its name carries the attempt ID
     assert str(uploading.attempt_id) in temp_name and left[temp_name] < uploading.expected_file_bytes
 
-    await factory.expire_lease(job.id)
     # Issue 10: killed before its rename fence, the attempt never wrote the final name; recovery proves it.
-    assert await recover(recovery_store, job.id) == Takeover.NOT_DELIVERED
+    kinds = await taken_over_as_not_delivered(factory, recovery_store, job, uploading.attempt_id)
     files = tmp_path / "killed" / "files"
     assert await scavenge_export_files(files, worker_store.live_attempts) == [uploading.attempt_id]
-
-    ended = await factory.job(job.id)
-    assert (ended.status, ended.failure_reason, ended.attempt_id) == (
-        JobStatus.FAILED,
-        FailureCode.NOT_DELIVERED,
-        uploading.attempt_id,
-    )
-    kinds = await factory.event_kinds(job.id)
-    assert kinds[-1] == "ResolvedByRecovery" and "Finished" not in kinds
+    assert kinds[-1] == "ResolvedByRecovery"
     assert "UploadFenced" in kinds and "RenameFenced" not in kinds
 
-    async with healthy_worker(ts_env.client, database.app_url, task_queue, tmp_path / "healthy"):
-        again = await wake_up_again(ts_env.client, job.id, task_queue)
-    assert again.outcome == AttemptOutcome.SETTLED
-    after = await factory.job(job.id)
-    assert (after.status, after.attempt_count) == (JobStatus.FAILED, 1)
-    assert await factory.outbox_count(job.id) == 1 and await outbox_unpublished(factory, job.id) == 0
+    await a_second_wake_up_settles(
+        ts_env, database, factory, job, task_queue, tmp_path / "healthy", uploading.attempt_id
+    )
     assert partner.files() == left  # nothing new, nothing grown: no second upload
 
 
@@ -432,25 +440,16 @@ async def test_killed_after_the_rename_fence_is_set_aside_by_recovery_and_never_
         await killed.kill()
     assert partner.files() == {temp_name: fenced.expected_file_bytes}  # the whole file, never renamed
 
-    await factory.expire_lease(job.id)
-    assert await recover(recovery_store, job.id) == Takeover.NOT_DELIVERED
-
-    ended = await factory.job(job.id)
-    assert (ended.status, ended.failure_reason, ended.attempt_id) == (
-        JobStatus.FAILED,
-        FailureCode.NOT_DELIVERED,
-        fenced.attempt_id,
-    )
-    kinds = await factory.event_kinds(job.id)
+    kinds = await taken_over_as_not_delivered(factory, recovery_store, job, fenced.attempt_id)
     transitions = [k for k in kinds if k != "DeliveryEvidence"]  # evidence: recovery's listing, move, cleanup
-    assert transitions[-1] == "ResolvedByRecovery" and "Finished" not in kinds and "RenameFenced" in kinds
+    assert transitions[-1] == "ResolvedByRecovery" and "RenameFenced" in kinds
     aside = set_aside_name_for(fenced.attempt_id, fenced.final_name)
     expected = {} if temporary_files == "remove" else {aside: fenced.expected_file_bytes}
     assert partner.files() == expected  # the final name was never written
 
-    async with healthy_worker(ts_env.client, database.app_url, task_queue, tmp_path / "healthy"):
-        again = await wake_up_again(ts_env.client, job.id, task_queue)
-    assert again.outcome == AttemptOutcome.SETTLED
+    await a_second_wake_up_settles(
+        ts_env, database, factory, job, task_queue, tmp_path / "healthy", fenced.attempt_id
+    )
     assert partner.files() == expected  # no second upload
 
 

@@ -13,10 +13,9 @@ import pytest
 from domain.evidence import temp_name_for
 from domain.models import EventKind, FailureCode, JobStatus
 from testbed.sftp import TcpProxy
-from tests.workflows.harness import Harness, recover
+from tests.workflows.harness import Harness
+from tests.workflows.test_leases import taken_over_mid_upload
 from workflows.models import AttemptOutcome
-
-LEASE, RENEW = 2.0, 0.3
 
 
 async def worker_cleanup(harness: Harness, job_id: uuid.UUID) -> list[tuple[str, str]]:
@@ -72,18 +71,8 @@ async def test_a_paused_worker_taken_over_mid_upload_leaves_nothing_at_the_partn
     # Recovery proves NotDelivered (no rename fence) while the paused worker is still uploading, and removes
     # the temporary file; the worker's upload goes on into the removed file, its rename is never sent, and
     # once it sees the row recorded Failed for its attempt it removes whatever it left itself.
-    harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True
     job = await harness.queue_export(contacts=3000, temporary_files="remove")
-    takeovers: list[str] = []
-
-    async def taken_over_mid_upload(job_id: uuid.UUID, sent: int) -> None:
-        if not takeovers:
-            await harness.factory.expire_lease(job.id)
-            takeovers.append(await recover(harness, job))
-
-    harness.host.activities.during_upload = taken_over_mid_upload
-    result = await harness.run(job)
+    takeovers, result = await taken_over_mid_upload(harness, job)
 
     assert takeovers == ["NotDelivered"]
     assert result.outcome == AttemptOutcome.NOT_OWNER

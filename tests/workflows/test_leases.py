@@ -9,6 +9,7 @@ import contextlib
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -99,24 +100,30 @@ async def test_a_long_upload_that_outlasts_the_initial_lease_finishes_completed(
     await assert_delivered_once(harness, job)
 
 
+async def taken_over_mid_upload(harness: Harness, job: ExportJob) -> tuple[list[str], Any]:
+    """Run ``job`` on a paused worker (its lease can expire) that recovery takes over after the first bytes
+    of its upload; returns (the takeovers, the run's result)."""
+    harness.host.set_timings(LEASE, RENEW)
+    harness.host.activities.lease_timer_disabled = True
+    takeovers: list[str] = []
+
+    async def taken_over(job_id: uuid.UUID, sent: int) -> None:
+        if not takeovers:
+            await harness.factory.expire_lease(job.id)
+            takeovers.append(await recover(harness, job))
+
+    harness.host.activities.during_upload = taken_over
+    return takeovers, await harness.run(job)
+
+
 async def test_a_takeover_during_the_upload_refuses_the_rename_and_nothing_is_published(
     harness: Harness,
 ) -> None:
     # Issue 10: the rename fence. Taken over before it, the attempt never wrote the final name, so
     # recovery proves NotDelivered and refuses the late fence; the upload finishes into its temporary name
     # and the rename is never sent.
-    harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True  # the worker is paused: its lease can expire
     job = await harness.queue_export(contacts=3000)
-    takeovers: list[str] = []
-
-    async def taken_over_mid_upload(job_id: uuid.UUID, sent: int) -> None:
-        if not takeovers:
-            await harness.factory.expire_lease(job.id)
-            takeovers.append(await recover(harness, job))
-
-    harness.host.activities.during_upload = taken_over_mid_upload
-    result = await harness.run(job)
+    takeovers, result = await taken_over_mid_upload(harness, job)
 
     assert takeovers == ["NotDelivered"]
     assert result.outcome == AttemptOutcome.NOT_OWNER  # its terminal write matched nothing
