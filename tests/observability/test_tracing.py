@@ -17,10 +17,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.converter import PayloadConverter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -28,10 +30,24 @@ from observability import logs, tracing
 from observability.health import instrument_fastapi
 from observability.metrics import ExportMetrics, get_metrics, set_metrics
 from observability.statements import observe_statement
-from observability.temporal import LogContextInterceptor, temporal_interceptors
+from observability.temporal import (
+    _TRACE_CONTEXT,
+    LogContextInterceptor,
+    _carrier,
+    _with_context,
+    temporal_interceptors,
+)
 from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
-from tests.observability.traced_workflow import StepInput, TracedWorkflow, traced_step
+from tests.observability.traced_workflow import (
+    ChildWorkflow,
+    FailingWorkflow,
+    ParentWorkflow,
+    StepInput,
+    TracedWorkflow,
+    failing_step,
+    traced_step,
+)
 
 
 @pytest.fixture
@@ -286,6 +302,134 @@ async def test_one_trace_from_the_api_through_the_outbox_and_temporal_into_the_a
     assert step["trace_id"] == format(trace_id, "032x")
     transition = next(line for line in lines if line.get("statement") == "claim_if_queued")
     assert transition["result"] == "written" and transition["job_id"] == job_id
+
+
+class EndedOn(SpanProcessor):
+    """Which thread each span ended on, by name."""
+
+    def __init__(self) -> None:
+        self.threads: dict[str, threading.Thread] = {}
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.threads[span.name] = threading.current_thread()
+
+
+@pytest.fixture
+def ended_on(spans) -> EndedOn:
+    recorder = EndedOn()
+    provider = tracing.provider()
+    assert provider is not None
+    provider.add_span_processor(recorder)
+    return recorder
+
+
+async def run_traced(temporal, workflows, activities, body):
+    """``body(client, queue)`` with a worker of ``workflows`` and ``activities`` whose client traces."""
+    client = Client(**{**temporal.client.config(), "interceptors": temporal_interceptors()})
+    queue = f"traced-{uuid.uuid4()}"
+    async with Worker(client, task_queue=queue, workflows=workflows, activities=activities):
+        return await body(client, queue)
+
+
+async def test_workflow_spans_are_made_on_the_workers_loop_not_inside_the_activation(
+    spans, ended_on, temporal
+):
+    """Inside an activation the sandbox wraps every isinstance of the OpenTelemetry SDK: RunWorkflow and
+    CompleteWorkflow are recorded on the worker's loop (here the test's, on the main thread), with the
+    workflow's timestamps, while a span whose context goes on a call is made in place (below)."""
+
+    async def body(client, queue):
+        with tracing.tracer().start_as_current_span("POST /exports"):
+            handle = await client.start_workflow(
+                TracedWorkflow.run,
+                StepInput(job_id=str(uuid.uuid4()), attempt_id=str(uuid.uuid4())),
+                id=f"export-{uuid.uuid4()}",
+                task_queue=queue,
+            )
+        return await handle.result()
+
+    assert await run_traced(temporal, [TracedWorkflow], [traced_step], body) == 1234
+    found = by_name(spans)
+    for name in ("RunWorkflow:TracedWorkflow", "CompleteWorkflow:TracedWorkflow"):
+        assert ended_on.threads[name] is threading.main_thread(), name
+        assert found[name].start_time == found[name].end_time  # the workflow's time, zero length
+    assert found["RunWorkflow:TracedWorkflow"].start_time >= found["StartWorkflow:TracedWorkflow"].start_time
+
+
+async def test_a_signal_and_a_child_workflow_keep_the_sdks_spans_and_parents(spans, ended_on, temporal):
+    inp = StepInput(job_id=str(uuid.uuid4()), attempt_id=str(uuid.uuid4()))
+
+    async def body(client, queue):
+        with tracing.tracer().start_as_current_span("POST /exports"):
+            handle = await client.start_workflow(
+                ParentWorkflow.run, inp, id=f"export-{uuid.uuid4()}", task_queue=queue
+            )
+        with tracing.tracer().start_as_current_span("operator"):
+            await handle.signal(ParentWorkflow.go)
+        return await handle.result()
+
+    assert await run_traced(temporal, [ParentWorkflow, ChildWorkflow], [traced_step], body) == 1234
+    found = by_name(spans)
+    parents = {
+        "StartWorkflow:ParentWorkflow": "POST /exports",
+        "RunWorkflow:ParentWorkflow": "StartWorkflow:ParentWorkflow",
+        "HandleSignal:go": "StartWorkflow:ParentWorkflow",
+        "StartChildWorkflow:ChildWorkflow": "StartWorkflow:ParentWorkflow",
+        "RunWorkflow:ChildWorkflow": "StartChildWorkflow:ChildWorkflow",
+        "RunActivity:traced_step": "StartChildWorkflow:ChildWorkflow",
+        "claim_if_queued": "RunActivity:traced_step",
+    }
+    for child, parent in parents.items():
+        assert found[child].parent.span_id == found[parent].context.span_id, (child, parent)
+    (link,) = found["HandleSignal:go"].links
+    assert link.context.span_id == found["SignalWorkflow:go"].context.span_id
+    assert ended_on.threads["HandleSignal:go"] is threading.main_thread()
+    # The child's start carries this span's context: made in place, inside the parent's activation.
+    assert ended_on.threads["StartChildWorkflow:ChildWorkflow"] is not threading.main_thread()
+    # One trace, but for the operator's signal, which has its own and is linked.
+    signal = {"operator", "SignalWorkflow:go"}
+    assert len({s.context.trace_id for s in spans.get_finished_spans() if s.name not in signal}) == 1
+
+
+@pytest.mark.parametrize("benign", [False, True])
+async def test_a_failed_activity_and_workflow_are_recorded_by_type_never_by_message(spans, temporal, benign):
+    async def body(client, queue):
+        with tracing.tracer().start_as_current_span("POST /exports"):
+            handle = await client.start_workflow(
+                FailingWorkflow.run, benign, id=f"export-{uuid.uuid4()}", task_queue=queue
+            )
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+
+    await run_traced(temporal, [FailingWorkflow], [failing_step], body)
+    found = by_name(spans)
+    activity_span, completed = found["RunActivity:failing_step"], found["CompleteWorkflow:FailingWorkflow"]
+    if benign:
+        assert activity_span.status.status_code == StatusCode.UNSET
+    else:
+        assert activity_span.status.status_code == StatusCode.ERROR
+        assert activity_span.status.description == "ApplicationError"
+        assert activity_span.attributes["error.type"] == "ApplicationError"
+    assert completed.status.status_code == StatusCode.ERROR  # the workflow failed: ActivityError
+    assert completed.attributes["error.type"] == "ActivityError"
+    everything = json.dumps(
+        [
+            [dict(s.attributes), s.status.description, [(e.name, dict(e.attributes)) for e in s.events]]
+            for s in spans.get_finished_spans()
+        ],
+        default=str,
+    )
+    assert "alice" not in everything
+
+
+def test_the_trace_header_is_encoded_as_the_sdks_default_converter_does():
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    ours = _with_context({}, "_tracer-data", _TRACE_CONTEXT, _TRACE_CONTEXT.extract(carrier))["_tracer-data"]
+    assert ours == PayloadConverter.default.to_payloads([carrier])[0]
+    assert _carrier(ours, PayloadConverter.default) == carrier
+    # Another encoding goes through the SDK's converter; an empty or absent payload is no context.
+    assert _carrier(PayloadConverter.default.to_payloads([None])[0], PayloadConverter.default) is None
+    assert _carrier(None, PayloadConverter.default) is None
 
 
 async def test_reads_get_a_span_only_when_asked_and_writes_always(spans, factory):

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 from temporalio import activity, workflow
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 with workflow.unsafe.imports_passed_through():
     import logging
@@ -36,3 +37,42 @@ class TracedWorkflow:
     @workflow.run
     async def run(self, inp: StepInput) -> int:
         return await workflow.execute_activity(traced_step, inp, start_to_close_timeout=timedelta(seconds=10))
+
+
+@activity.defn
+async def failing_step(benign: bool) -> None:
+    category = ApplicationErrorCategory.BENIGN if benign else ApplicationErrorCategory.UNSPECIFIED
+    raise ApplicationError("the row of alice@example.com", non_retryable=True, category=category)
+
+
+@workflow.defn
+class FailingWorkflow:
+    @workflow.run
+    async def run(self, benign: bool) -> None:
+        await workflow.execute_activity(failing_step, benign, start_to_close_timeout=timedelta(seconds=10))
+
+
+@workflow.defn
+class ChildWorkflow:
+    @workflow.run
+    async def run(self, inp: StepInput) -> int:
+        return await workflow.execute_activity(traced_step, inp, start_to_close_timeout=timedelta(seconds=10))
+
+
+@workflow.defn
+class ParentWorkflow:
+    """Waits for a ``go`` signal, then runs ``ChildWorkflow``: a handler's span and a child's start."""
+
+    def __init__(self) -> None:
+        self._go = False
+
+    @workflow.signal
+    def go(self) -> None:
+        self._go = True
+
+    @workflow.run
+    async def run(self, inp: StepInput) -> int:
+        await workflow.wait_condition(lambda: self._go)
+        return await workflow.execute_child_workflow(
+            ChildWorkflow.run, inp, id=f"{workflow.info().workflow_id}-child"
+        )
