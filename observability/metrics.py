@@ -191,6 +191,7 @@ class ExportMetrics:
             registry=r,
         )
         self._statement_children: dict[str, Any] = {}
+        self._transition_children: dict[tuple[Any, ...], Any] = {}
         self.statement_duration = Histogram(
             f"{PREFIX}_statement_duration_seconds",
             "Latency of one protocol statement (one round trip), by statement name.",
@@ -316,8 +317,13 @@ class ExportMetrics:
         transaction's cancel_and_record when it changed the job), after the lost-response re-read has
         decided; ``transition_result()`` maps the store's answer.
         """
-        labels = (Statement(statement).value, TransitionResult(result).value, *self._tenant(tenant_id))
-        self.transitions.labels(*labels).inc()
+        tenant = self._tenant(tenant_id)
+        key = (statement, result, *tenant)
+        child = self._transition_children.get(key)
+        if child is None:  # checked and looked up once per statement and result (and tenant, if labelled)
+            labels = (Statement(statement).value, TransitionResult(result).value, *tenant)
+            child = self._transition_children[key] = self.transitions.labels(*labels)
+        child.inc()
 
     def observe_statement_duration(self, statement: str, seconds: float) -> None:
         """Record one statement round trip; called by ``JobStore._all`` for every named statement."""

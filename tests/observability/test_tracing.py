@@ -4,6 +4,7 @@ IDs, sizes and codes only."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -19,9 +20,10 @@ from fastapi import FastAPI
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.opentelemetry._interceptor import _CompletedWorkflowSpanParams
 from temporalio.converter import PayloadConverter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -420,6 +422,29 @@ async def test_a_failed_activity_and_workflow_are_recorded_by_type_never_by_mess
         default=str,
     )
     assert "alice" not in everything
+
+
+def test_a_workflow_span_deferred_to_a_closed_loop_is_made_at_once(spans):
+    """A worker whose loop has closed (the process is ending) still gets its workflow spans, in place."""
+    interceptor = temporal_interceptors()[0]
+    with tracing.tracer().start_as_current_span("StartWorkflow:W") as start:
+        carrier: dict[str, str] = {}
+        _TRACE_CONTEXT.inject(carrier)
+    params = _CompletedWorkflowSpanParams(
+        context=carrier,
+        name="CompleteWorkflow:W",
+        attributes={"temporalWorkflowID": "w"},
+        time_ns=time.time_ns(),
+        link_context=None,
+        exception=None,
+        kind=SpanKind.INTERNAL,
+        parent_missing=False,
+    )
+    loop = asyncio.new_event_loop()
+    loop.close()
+    interceptor._deferred_workflow_span(loop, params)
+    span = by_name(spans)["CompleteWorkflow:W"]
+    assert span.parent.span_id == start.get_span_context().span_id
 
 
 def test_the_trace_header_is_encoded_as_the_sdks_default_converter_does():
