@@ -5,6 +5,9 @@
    partner, the terminal write) with metrics and tracing on (spans to an in-process exporter) against the
    same run with both off (JSON log lines at INFO on both sides), rounds in on/off pairs, wall time and
    this process's CPU time per batch; the median of the pairs' ratios is printed (target at most 1.03x).
+   One stack serves both sides and is switched between rounds (``switched``, ``SwitchedTracing``,
+   ``switched_app``: the production interceptor and the instrumented app, or past them): two stacks
+   built alike differed by 2-3 % either way with everything off, as much as the target.
    What tracing and metrics add is a fixed cost per export (its spans, statements and transitions; no
    row is instrumented), so the ratio depends on the export's size. The default run measures two: 40
    exports of 200 contacts a batch, where that fixed cost weighs most, and 8 of 48,112 contacts, the
@@ -57,8 +60,16 @@ import psycopg
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from temporalio import client
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 
 from api.app import create_app
 from api.server import BackgroundServer
@@ -299,15 +310,71 @@ def thread_cpu() -> collections.Counter[str]:
     return out
 
 
+# What is on in this round (``switched``). One stack serves both sides, switched between rounds, so nothing
+# but the instrumentation differs between them: two stacks built alike differed by 2-3 % either way with
+# everything off (``--on ""``), as much as the target.
+ON: dict[str, bool] = dict.fromkeys(ALL_PARTS, False)
+
+
+class SwitchedTracing(client.Interceptor, Interceptor):
+    """The production tracing interceptor (``temporal_interceptors()``) in "on" rounds, nothing otherwise:
+    the dispatcher's workflow starts and each activity call go through it or past it; a workflow gets its
+    tracing side when it starts in an "on" round (a batch's workflows start and end in their round)."""
+
+    def __init__(self, tracing_interceptor: Any) -> None:
+        self.tracing = tracing_interceptor
+
+    def intercept_client(self, next: client.OutboundInterceptor) -> client.OutboundInterceptor:
+        return _SwitchedClient(next, self.tracing.intercept_client(next))
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _SwitchedActivity(next, self.tracing.intercept_activity(next))
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> Any:
+        traced = self.tracing.workflow_interceptor_class(input)  # registers its extern functions
+
+        def interceptor(next: WorkflowInboundInterceptor) -> WorkflowInboundInterceptor:
+            return traced(next) if ON["temporal"] else next
+
+        return interceptor
+
+
+class _SwitchedClient(client.OutboundInterceptor):
+    def __init__(self, plain: client.OutboundInterceptor, traced: client.OutboundInterceptor) -> None:
+        super().__init__(plain)
+        self._traced = traced
+
+    async def start_workflow(self, input: client.StartWorkflowInput) -> client.WorkflowHandle[Any, Any]:
+        return await (self._traced if ON["temporal"] else self.next).start_workflow(input)
+
+
+class _SwitchedActivity(ActivityInboundInterceptor):
+    def __init__(self, plain: ActivityInboundInterceptor, traced: ActivityInboundInterceptor) -> None:
+        super().__init__(plain)
+        self._traced = traced
+
+    def init(self, outbound: Any) -> None:
+        self._traced.init(outbound)  # the traced one's next is the plain one: initialized once
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        return await (self._traced if ON["temporal"] else self.next).execute_activity(input)
+
+
+def switched_app(instrumented: Any, plain: Any) -> Any:
+    """The API: the instrumented app in "on" rounds, the same app built without it otherwise (one server,
+    one pool; both over the same ``Exports``)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await (instrumented if ON["fastapi"] else plain)(scope, receive, send)
+
+    return app
+
+
 class Stack:
-    """One real stack: a database, ``run_worker`` (its own task queue and client), the API on a port.
+    """The real stack: a database, ``run_worker`` (its client carries ``SwitchedTracing``), the API on a
+    port (``switched_app``), the dev server and the SFTP partner. Rounds switch it on and off."""
 
-    The "on" stack's client carries the tracing interceptor and its app is instrumented; the "off" stack's
-    are built with tracing off. Both share the dev server and the SFTP partner; only one works at a time.
-    """
-
-    def __init__(self, variant: str, database: TestDatabase, provider: Any) -> None:
-        self.variant = variant
+    def __init__(self, database: TestDatabase, provider: Any) -> None:
         self.provider = provider
         self.database = database
         self.stop = asyncio.Event()
@@ -316,42 +383,36 @@ class Stack:
         self.destination_id: uuid.UUID | None = None
         self.list_name = ""
         self.metrics_url: str | None = None
-        self.exports_run = 0
-        self.threads: collections.Counter[str] = collections.Counter()  # CPU seconds by thread kind
+        self.exports_run: collections.Counter[str] = collections.Counter()  # by side
+        self.threads: dict[str, collections.Counter[str]] = {  # CPU seconds by side and thread kind
+            "on": collections.Counter(),
+            "off": collections.Counter(),
+        }
 
-    async def start(
-        self, env: Any, sftp: LocalSftpServer, work_root: Path, contacts: int, run_id: str
-    ) -> None:
-        seeded = await seed_tenant(
-            self.database.admin_url,
-            tenant_name=f"bench-{self.variant}",
-            destination_name="partner",
-            destination=sftp.destination_fields(remote_dir="/"),
-            contacts=contacts,
-        )
+    async def start(self, env: Any, seeded: Any, work_root: Path, run_id: str) -> None:
+        """``seeded``: the tenant, destination and list already in the database."""
         self.destination_id, self.list_name = seeded.destination_id, seeded.list_name
         token = await mint_token(
             self.database.admin_url, tenant_id=seeded.tenant_id, principal="bench", role="operator"
         )
-        on = self.variant == "on"
-        metrics_port = free_port() if on else 0
+        metrics_port = free_port()
         settings = Settings(
             database_url=self.database.app_url,
-            task_queue=f"obs-{run_id}-{self.variant}",
-            worker_id=f"bench-{self.variant}",
-            work_dir=work_root / self.variant,
+            task_queue=f"obs-{run_id}",
+            worker_id="bench",
+            work_dir=work_root / "worker",
             metrics_port=metrics_port,
             temporal_metrics_port=0,
-            metrics_db_gauges=on,
+            metrics_db_gauges=True,
             dispatcher_poll_seconds=1.0,
         )
-        self.metrics_url = f"http://127.0.0.1:{metrics_port}" if on else None
-        with tracing_for(on and "temporal" in PARTS, self.provider):
-            interceptors = temporal_interceptors()  # the tracing interceptor when tracing is on
-        client = Client(**{**env.client.config(), "interceptors": interceptors})
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}"
+        with tracing_for(True, self.provider):
+            (traced,) = temporal_interceptors()  # what production passes to Client.connect
+        client_ = Client(**{**env.client.config(), "interceptors": [SwitchedTracing(traced)]})
         ready = asyncio.Event()
         worker = asyncio.create_task(
-            run_worker(settings, stop=self.stop, client=client, ready=ready, schedules=False)
+            run_worker(settings, stop=self.stop, client=client_, ready=ready, schedules=False)
         )
 
         async def stop_worker() -> None:
@@ -363,17 +424,19 @@ class Stack:
         stack = contextlib.AsyncExitStack()
         self.closers.append(stack.aclose)
         exports = await stack.enter_async_context(open_exports(settings, signaller=NoSignaller()))
-        with tracing_for(on and "fastapi" in PARTS, self.provider):
-            app = create_app(settings, exports=exports)  # instrumented when tracing is on
-        server = BackgroundServer(app)
+        with tracing_for(True, self.provider):
+            instrumented = create_app(settings, exports=exports)
+        with tracing_for(False, self.provider):
+            plain = create_app(settings, exports=exports)
+        server = BackgroundServer(switched_app(instrumented, plain))
         url = await server.start()
         stack.push_async_callback(server.stop)
         self.http = httpx.AsyncClient(
             base_url=url,
             headers={"Authorization": f"Bearer {token}"},
             timeout=30,
-            # Below uvicorn's 5 s keep-alive: a connection idle through the other stack's round is not
-            # reused just as the server closes it.
+            # Below uvicorn's 5 s keep-alive: a connection idle through a gap is not reused just as the
+            # server closes it.
             limits=httpx.Limits(keepalive_expiry=1.0),
         )
         stack.push_async_callback(self.http.aclose)
@@ -392,7 +455,7 @@ class Stack:
         answer.raise_for_status()
         return uuid.UUID(answer.json()["export"]["id"])
 
-    async def batch(self, n: int) -> tuple[float, float]:
+    async def batch(self, n: int, side: str) -> tuple[float, float]:
         """``n`` exports created at once through the API; wall and CPU seconds until all are Completed.
 
         A full collection first, outside the timing: a generation-2 collection landing in one batch and not
@@ -412,12 +475,12 @@ class Stack:
                 if sum(v for k, v in statuses.items() if k in SETTLED) == n:
                     break
                 if time.monotonic() > deadline:
-                    raise SystemExit(f"{self.variant}: the batch did not settle: {statuses}")
+                    raise SystemExit(f"{side}: the batch did not settle: {statuses}")
                 await asyncio.sleep(0.05)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         if n >= MEASURED_BATCH:
-            self.threads.update(thread_cpu() - threads)
-        self.exports_run += n
+            self.threads[side].update(thread_cpu() - threads)
+        self.exports_run[side] += n
         if statuses != {"Completed": n}:
             async with await psycopg.AsyncConnection.connect(self.database.admin_url) as conn:
                 cur = await conn.execute(
@@ -428,7 +491,7 @@ class Stack:
                 )
                 for row in await cur.fetchall():
                     print(row, file=sys.stderr)
-            raise SystemExit(f"{self.variant}: the batch ended {statuses}")
+            raise SystemExit(f"{side}: the batch ended {statuses}")
         return wall, cpu
 
 
@@ -455,11 +518,13 @@ def switched(on: bool, provider: Any, metrics: ExportMetrics) -> Iterator[None]:
     ``--on`` option) narrows what "on" means, to find what costs."""
     tracing.use_provider(provider if on and "spans" in PARTS else None)
     set_metrics(metrics if on and "metrics" in PARTS else NoMetrics())
+    ON.update({part: on and part in PARTS for part in ALL_PARTS})
     try:
         yield
     finally:
         tracing.use_provider(None)
         set_metrics(metrics)
+        ON.update(dict.fromkeys(ALL_PARTS, False))
 
 
 async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]:
@@ -477,7 +542,8 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     cpus: dict[str, list[float]] = {"on": [], "off": []}
     span_counts: list[int] = []
     span_names: collections.Counter[str] = collections.Counter()
-    stacks: dict[str, Stack] = {}
+    spilled: collections.Counter[str] = collections.Counter()
+    stack: Stack | None = None
     with postgres_server() as server_url:
         template = make_template(server_url)
         env = await start_dev_server(
@@ -486,32 +552,40 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
         sftp = LocalSftpServer(work_root / "partner")
         await sftp.start()
         try:
-            for variant in ("on", "off"):
-                with switched(variant == "on", provider, metrics):
-                    stacks[variant] = Stack(variant, clone_database(server_url, template), provider)
-                    await stacks[variant].start(env, sftp, work_root, contacts, run_id)
+            seeded_db = clone_database(server_url, template)
+            seeded = await seed_tenant(
+                seeded_db.admin_url,
+                tenant_name="bench",
+                destination_name="partner",
+                destination=sftp.destination_fields(remote_dir="/"),
+                contacts=contacts,
+            )
+            stack = Stack(seeded_db, provider)
+            await stack.start(env, seeded, work_root, run_id)
             for variant in ("on", "off"):  # warm both (workflow caches, pools, SSH, the JIT of everything)
                 with switched(variant == "on", provider, metrics):
-                    await stacks[variant].batch(4)
+                    await stack.batch(4, variant)
             for r in range(rounds):
                 for variant in ("on", "off") if r % 2 == 0 else ("off", "on"):
                     spans.clear()
                     with switched(variant == "on", provider, metrics):
-                        wall, cpu = await stacks[variant].batch(exports)
+                        wall, cpu = await stack.batch(exports, variant)
                     walls[variant].append(wall)
                     cpus[variant].append(cpu)
+                    provider.force_flush()
+                    finished = spans.get_finished_spans()
                     if variant == "on":
-                        provider.force_flush()
-                        finished = spans.get_finished_spans()
                         span_counts.append(len(finished))
                         span_names = collections.Counter(span.name for span in finished)
+                    else:  # the last workflow completions of an "on" round that ended just before
+                        spilled.update(span.name for span in finished)
             scraped = ""
-            url = stacks["on"].metrics_url
+            url = stack.metrics_url
             if url is not None:
                 async with httpx.AsyncClient(timeout=10) as http:
                     scraped = (await http.get(f"{url}/metrics")).text
         finally:
-            for stack in stacks.values():
+            if stack is not None:
                 await stack.close()
             await sftp.stop()
             await env.shutdown()
@@ -531,7 +605,7 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     # What the instrumentation itself costs per export, from its measured unit costs: a steadier figure than
     # wall clocks on a shared machine.
     per_export = (
-        spans_per_export * costs["span"] + transitions_per_export(scraped, stacks) * costs["transition"]
+        spans_per_export * costs["span"] + transitions_per_export(scraped, stack) * costs["transition"]
     )
     estimate = 1 + per_export / (cpu_off / exports)
     result = {
@@ -567,11 +641,18 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     )
     measured = exports * rounds
     print("CPU per export by thread (ms, on / off / difference):")
-    kinds = stacks["on"].threads + stacks["off"].threads
+    assert stack is not None
+    kinds = stack.threads["on"] + stack.threads["off"]
     for kind, _ in kinds.most_common():
-        a, b = stacks["on"].threads[kind] / measured * 1e3, stacks["off"].threads[kind] / measured * 1e3
+        a, b = stack.threads["on"][kind] / measured * 1e3, stack.threads["off"][kind] / measured * 1e3
         if max(a, b) >= 0.05:
             print(f"  {kind:24s} {a:7.2f} {b:7.2f} {a - b:+7.2f}")
+    unexpected = set(spilled) - {
+        name for name in spilled if name.startswith(("CompleteWorkflow:", "RunActivity:"))
+    }
+    if unexpected:
+        raise SystemExit(f"'off' rounds made spans: {sorted(unexpected)}")
+    print(f"spans ended in 'off' rounds (an 'on' round's last completions): {sum(spilled.values())}")
     print(
         "spans per export, by name: "
         + ", ".join(f"{name} {count / exports:g}" for name, count in span_names.most_common())
@@ -579,8 +660,9 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     return result
 
 
-def transitions_per_export(scraped: str, stacks: dict[str, Stack]) -> float:
-    """Transition statements counted by the "on" worker per export it ran (from its own /metrics)."""
+def transitions_per_export(scraped: str, stack: Stack | None) -> float:
+    """Transition statements counted per export of the "on" rounds (from the worker's own /metrics; the
+    "off" rounds count nothing)."""
     total = sum(
         sample.value
         for family in text_string_to_metric_families(scraped)
@@ -588,7 +670,7 @@ def transitions_per_export(scraped: str, stacks: dict[str, Stack]) -> float:
         for sample in family.samples
         if sample.name.endswith("_total")
     )
-    return total / max(1, stacks["on"].exports_run)
+    return total / max(1, stack.exports_run["on"] if stack is not None else 0)
 
 
 def per_call_costs(provider: Any, spans: InMemorySpanExporter, calls: int = 20_000) -> dict[str, float]:
