@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Callable, Mapping
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -150,6 +150,7 @@ class ExportTracingInterceptor(TracingInterceptor):
 
 
 _DEFERRED_SPAN = "__fenced_exports_deferred_workflow_span"
+_T = TypeVar("_T")
 _JSON_PLAIN = b"json/plain"
 
 
@@ -184,6 +185,19 @@ def _error_status(span: trace.Span, exc: Exception) -> None:
         span.set_attribute("error.type", type(exc).__qualname__)
 
 
+async def _in_span(span: trace.Span, context: otel_context.Context, call: Awaitable[_T]) -> _T:
+    """``call`` awaited with ``context`` (which holds ``span``) current; the span ends after it."""
+    token = otel_context.attach(context)
+    try:
+        return await call
+    except Exception as exc:
+        _error_status(span, exc)
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end()
+
+
 class _ClientTracing(_TracingClientOutboundInterceptor):
     """The SDK's client interceptor with ``StartWorkflow`` made directly (see ExportTracingInterceptor)."""
 
@@ -200,15 +214,7 @@ class _ClientTracing(_TracingClientOutboundInterceptor):
         )
         context = trace.set_span_in_context(span)
         input.headers = _with_context(input.headers, root.header_key, root.text_map_propagator, context)
-        token = otel_context.attach(context)
-        try:
-            return await self.next.start_workflow(input)
-        except Exception as exc:
-            _error_status(span, exc)
-            raise
-        finally:
-            otel_context.detach(token)
-            span.end()
+        return await _in_span(span, context, self.next.start_workflow(input))
 
 
 class _ActivityTracing(_TracingActivityInboundInterceptor):
@@ -231,15 +237,9 @@ class _ActivityTracing(_TracingActivityInboundInterceptor):
         span = self.root.tracer.start_span(
             f"RunActivity:{info.activity_type}", parent, kind=SpanKind.SERVER, attributes=attributes
         )
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
-        try:
-            return await self.next.execute_activity(input)
-        except Exception as exc:
-            _error_status(span, exc)
-            raise
-        finally:
-            otel_context.detach(token)
-            span.end()
+        return await _in_span(
+            span, trace.set_span_in_context(span, parent), self.next.execute_activity(input)
+        )
 
 
 class _WorkflowTracing(TracingWorkflowInboundInterceptor):
