@@ -28,7 +28,7 @@ which is why this is a benchmark and not a test; ``tests/observability/test_gaug
 plan on a few thousand rows of the same mix.
 
     python -m bench obs                      # both
-    python -m bench.obs overhead --on ""     # the control: the same two stacks with nothing switched on
+    python -m bench.obs overhead --on ""     # the control: the same stack, nothing switched on either side
     python -m bench.obs overhead [--exports 40] [--contacts 200] [--rounds 20]
     python -m bench.obs overhead --exports 8 --contacts 48112   # the seeds' export
     python -m bench.obs scrape
