@@ -246,6 +246,27 @@ async def test_fastapi_requests_are_server_spans_around_their_statements(spans):
 # -- one trace through the outbox and Temporal ---------------------------------------------------------
 
 
+async def run_traced(temporal, workflows, activities, body):
+    """``body(client, queue)`` with a worker of ``workflows`` and ``activities`` whose client traces, with
+    the log-context interceptor of worker.py's workers."""
+    client = Client(**{**temporal.client.config(), "interceptors": temporal_interceptors()})
+    queue = f"traced-{uuid.uuid4()}"
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=workflows,
+        activities=activities,
+        interceptors=[LogContextInterceptor()],
+    ):
+        return await body(client, queue)
+
+
+def assert_parents(found, parents: dict[str, str]) -> None:
+    """Each span named on the left is a child of the span named on the right."""
+    for child, parent in parents.items():
+        assert found[child].parent.span_id == found[parent].context.span_id, (child, parent)
+
+
 async def test_one_trace_from_the_api_through_the_outbox_and_temporal_into_the_activity(spans, temporal):
     job_id, attempt_id = str(uuid.uuid4()), str(uuid.uuid4())
     # The API: a request span; the store would write this traceparent into the outbox row.
@@ -253,43 +274,38 @@ async def test_one_trace_from_the_api_through_the_outbox_and_temporal_into_the_a
         traceparent = tracing.current_traceparent()
     assert traceparent is not None
 
+    async def dispatcher(client, queue):
+        # Later and elsewhere: continues the trace read from the row around the start.
+        with tracing.continue_trace(traceparent):
+            handle = await client.start_workflow(
+                TracedWorkflow.run,
+                StepInput(job_id=job_id, attempt_id=attempt_id),
+                id=f"export-{job_id}",
+                task_queue=queue,
+            )
+        return await handle.result()
+
     stream = io.StringIO()
     handler = logs.configure_logging("json", stream=stream)
     try:
-        # The dispatcher, later and elsewhere: continues the trace read from the row around the start.
-        client = Client(**{**temporal.client.config(), "interceptors": temporal_interceptors()})
-        queue = f"traced-{uuid.uuid4()}"
-        async with Worker(
-            client,
-            task_queue=queue,
-            workflows=[TracedWorkflow],
-            activities=[traced_step],
-            interceptors=[LogContextInterceptor()],
-        ):
-            with tracing.continue_trace(traceparent):
-                handle = await client.start_workflow(
-                    TracedWorkflow.run,
-                    StepInput(job_id=job_id, attempt_id=attempt_id),
-                    id=f"export-{job_id}",
-                    task_queue=queue,
-                )
-            assert await handle.result() == 1234
+        assert await run_traced(temporal, [TracedWorkflow], [traced_step], dispatcher) == 1234
     finally:
         logging.getLogger().removeHandler(handler)
 
     found = by_name(spans)
     # The temporalio interceptor parents the workflow's own spans to the client's StartWorkflow; activity
     # starts carry that context without a StartActivity span of their own (ExportTracingInterceptor).
-    parents = {
-        "StartWorkflow:TracedWorkflow": "POST /exports",
-        "RunWorkflow:TracedWorkflow": "StartWorkflow:TracedWorkflow",
-        "RunActivity:traced_step": "StartWorkflow:TracedWorkflow",
-        "CompleteWorkflow:TracedWorkflow": "StartWorkflow:TracedWorkflow",
-        "claim_if_queued": "RunActivity:traced_step",
-        "sftp upload": "RunActivity:traced_step",
-    }
-    for child, parent in parents.items():
-        assert found[child].parent.span_id == found[parent].context.span_id, (child, parent)
+    assert_parents(
+        found,
+        {
+            "StartWorkflow:TracedWorkflow": "POST /exports",
+            "RunWorkflow:TracedWorkflow": "StartWorkflow:TracedWorkflow",
+            "RunActivity:traced_step": "StartWorkflow:TracedWorkflow",
+            "CompleteWorkflow:TracedWorkflow": "StartWorkflow:TracedWorkflow",
+            "claim_if_queued": "RunActivity:traced_step",
+            "sftp upload": "RunActivity:traced_step",
+        },
+    )
     assert not [name for name in found if name.startswith("StartActivity:")]
     waited = found["RunActivity:traced_step"].attributes["fenced_exports.schedule_to_start_seconds"]
     assert isinstance(waited, float) and 0 <= waited < 30
@@ -323,14 +339,6 @@ def ended_on(spans) -> EndedOn:
     assert provider is not None
     provider.add_span_processor(recorder)
     return recorder
-
-
-async def run_traced(temporal, workflows, activities, body):
-    """``body(client, queue)`` with a worker of ``workflows`` and ``activities`` whose client traces."""
-    client = Client(**{**temporal.client.config(), "interceptors": temporal_interceptors()})
-    queue = f"traced-{uuid.uuid4()}"
-    async with Worker(client, task_queue=queue, workflows=workflows, activities=activities):
-        return await body(client, queue)
 
 
 async def test_workflow_spans_are_made_on_the_workers_loop_not_inside_the_activation(
@@ -372,17 +380,18 @@ async def test_a_signal_and_a_child_workflow_keep_the_sdks_spans_and_parents(spa
 
     assert await run_traced(temporal, [ParentWorkflow, ChildWorkflow], [traced_step], body) == 1234
     found = by_name(spans)
-    parents = {
-        "StartWorkflow:ParentWorkflow": "POST /exports",
-        "RunWorkflow:ParentWorkflow": "StartWorkflow:ParentWorkflow",
-        "HandleSignal:go": "StartWorkflow:ParentWorkflow",
-        "StartChildWorkflow:ChildWorkflow": "StartWorkflow:ParentWorkflow",
-        "RunWorkflow:ChildWorkflow": "StartChildWorkflow:ChildWorkflow",
-        "RunActivity:traced_step": "StartChildWorkflow:ChildWorkflow",
-        "claim_if_queued": "RunActivity:traced_step",
-    }
-    for child, parent in parents.items():
-        assert found[child].parent.span_id == found[parent].context.span_id, (child, parent)
+    assert_parents(
+        found,
+        {
+            "StartWorkflow:ParentWorkflow": "POST /exports",
+            "RunWorkflow:ParentWorkflow": "StartWorkflow:ParentWorkflow",
+            "HandleSignal:go": "StartWorkflow:ParentWorkflow",
+            "StartChildWorkflow:ChildWorkflow": "StartWorkflow:ParentWorkflow",
+            "RunWorkflow:ChildWorkflow": "StartChildWorkflow:ChildWorkflow",
+            "RunActivity:traced_step": "StartChildWorkflow:ChildWorkflow",
+            "claim_if_queued": "RunActivity:traced_step",
+        },
+    )
     (link,) = found["HandleSignal:go"].links
     assert link.context.span_id == found["SignalWorkflow:go"].context.span_id
     assert ended_on.threads["HandleSignal:go"] is threading.main_thread()
