@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 import psycopg
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio import client
@@ -81,6 +81,7 @@ from observability.db_gauges import DatabaseGauges
 from observability.health import MetricsServer
 from observability.logs import configure_logging
 from observability.metrics import ExportMetrics, process_metrics, set_metrics
+from observability.setup import tune_gc
 from observability.statements import observe_statement, record_transition
 from observability.temporal import temporal_interceptors
 from partner.local_server import LocalSftpServer
@@ -388,6 +389,10 @@ class Stack:
             "on": collections.Counter(),
             "off": collections.Counter(),
         }
+        self.collections: dict[str, collections.Counter[str]] = {  # garbage collections and their seconds
+            "on": collections.Counter(),
+            "off": collections.Counter(),
+        }
 
     async def start(self, env: Any, seeded: Any, work_root: Path, run_id: str) -> None:
         """``seeded``: the tenant, destination and list already in the database."""
@@ -462,6 +467,8 @@ class Stack:
         in its pair was the largest single source of spread between identical batches."""
         gc.collect()
         threads = thread_cpu()
+        collector = CollectorClock()
+        gc.callbacks.append(collector)
         wall, cpu = time.perf_counter(), time.process_time()
         jobs = await asyncio.gather(*(self.create() for _ in range(n)))
         async with await psycopg.AsyncConnection.connect(self.database.admin_url, autocommit=True) as conn:
@@ -478,8 +485,10 @@ class Stack:
                     raise SystemExit(f"{side}: the batch did not settle: {statuses}")
                 await asyncio.sleep(0.05)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        gc.callbacks.remove(collector)
         if n >= MEASURED_BATCH:
             self.threads[side].update(thread_cpu() - threads)
+            self.collections[side].update(collector.seen)
         self.exports_run[side] += n
         if statuses != {"Completed": n}:
             async with await psycopg.AsyncConnection.connect(self.database.admin_url) as conn:
@@ -493,6 +502,53 @@ class Stack:
                     print(row, file=sys.stderr)
             raise SystemExit(f"{side}: the batch ended {statuses}")
         return wall, cpu
+
+
+class CollectorClock:
+    """A ``gc.callbacks`` entry: the collections of a batch by generation (``gen0``...) and their seconds
+    (``gen0_s``...), whichever thread ran them."""
+
+    def __init__(self) -> None:
+        self.seen: collections.Counter[str] = collections.Counter()
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = f"gen{info['generation']}"
+        self.seen[generation] += 1
+        self.seen[generation + "_s"] += time.perf_counter() - self._started
+
+
+class NamingExporter(SpanExporter):
+    """The in-process exporter of the "on" side: it counts the spans of each batch it is given by name and
+    drops them, as an OTLP exporter drops a batch once sent. (An ``InMemorySpanExporter`` keeps every span
+    until cleared: a round's thousands of spans, alive through it, are what no production exporter holds.)
+    It keeps each span's start time, to tell a span begun in an "on" round from one begun after it."""
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[str, int]] = []  # (name, start time in ns)
+        self._lock = threading.Lock()  # export runs on the BatchSpanProcessor's thread
+
+    def export(self, spans: Any) -> SpanExportResult:
+        named = [(span.name, span.start_time or 0) for span in spans]
+        with self._lock:
+            self._spans.extend(named)
+        return SpanExportResult.SUCCESS
+
+    def take(self, since_ns: int = 0) -> tuple[collections.Counter[str], collections.Counter[str]]:
+        """The names exported since the last ``take`` (after ``force_flush``), and those of them that started
+        at ``since_ns`` or later; then start again."""
+        with self._lock:
+            spans, self._spans = self._spans, []
+        return (
+            collections.Counter(name for name, _ in spans),
+            collections.Counter(name for name, started in spans if started >= since_ns),
+        )
+
+    def shutdown(self) -> None:
+        pass
 
 
 class _Discard(io.TextIOBase):
@@ -531,7 +587,8 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     """The same batches through the real stack with metrics and tracing on and off, rounds alternating."""
     sink = sys.stderr if os.environ.get("BENCH_LOGS") else _Discard()  # formatted as in production, dropped
     configure_logging("json", stream=sink, level=logging.INFO)  # JSON lines at INFO on both sides
-    spans = InMemorySpanExporter()
+    tune_gc(Settings().gc_threshold)  # as configure_process does in a worker's and the API's main()
+    spans = NamingExporter()
     # Batched, as production exports (the OTLP exporter through a BatchSpanProcessor); flushed before reading.
     provider = tracing.setup_tracing("fenced-exports-bench", exporter=spans, batched=True, set_global=False)
     assert provider is not None  # an exporter was given
@@ -543,6 +600,7 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
     span_counts: list[int] = []
     span_names: collections.Counter[str] = collections.Counter()
     spilled: collections.Counter[str] = collections.Counter()
+    late: collections.Counter[str] = collections.Counter()  # spans begun in an "off" round
     stack: Stack | None = None
     with postgres_server() as server_url:
         template = make_template(server_url)
@@ -567,18 +625,20 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
                     await stack.batch(4, variant)
             for r in range(rounds):
                 for variant in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                    spans.clear()
+                    spans.take()
+                    began = time.time_ns()  # the clock spans are stamped with
                     with switched(variant == "on", provider, metrics):
                         wall, cpu = await stack.batch(exports, variant)
                     walls[variant].append(wall)
                     cpus[variant].append(cpu)
                     provider.force_flush()
-                    finished = spans.get_finished_spans()
+                    finished, started_here = spans.take(since_ns=began)
                     if variant == "on":
-                        span_counts.append(len(finished))
-                        span_names = collections.Counter(span.name for span in finished)
-                    else:  # the last workflow completions of an "on" round that ended just before
-                        spilled.update(span.name for span in finished)
+                        span_counts.append(sum(finished.values()))
+                        span_names = finished
+                    else:  # what an "on" round began and ended just after it (its last completions, a poll)
+                        spilled.update(finished)
+                        late.update(started_here)
             scraped = ""
             url = stack.metrics_url
             if url is not None:
@@ -647,12 +707,24 @@ async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]
         a, b = stack.threads["on"][kind] / measured * 1e3, stack.threads["off"][kind] / measured * 1e3
         if max(a, b) >= 0.05:
             print(f"  {kind:24s} {a:7.2f} {b:7.2f} {a - b:+7.2f}")
-    unexpected = set(spilled) - {
-        name for name in spilled if name.startswith(("CompleteWorkflow:", "RunActivity:"))
-    }
+    print(f"garbage collections per export (threshold {gc.get_threshold()}), on / off:")
+    for generation in range(3):
+        counts = [stack.collections[side][f"gen{generation}"] / measured for side in ("on", "off")]
+        seconds = [stack.collections[side][f"gen{generation}_s"] / measured * 1e3 for side in ("on", "off")]
+        if max(counts):
+            print(
+                f"  generation {generation}: {counts[0]:.2f} / {counts[1]:.2f}, "
+                f"{seconds[0]:.2f} / {seconds[1]:.2f} ms ({seconds[0] - seconds[1]:+.2f})"
+            )
+    # A CompleteWorkflow span carries the workflow's own completion time, which can follow the terminal
+    # write the round waited for; any other span begun in an "off" round means "off" was not off.
+    unexpected = sorted(name for name in late if not name.startswith("CompleteWorkflow:"))
     if unexpected:
-        raise SystemExit(f"'off' rounds made spans: {sorted(unexpected)}")
-    print(f"spans ended in 'off' rounds (an 'on' round's last completions): {sum(spilled.values())}")
+        raise SystemExit(f"'off' rounds made spans: {unexpected}")
+    print(
+        f"spans ended in 'off' rounds, begun in the 'on' round before (its last completions, a poll): "
+        f"{dict(spilled)}"
+    )
     print(
         "spans per export, by name: "
         + ", ".join(f"{name} {count / exports:g}" for name, count in span_names.most_common())
@@ -673,7 +745,7 @@ def transitions_per_export(scraped: str, stack: Stack | None) -> float:
     return total / max(1, stack.exports_run["on"] if stack is not None else 0)
 
 
-def per_call_costs(provider: Any, spans: InMemorySpanExporter, calls: int = 20_000) -> dict[str, float]:
+def per_call_costs(provider: Any, spans: NamingExporter, calls: int = 20_000) -> dict[str, float]:
     """CPU seconds per call of the instrumentation, in this process: a statement's span and histogram with
     tracing on (less the same call with both off), and one transition counted (less its log line, which
     both sides write). These are costs in a hot loop: the difference measured end to end has been two to
@@ -686,7 +758,7 @@ def per_call_costs(provider: Any, spans: InMemorySpanExporter, calls: int = 20_0
             body()
             if i % 1000 == 999:  # a batch's worth of spans, exported and dropped, as between rounds
                 provider.force_flush()
-                spans.clear()
+                spans.take()
         return (time.process_time() - started) / calls
 
     def statement() -> None:
