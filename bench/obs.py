@@ -8,6 +8,9 @@
    One stack serves both sides and is switched between rounds (``switched``, ``SwitchedTracing``,
    ``switched_app``: the production interceptor and the instrumented app, or past them): two stacks
    built alike differed by 2-3 % either way with everything off, as much as the target.
+   The calibration (``--on "" --spin-us 1000``) puts a known amount of work on the event loop per export
+   instead: 1 ms of a 200-contact export's 65-86 ms of CPU measured 1.026x wall, 1.016x CPU, so what the
+   loop does per export counts about twice in wall time here (the loop is the batch's critical path).
    What tracing and metrics add is a fixed cost per export (its spans, statements and transitions; no
    row is instrumented), so the ratio depends on the export's size. The default run measures two: 40
    exports of 200 contacts a batch, where that fixed cost weighs most, and 8 of 48,112 contacts, the
@@ -29,6 +32,7 @@ plan on a few thousand rows of the same mix.
 
     python -m bench obs                      # both
     python -m bench.obs overhead --on ""     # the control: the same stack, nothing switched on either side
+    python -m bench.obs overhead --on "" --spin-us 1000   # the calibration: 1 ms of loop work per export
     python -m bench.obs overhead [--exports 40] [--contacts 200] [--rounds 20]
     python -m bench.obs overhead --exports 8 --contacts 48112   # the seeds' export
     python -m bench.obs scrape
@@ -315,6 +319,9 @@ def thread_cpu() -> collections.Counter[str]:
 # but the instrumentation differs between them: two stacks built alike differed by 2-3 % either way with
 # everything off (``--on ""``), as much as the target.
 ON: dict[str, bool] = dict.fromkeys(ALL_PARTS, False)
+# The calibration (``--spin-us``): what a known amount of work on the event loop per export (a busy wait in
+# each POST /exports of an "on" round) costs end to end, wall and CPU, in the same harness.
+SPIN: dict[str, float] = {"seconds": 0.0, "on": 0.0}
 
 
 class SwitchedTracing(client.Interceptor, Interceptor):
@@ -363,9 +370,14 @@ class _SwitchedActivity(ActivityInboundInterceptor):
 
 def switched_app(instrumented: Any, plain: Any) -> Any:
     """The API: the instrumented app in "on" rounds, the same app built without it otherwise (one server,
-    one pool; both over the same ``Exports``)."""
+    one pool; both over the same ``Exports``). With ``--spin-us``, each POST of an "on" round first keeps
+    the event loop busy that long: the calibration."""
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
+        if SPIN["on"] and SPIN["seconds"] and scope["type"] == "http" and scope["method"] == "POST":
+            until = time.perf_counter() + SPIN["seconds"]
+            while time.perf_counter() < until:  # CPU on the loop, nothing else
+                pass
         await (instrumented if ON["fastapi"] else plain)(scope, receive, send)
 
     return app
@@ -575,12 +587,14 @@ def switched(on: bool, provider: Any, metrics: ExportMetrics) -> Iterator[None]:
     tracing.use_provider(provider if on and "spans" in PARTS else None)
     set_metrics(metrics if on and "metrics" in PARTS else NoMetrics())
     ON.update({part: on and part in PARTS for part in ALL_PARTS})
+    SPIN["on"] = float(on)
     try:
         yield
     finally:
         tracing.use_provider(None)
         set_metrics(metrics)
         ON.update(dict.fromkeys(ALL_PARTS, False))
+        SPIN["on"] = 0.0
 
 
 async def overhead(exports: int, contacts: int, rounds: int) -> dict[str, float]:
@@ -799,7 +813,15 @@ if __name__ == "__main__":
     parser.add_argument(
         "--on", default=",".join(ALL_PARTS), help=f"what 'on' turns on, of {', '.join(ALL_PARTS)} (all)"
     )
+    parser.add_argument(
+        "--spin-us",
+        type=float,
+        default=0.0,
+        help="the calibration: each POST /exports of an 'on' round also busies the event loop this long "
+        "(with --on '' nothing else differs)",
+    )
     options = parser.parse_args()
+    SPIN["seconds"] = options.spin_us / 1e6
     PARTS.clear()
     PARTS.update(part for part in options.on.split(",") if part)
     if options.part in ("overhead", "both"):
