@@ -42,8 +42,8 @@ def tune_gc(threshold: int) -> None:
     An export allocates tens of thousands of short-lived objects (protobufs, rows, spans). At 700 the
     collector ran about two young collections an export here, half a millisecond each, tracing whatever had
     just been allocated and was still alive: 1.5 ms of an export's 65 ms of CPU, 2.0 ms with tracing on,
-    whose spans stay alive until their batch is exported. At 10,000: 0.5 ms (0.6 ms), one collection of
-    about 5 ms every ten exports (``python -m bench obs`` prints both sides' collections).
+    whose spans stay alive until their batch is exported. At 10,000: 0.5-0.65 ms (0.6-0.85 ms), one
+    collection of 5-8 ms every ten exports (``python -m bench obs`` prints both sides' collections).
     """
     if threshold:
         gc.set_threshold(threshold, *gc.get_threshold()[1:])
