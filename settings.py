@@ -187,8 +187,6 @@ class Settings(BaseSettings):
     metrics_db_cache_seconds: float = Field(
         default=5.0, description="how long one answer of the database gauges query is reused by scrapes"
     )
-
-    # -- the process ---------------------------------------------------------------------------------------
     gc_threshold: int = Field(
         default=10_000,
         ge=0,
