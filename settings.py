@@ -187,9 +187,3 @@ class Settings(BaseSettings):
     metrics_db_cache_seconds: float = Field(
         default=5.0, description="how long one answer of the database gauges query is reused by scrapes"
     )
-    gc_threshold: int = Field(
-        default=10_000,
-        ge=0,
-        description="allocations between the garbage collector's young-generation collections "
-        "(Python's default is 700; 0 keeps the interpreter's setting)",
-    )

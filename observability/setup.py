@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import gc
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -22,31 +21,16 @@ from settings import Settings
 
 
 def configure_process(settings: Settings, service: str) -> ExportMetrics:
-    """Logging, the collector's threshold, tracing and the metrics object of one process; first thing in
-    ``main()``.
+    """Logging, tracing and the metrics object of one process; first thing in ``main()``.
 
     ``service`` is ``"worker"``, ``"api"`` or ``"demo"`` (the trace's service name is
     ``fenced-exports-<service>`` unless ``OTEL_SERVICE_NAME`` says otherwise). Returns the installed
     ``ExportMetrics``. At exit, ``observability.tracing.shutdown_tracing()`` flushes the spans.
     """
     configure_logging(settings.log_format, level=settings.log_level.upper())
-    tune_gc(settings.gc_threshold)
     setup_tracing(f"fenced-exports-{service}")
     trace_reads(settings.trace_reads)
     return process_metrics(tenant_labels=settings.metrics_tenant_labels)
-
-
-def tune_gc(threshold: int) -> None:
-    """Collect the young generation every ``threshold`` allocations instead of Python's 700 (0: leave it).
-
-    An export allocates tens of thousands of short-lived objects (protobufs, rows, spans). At 700 the
-    collector ran about two young collections an export here, half a millisecond each, tracing whatever had
-    just been allocated and was still alive: 1.5 ms of an export's 65 ms of CPU, 2.0 ms with tracing on,
-    whose spans stay alive until their batch is exported. At 10,000: 0.5-0.65 ms (0.6-0.85 ms), one
-    collection of 5-8 ms every ten exports (``python -m bench obs`` prints both sides' collections).
-    """
-    if threshold:
-        gc.set_threshold(threshold, *gc.get_threshold()[1:])
 
 
 def busy_metrics_ports(settings: Settings) -> list[str]:
