@@ -42,7 +42,6 @@ from observability.temporal import (
 from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
 from tests.observability.traced_workflow import (
-    ChildWorkflow,
     FailingWorkflow,
     ParentWorkflow,
     StepInput,
@@ -378,7 +377,7 @@ async def test_a_signal_and_a_child_workflow_keep_the_sdks_spans_and_parents(spa
             await handle.signal(ParentWorkflow.go)
         return await handle.result()
 
-    assert await run_traced(temporal, [ParentWorkflow, ChildWorkflow], [traced_step], body) == 1234
+    assert await run_traced(temporal, [ParentWorkflow, TracedWorkflow], [traced_step], body) == 1234
     found = by_name(spans)
     assert_parents(
         found,
@@ -386,9 +385,9 @@ async def test_a_signal_and_a_child_workflow_keep_the_sdks_spans_and_parents(spa
             "StartWorkflow:ParentWorkflow": "POST /exports",
             "RunWorkflow:ParentWorkflow": "StartWorkflow:ParentWorkflow",
             "HandleSignal:go": "StartWorkflow:ParentWorkflow",
-            "StartChildWorkflow:ChildWorkflow": "StartWorkflow:ParentWorkflow",
-            "RunWorkflow:ChildWorkflow": "StartChildWorkflow:ChildWorkflow",
-            "RunActivity:traced_step": "StartChildWorkflow:ChildWorkflow",
+            "StartChildWorkflow:TracedWorkflow": "StartWorkflow:ParentWorkflow",
+            "RunWorkflow:TracedWorkflow": "StartChildWorkflow:TracedWorkflow",
+            "RunActivity:traced_step": "StartChildWorkflow:TracedWorkflow",
             "claim_if_queued": "RunActivity:traced_step",
         },
     )
@@ -396,7 +395,7 @@ async def test_a_signal_and_a_child_workflow_keep_the_sdks_spans_and_parents(spa
     assert link.context.span_id == found["SignalWorkflow:go"].context.span_id
     assert ended_on.threads["HandleSignal:go"] is threading.main_thread()
     # The child's start carries this span's context: made in place, inside the parent's activation.
-    assert ended_on.threads["StartChildWorkflow:ChildWorkflow"] is not threading.main_thread()
+    assert ended_on.threads["StartChildWorkflow:TracedWorkflow"] is not threading.main_thread()
     # One trace, but for the operator's signal, which has its own and is linked.
     signal = {"operator", "SignalWorkflow:go"}
     assert len({s.context.trace_id for s in spans.get_finished_spans() if s.name not in signal}) == 1

@@ -53,15 +53,9 @@ class FailingWorkflow:
 
 
 @workflow.defn
-class ChildWorkflow:
-    @workflow.run
-    async def run(self, inp: StepInput) -> int:
-        return await workflow.execute_activity(traced_step, inp, start_to_close_timeout=timedelta(seconds=10))
-
-
-@workflow.defn
 class ParentWorkflow:
-    """Waits for a ``go`` signal, then runs ``ChildWorkflow``: a handler's span and a child's start."""
+    """Waits for a ``go`` signal, then runs ``TracedWorkflow`` as its child: a handler's span and a child's
+    start."""
 
     def __init__(self) -> None:
         self._go = False
@@ -74,5 +68,5 @@ class ParentWorkflow:
     async def run(self, inp: StepInput) -> int:
         await workflow.wait_condition(lambda: self._go)
         return await workflow.execute_child_workflow(
-            ChildWorkflow.run, inp, id=f"{workflow.info().workflow_id}-child"
+            TracedWorkflow.run, inp, id=f"{workflow.info().workflow_id}-child"
         )
