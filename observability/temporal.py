@@ -120,10 +120,10 @@ class ExportTracingInterceptor(TracingInterceptor):
         exception event with its message and stack, which quote the activity failures it wraps."""
         if params.parent_missing and not self._always_create_workflow_spans:
             return None
-        context = self.text_map_propagator.extract(params.context)
+        context = _context_of(params.context)
         links = []
         if params.link_context:
-            linked = trace.get_current_span(self.text_map_propagator.extract(params.link_context))
+            linked = trace.get_current_span(_context_of(params.link_context))
             if linked is not trace.INVALID_SPAN:
                 links = [trace.Link(linked.get_span_context())]
         span = self.tracer.start_span(
@@ -145,13 +145,40 @@ class ExportTracingInterceptor(TracingInterceptor):
         return _with_context(headers, self.header_key, self.text_map_propagator, None)
 
     def _context_from_headers(self, headers: Mapping[str, Payload]) -> otel_context.Context | None:
-        carrier = _carrier(headers.get(self.header_key), self.payload_converter)
-        return self.text_map_propagator.extract(carrier) if carrier else None
+        payload = headers.get(self.header_key)
+        if payload and payload.metadata.get("encoding") == _JSON_PLAIN:
+            return _context_of_json(payload.data)
+        carrier = _carrier(payload, self.payload_converter)
+        return _context_of(carrier) if carrier else None
 
 
 _DEFERRED_SPAN = "__fenced_exports_deferred_workflow_span"
 _T = TypeVar("_T")
 _JSON_PLAIN = b"json/plain"
+
+
+# A workflow's start header reaches its RunWorkflow and CompleteWorkflow spans and every activity it
+# schedules (the same payload, passed on): decoded and extracted once. A Context is immutable.
+@functools.lru_cache(maxsize=1024)
+def _context_of_json(data: bytes) -> otel_context.Context | None:
+    carrier = json.loads(data)
+    return _context_of(carrier) if isinstance(carrier, dict) and carrier else None
+
+
+def _context_of(carrier: Mapping[str, Any]) -> otel_context.Context:
+    """What ``_TRACE_CONTEXT.extract(carrier)`` returns, cached by the carrier's two W3C fields."""
+    traceparent, tracestate = carrier.get("traceparent"), carrier.get("tracestate")
+    if not isinstance(traceparent, str):
+        return otel_context.Context()  # as extract: nothing to continue
+    return _extracted(traceparent, tracestate if isinstance(tracestate, str) else None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _extracted(traceparent: str, tracestate: str | None) -> otel_context.Context:
+    carrier = {"traceparent": traceparent}
+    if tracestate is not None:
+        carrier["tracestate"] = tracestate
+    return _TRACE_CONTEXT.extract(carrier)
 
 
 def _with_context(

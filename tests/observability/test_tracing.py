@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from fastapi import FastAPI
+from opentelemetry import trace as trace_api
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -34,8 +35,10 @@ from observability.metrics import ExportMetrics, get_metrics, set_metrics
 from observability.statements import observe_statement
 from observability.temporal import (
     _TRACE_CONTEXT,
+    ExportTracingInterceptor,
     LogContextInterceptor,
     _carrier,
+    _context_of,
     _with_context,
     temporal_interceptors,
 )
@@ -463,6 +466,30 @@ def test_the_trace_header_is_encoded_as_the_sdks_default_converter_does():
     # Another encoding goes through the SDK's converter; an empty or absent payload is no context.
     assert _carrier(PayloadConverter.default.to_payloads([None])[0], PayloadConverter.default) is None
     assert _carrier(None, PayloadConverter.default) is None
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00", "tracestate": "a=1,b=2"},
+        {"traceparent": "00-00000000000000000000000000000000-b7ad6b7169203331-01"},  # invalid: no parent
+        {"traceparent": "not a traceparent"},
+        {"tracestate": "a=1"},
+    ],
+)
+def test_a_header_is_extracted_once_and_as_the_propagator_does(carrier):
+    """The start's header reaches RunWorkflow, CompleteWorkflow and every RunActivity: one decode and
+    extract serves them all, and gives what the W3C propagator gives."""
+    expected = trace_api.get_current_span(_TRACE_CONTEXT.extract(carrier)).get_span_context()
+    payload = PayloadConverter.default.to_payloads([carrier])[0]
+    interceptor = ExportTracingInterceptor(trace_api.NoOpTracer())
+    first = interceptor._context_from_headers({interceptor.header_key: payload})
+    again = interceptor._context_from_headers({interceptor.header_key: payload})
+    assert first is again
+    assert trace_api.get_current_span(first).get_span_context() == expected
+    assert trace_api.get_current_span(_context_of(dict(carrier))).get_span_context() == expected
+    assert interceptor._context_from_headers({}) is None
 
 
 async def test_reads_get_a_span_only_when_asked_and_writes_always(spans, factory):
