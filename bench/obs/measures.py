@@ -25,7 +25,9 @@ from observability.statements import observe_statement, record_transition
 def thread_cpu() -> collections.Counter[str]:
     """CPU seconds so far of this process's threads, by kind (``MainThread``, ``temporal_workflow``,
     ``export-deliver``, the SDK core's ``tokio-rt-worker``...), from ``/proc/self/task``: where the
-    difference between the two sides is spent. Empty where there is no /proc."""
+    difference between the two sides is spent. ``kind:sys`` is the kernel's part of it and
+    ``kind:switches`` the thread's context switches (a thread waiting for the GIL wakes and sleeps again,
+    in the kernel). Empty where there is no /proc."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     tick = os.sysconf("SC_CLK_TCK")
     out: collections.Counter[str] = collections.Counter()
@@ -33,6 +35,21 @@ def thread_cpu() -> collections.Counter[str]:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return out
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/self/task/{task}/stat").read_text()
+            status = Path(f"/proc/self/task/{task}/status").read_text()
+        except OSError:  # the thread ended
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        name = names.get(int(task), comm)
+        kind = re.sub(r"[\s_-]*(\(.*\)|\d+)?$", "", re.sub(r"\s*\(.*\)$", "", name)) or comm
+        out[kind] += (int(rest[11]) + int(rest[12])) / tick  # utime + stime
+        out[kind + ":sys"] += int(rest[12]) / tick
+        out[kind + ":switches"] += sum(  # voluntary and not
+            int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line
+        )
+    return out
     for task in tasks:
         try:
             stat = Path(f"/proc/self/task/{task}/stat").read_text()

@@ -379,13 +379,23 @@ async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asy
         f"{per_export * 1e3:.2f} ms of {cpu_off / exports * 1e3:.0f} ms CPU: estimated {estimate:.3f}x"
     )
     measured = exports * rounds
-    print("CPU per export by thread (ms, on / off / difference):")
+    print(
+        "CPU per export by thread (ms, on / off / difference; of it in the kernel, on / off; context switches):"
+    )
     assert stack is not None
-    kinds = stack.threads["on"] + stack.threads["off"]
+    on_threads, off_threads = stack.threads["on"], stack.threads["off"]
+    kinds = on_threads + off_threads
     for kind, _ in kinds.most_common():
-        a, b = stack.threads["on"][kind] / measured * 1e3, stack.threads["off"][kind] / measured * 1e3
+        if ":" in kind:
+            continue
+        a, b = on_threads[kind] / measured * 1e3, off_threads[kind] / measured * 1e3
         if max(a, b) >= 0.05:
-            print(f"  {kind:24s} {a:7.2f} {b:7.2f} {a - b:+7.2f}")
+            sys_a, sys_b = (side[kind + ":sys"] / measured * 1e3 for side in (on_threads, off_threads))
+            sw_a, sw_b = (side[kind + ":switches"] / measured for side in (on_threads, off_threads))
+            print(
+                f"  {kind:24s} {a:7.2f} {b:7.2f} {a - b:+7.2f}   kernel {sys_a:5.2f} {sys_b:5.2f}"
+                f"   switches {sw_a:6.1f} {sw_b:6.1f}"
+            )
     print(f"garbage collections per export (threshold {gc.get_threshold()}), on / off:")
     for generation in range(3):
         counts = [stack.collections[side][f"gen{generation}"] / measured for side in ("on", "off")]
