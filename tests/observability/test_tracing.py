@@ -525,3 +525,31 @@ def test_an_evidence_append_is_an_event_on_its_step_not_a_span_of_its_own(spans)
     assert event.attributes["fenced_exports.job_id"] == str(job_id)
     assert event.attributes["fenced_exports.attempt_id"] == str(attempt_id)
     assert "alice" not in json.dumps(dict(event.attributes), default=str)
+
+
+def test_a_failed_sftp_step_ends_its_span_as_an_error_by_type_and_the_exception_goes_on(spans):
+    class PartnerSaidNo(OSError):
+        pass
+
+    with pytest.raises(PartnerSaidNo, match="alice"):
+        with tracing.sftp_span("upload", bytes=10) as span:
+            assert span.is_recording()
+            raise PartnerSaidNo("alice@example.com: permission denied")
+    [upload] = spans.get_finished_spans()
+    assert upload.name == "sftp upload" and upload.end_time is not None
+    assert upload.status.status_code is StatusCode.ERROR
+    assert upload.status.description == "PartnerSaidNo"
+    assert "alice" not in json.dumps([dict(upload.attributes), upload.status.description], default=str)
+
+
+def test_with_tracing_off_an_sftp_step_runs_with_a_span_that_records_nothing():
+    before = tracing.provider()
+    tracing.use_provider(None)
+    try:
+        ran = []
+        for _ in range(2):  # the off span is one shared object: usable again
+            with tracing.sftp_span("rename") as span:
+                ran.append(span.is_recording())
+        assert ran == [False, False]
+    finally:
+        tracing.use_provider(before)
