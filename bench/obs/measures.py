@@ -50,16 +50,6 @@ def thread_cpu() -> collections.Counter[str]:
             int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line
         )
     return out
-    for task in tasks:
-        try:
-            stat = Path(f"/proc/self/task/{task}/stat").read_text()
-        except OSError:  # the thread ended
-            continue
-        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        name = names.get(int(task), comm)
-        kind = re.sub(r"[\s_-]*(\(.*\)|\d+)?$", "", re.sub(r"\s*\(.*\)$", "", name)) or comm
-        out[kind] += (int(rest[11]) + int(rest[12])) / tick  # utime + stime
-    return out
 
 
 class CollectorClock:
