@@ -145,10 +145,7 @@ class ExportTracingInterceptor(TracingInterceptor):
         return _with_context(headers, self.header_key, self.text_map_propagator, None)
 
     def _context_from_headers(self, headers: Mapping[str, Payload]) -> otel_context.Context | None:
-        payload = headers.get(self.header_key)
-        if payload and payload.metadata.get("encoding") == _JSON_PLAIN:
-            return _context_of_json(payload.data)
-        carrier = _carrier(payload, self.payload_converter)
+        carrier = _carrier(headers.get(self.header_key), self.payload_converter)
         return _context_of(carrier) if carrier else None
 
 
@@ -158,18 +155,15 @@ _JSON_PLAIN = b"json/plain"
 
 
 # A workflow's start header reaches its RunWorkflow and CompleteWorkflow spans and every activity it
-# schedules (the same payload, passed on): decoded and extracted once. A Context is immutable.
-@functools.lru_cache(maxsize=1024)
-def _context_of_json(data: bytes) -> otel_context.Context | None:
-    carrier = json.loads(data)
-    return _context_of(carrier) if isinstance(carrier, dict) and carrier else None
+# schedules (the same payload, passed on): extracted once. A Context is immutable, so one can be shared.
+_NO_CONTEXT = otel_context.Context()
 
 
 def _context_of(carrier: Mapping[str, Any]) -> otel_context.Context:
     """What ``_TRACE_CONTEXT.extract(carrier)`` returns, cached by the carrier's two W3C fields."""
     traceparent, tracestate = carrier.get("traceparent"), carrier.get("tracestate")
     if not isinstance(traceparent, str):
-        return otel_context.Context()  # as extract: nothing to continue
+        return _NO_CONTEXT  # as extract: nothing to continue
     return _extracted(traceparent, tracestate if isinstance(tracestate, str) else None)
 
 
