@@ -68,7 +68,7 @@ async def test_schemathesis_finds_nothing_against_the_served_schema(make_app, ac
             "--no-color",
             "--request-timeout",
             "10",
-            cwd=ROOT,
+            cwd=tmp_path,  # its crash cache (.schemathesis/) goes there, not into the checkout
             env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.api.schemathesis_hooks", "PYTHONPATH": str(ROOT)},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
