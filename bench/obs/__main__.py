@@ -1,4 +1,4 @@
-"""``python -m bench.obs [overhead|scrape|both] [options]``: the command line of the package's two parts."""
+"""``python -m bench.obs [overhead|parts|scrape|both] [options]``: the command line of the package."""
 
 from __future__ import annotations
 
@@ -8,18 +8,21 @@ import sys
 
 from bench.obs import __doc__ as overview
 from bench.obs.overhead import COMPARED_GC, CONTACTS, EXPORTS, ROUNDS, overhead
+from bench.obs.parts import parts
 from bench.obs.scrape import scrape
-from bench.obs.switching import ALL_PARTS, PARTS, SPIN
+from bench.obs.switching import ALL_PARTS, PARTS, SPIN, parse_parts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.obs", description=(overview or "").splitlines()[0])
-    parser.add_argument("part", nargs="?", choices=["overhead", "scrape", "both"], default="both")
+    parser.add_argument("part", nargs="?", choices=["overhead", "parts", "scrape", "both"], default="both")
     parser.add_argument("--exports", type=int, default=EXPORTS)
     parser.add_argument("--contacts", type=int, default=CONTACTS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument(
-        "--on", default=",".join(ALL_PARTS), help=f"what 'on' turns on, of {', '.join(ALL_PARTS)} (all)"
+        "--on",
+        default=",".join(ALL_PARTS),
+        help=f"what 'on' turns on, of temporal (its three sides), {', '.join(ALL_PARTS)} (all)",
     )
     parser.add_argument(
         "--partner",
@@ -43,10 +46,16 @@ def main() -> None:
     options = parser.parse_args()
     SPIN["seconds"] = options.spin_us / 1e6
     COMPARED_GC.extend(int(t) for t in options.gc_thresholds.split(",") if t)
+    try:
+        chosen = parse_parts(options.on)
+    except ValueError as exc:
+        parser.error(str(exc))
     PARTS.clear()
-    PARTS.update(part for part in options.on.split(",") if part)
+    PARTS.update(chosen)
     if options.part in ("overhead", "both"):
         asyncio.run(overhead(options.exports, options.contacts, options.rounds, options.partner))
+    if options.part == "parts":
+        asyncio.run(parts(options.exports, options.contacts, options.rounds, options.partner))
     if options.part in ("scrape", "both"):
         asyncio.run(scrape())
     sys.exit(0)

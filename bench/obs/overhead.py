@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import gc
 import io
 import logging
@@ -40,7 +41,7 @@ from db.admin import seed_tenant
 from db.embedded import free_port
 from observability import tracing
 from observability.logs import configure_logging
-from observability.metrics import process_metrics
+from observability.metrics import ExportMetrics, process_metrics
 from observability.temporal import temporal_interceptors
 from partner.local_server import LocalSftpServer
 from service.auth import mint_token
@@ -243,8 +244,39 @@ async def partner_server(kind: str, work_root: Path) -> AsyncIterator[tuple[str,
         await local.stop()
 
 
-async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asyncssh") -> dict[str, float]:
-    """The same batches through the real stack with metrics and tracing on and off, rounds alternating."""
+@dataclasses.dataclass
+class Bench:
+    """What a run works with: the stack, the provider and metrics its rounds switch, the exporter that counts
+    the spans, and the directory the partner's files land in (emptied after each batch)."""
+
+    stack: Stack
+    provider: Any
+    metrics: ExportMetrics
+    spans: NamingExporter
+    partner: str
+    delivered_to: Path
+
+    async def batch(
+        self, exports: int, side: str, on: bool
+    ) -> tuple[float, float, collections.Counter[str], collections.Counter[str]]:
+        """One measured batch with the instrumentation ``on`` (what ``PARTS`` names) or off: wall and CPU
+        seconds, the names of the spans exported after it and those of them begun during it."""
+        self.spans.take()
+        began = time.time_ns()  # the clock spans are stamped with
+        with switched(on, self.provider, self.metrics):
+            wall, cpu = await self.stack.batch(exports, side)
+        for delivered in self.delivered_to.iterdir():  # the partner's files, between batches
+            if delivered.is_file():
+                delivered.unlink()
+        self.provider.force_flush()
+        finished, started_here = self.spans.take(since_ns=began)
+        return wall, cpu, finished, started_here
+
+
+@contextlib.asynccontextmanager
+async def open_bench(contacts: int, partner: str = "asyncssh") -> AsyncIterator[Bench]:
+    """The real stack on a fresh PostgreSQL server and Temporal dev server, a tenant with ``contacts``
+    contacts and its partner, warmed with a small batch on each side; everything stopped and removed after."""
     sink = sys.stderr if os.environ.get("BENCH_LOGS") else _Discard()  # formatted as in production, dropped
     configure_logging("json", stream=sink, level=logging.INFO)  # JSON lines at INFO on both sides
     spans = NamingExporter()
@@ -253,13 +285,6 @@ async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asy
     assert provider is not None  # an exporter was given
     metrics = process_metrics()
     work_root = Path(tempfile.mkdtemp(prefix="fenced-bench-obs-"))
-    run_id = uuid.uuid4().hex[:6]
-    walls: dict[str, list[float]] = {"on": [], "off": []}
-    cpus: dict[str, list[float]] = {"on": [], "off": []}
-    span_counts: list[int] = []
-    span_names: collections.Counter[str] = collections.Counter()
-    spilled: collections.Counter[str] = collections.Counter()
-    late: collections.Counter[str] = collections.Counter()  # spans begun in an "off" round
     stack: Stack | None = None
     with postgres_server() as server_url:
         template = make_template(server_url)
@@ -280,38 +305,11 @@ async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asy
                 contacts=contacts,
             )
             stack = Stack(seeded_db, provider)
-            await stack.start(env, seeded, work_root, run_id)
+            await stack.start(env, seeded, work_root, uuid.uuid4().hex[:6])
             for variant in ("on", "off"):  # warm both (workflow caches, pools, SSH, the JIT of everything)
                 with switched(variant == "on", provider, metrics):
                     await stack.batch(4, variant)
-            for r in range(rounds):
-                if COMPARED_GC:  # each round under the next threshold (``--gc-thresholds``)
-                    gc.set_threshold(COMPARED_GC[r % len(COMPARED_GC)], *gc.get_threshold()[1:])
-                # Which side goes first alternates (by threshold's turn, when thresholds alternate too).
-                first = ("on", "off") if (r // max(1, len(COMPARED_GC))) % 2 == 0 else ("off", "on")
-                for variant in first:
-                    spans.take()
-                    began = time.time_ns()  # the clock spans are stamped with
-                    with switched(variant == "on", provider, metrics):
-                        wall, cpu = await stack.batch(exports, variant)
-                    walls[variant].append(wall)
-                    cpus[variant].append(cpu)
-                    for delivered in delivered_to.iterdir():  # the partner's files, between batches
-                        if delivered.is_file():
-                            delivered.unlink()
-                    provider.force_flush()
-                    finished, started_here = spans.take(since_ns=began)
-                    if variant == "on":
-                        span_counts.append(sum(finished.values()))
-                        span_names = finished
-                    else:  # what an "on" round began and ended just after it (its last completions, a poll)
-                        spilled.update(finished)
-                        late.update(started_here)
-            scraped = ""
-            url = stack.metrics_url
-            if url is not None:
-                async with httpx.AsyncClient(timeout=10) as http:
-                    scraped = (await http.get(f"{url}/metrics")).text
+            yield Bench(stack, provider, metrics, spans, kind, delivered_to)
         finally:
             if stack is not None:
                 await stack.close()
@@ -319,6 +317,38 @@ async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asy
             await env.shutdown()
             tracing.shutdown_tracing()
             shutil.rmtree(work_root, ignore_errors=True)
+
+
+async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asyncssh") -> dict[str, float]:
+    """The same batches through the real stack with metrics and tracing on and off, rounds alternating."""
+    walls: dict[str, list[float]] = {"on": [], "off": []}
+    cpus: dict[str, list[float]] = {"on": [], "off": []}
+    span_counts: list[int] = []
+    span_names: collections.Counter[str] = collections.Counter()
+    spilled: collections.Counter[str] = collections.Counter()
+    late: collections.Counter[str] = collections.Counter()  # spans begun in an "off" round
+    async with open_bench(contacts, partner) as bench:
+        stack, provider, spans, kind = bench.stack, bench.provider, bench.spans, bench.partner
+        for r in range(rounds):
+            if COMPARED_GC:  # each round under the next threshold (``--gc-thresholds``)
+                gc.set_threshold(COMPARED_GC[r % len(COMPARED_GC)], *gc.get_threshold()[1:])
+            # Which side goes first alternates (by threshold's turn, when thresholds alternate too).
+            first = ("on", "off") if (r // max(1, len(COMPARED_GC))) % 2 == 0 else ("off", "on")
+            for variant in first:
+                wall, cpu, finished, started_here = await bench.batch(exports, variant, variant == "on")
+                walls[variant].append(wall)
+                cpus[variant].append(cpu)
+                if variant == "on":
+                    span_counts.append(sum(finished.values()))
+                    span_names = finished
+                else:  # what an "on" round began and ended just after it (its last completions, a poll)
+                    spilled.update(finished)
+                    late.update(started_here)
+        scraped = ""
+        url = stack.metrics_url
+        if url is not None:
+            async with httpx.AsyncClient(timeout=10) as http:
+                scraped = (await http.get(f"{url}/metrics")).text
     delivered = 'fenced_exports_transitions_total{result="written",statement="finish_delivery"}'
     if "metrics" in PARTS and not any(
         line.startswith(delivered) and float(line.split()[-1]) > 0 for line in scraped.splitlines()
@@ -335,8 +365,7 @@ async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asy
     # wall clocks on a shared machine.
     per_export = (
         spans_per_export * costs["span"]
-        + transitions_per_export(scraped, stack.exports_run["on"] if stack is not None else 0)
-        * costs["transition"]
+        + transitions_per_export(scraped, stack.exports_run["on"]) * costs["transition"]
     )
     estimate = 1 + per_export / (cpu_off / exports)
     result = {
@@ -382,7 +411,6 @@ async def overhead(exports: int, contacts: int, rounds: int, partner: str = "asy
     print(
         "CPU per export by thread (ms, on / off / difference; of it in the kernel, on / off; context switches):"
     )
-    assert stack is not None
     on_threads, off_threads = stack.threads["on"], stack.threads["off"]
     kinds = on_threads + off_threads
     for kind, _ in kinds.most_common():

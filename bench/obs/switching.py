@@ -21,9 +21,23 @@ from temporalio.worker import (
 from observability import tracing
 from observability.metrics import ExportMetrics, set_metrics
 
-# What "on" turns on: metrics, statement and SFTP spans, the Temporal interceptor, the FastAPI middleware.
-ALL_PARTS = ("metrics", "spans", "temporal", "fastapi")
+# What "on" turns on: metrics, statement and SFTP spans, the Temporal interceptor's three sides (the client's
+# workflow start, each activity, the workflow's own spans and the header it passes to its activities), the
+# FastAPI middleware. ``temporal`` in ``--on`` stands for its three sides.
+TEMPORAL_SIDES = ("temporal-client", "temporal-activity", "temporal-workflow")
+ALL_PARTS = ("metrics", "spans", *TEMPORAL_SIDES, "fastapi")
 PARTS: set[str] = set(ALL_PARTS)
+
+
+def parse_parts(text: str) -> set[str]:
+    """``--on``'s comma-separated parts (``temporal`` for its three sides); ``ValueError`` for others."""
+    named = {part.strip() for part in text.split(",") if part.strip()}
+    if "temporal" in named:
+        named = (named - {"temporal"}) | set(TEMPORAL_SIDES)
+    unknown = named - set(ALL_PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}: choose from temporal, {', '.join(ALL_PARTS)}")
+    return named
 
 
 class NoMetrics(ExportMetrics):
@@ -76,8 +90,9 @@ SPIN: dict[str, float] = {"seconds": 0.0, "on": 0.0}
 
 class SwitchedTracing(client.Interceptor, Interceptor):
     """The production tracing interceptor (``temporal_interceptors()``) in "on" rounds, nothing otherwise:
-    the dispatcher's workflow starts and each activity call go through it or past it; a workflow gets its
-    tracing side when it starts in an "on" round (a batch's workflows start and end in their round)."""
+    the dispatcher's workflow starts (``temporal-client``) and each activity call (``temporal-activity``) go
+    through it or past it; a workflow gets its tracing side (``temporal-workflow``) when it starts in an
+    "on" round (a batch's workflows start and end in their round)."""
 
     def __init__(self, tracing_interceptor: Any) -> None:
         self.tracing = tracing_interceptor
@@ -92,7 +107,7 @@ class SwitchedTracing(client.Interceptor, Interceptor):
         traced = self.tracing.workflow_interceptor_class(input)  # registers its extern functions
 
         def interceptor(next: WorkflowInboundInterceptor) -> WorkflowInboundInterceptor:
-            return traced(next) if ON["temporal"] else next
+            return traced(next) if ON["temporal-workflow"] else next
 
         return interceptor
 
@@ -103,7 +118,7 @@ class _SwitchedClient(client.OutboundInterceptor):
         self._traced = traced
 
     async def start_workflow(self, input: client.StartWorkflowInput) -> client.WorkflowHandle[Any, Any]:
-        return await (self._traced if ON["temporal"] else self.next).start_workflow(input)
+        return await (self._traced if ON["temporal-client"] else self.next).start_workflow(input)
 
 
 class _SwitchedActivity(ActivityInboundInterceptor):
@@ -115,7 +130,7 @@ class _SwitchedActivity(ActivityInboundInterceptor):
         self._traced.init(outbound)  # the traced one's next is the plain one: initialized once
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        return await (self._traced if ON["temporal"] else self.next).execute_activity(input)
+        return await (self._traced if ON["temporal-activity"] else self.next).execute_activity(input)
 
 
 def switched_app(instrumented: Any, plain: Any) -> Any:
