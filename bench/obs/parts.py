@@ -7,10 +7,10 @@ what turning it off saves from "everything on", batch against batch of the same 
 this process's CPU per export: the median over the rounds with its 95 % bootstrap interval. The parts'
 costs need not add up to "everything on" against "off": each is measured against the others being on.
 
-Measured so here (40 x 200 contacts, 20 rounds, 2 vCPUs shared, load 3.3-3.6): everything on +3.1-3.8
-ms an export (1.05-1.06x); the Temporal interceptor about 2 ms of it, of which its activity side about
-0.9, its workflow side 0.6, its client side 0.5; the statement and SFTP spans about 1.6; metrics and the
-FastAPI middleware under the resolution of a run (their intervals include 0).
+Measured so here (40 x 200 contacts, 24 rounds, 2 vCPUs shared): everything on +4.0 ms of 61 an export
+(1.065x CPU); the Temporal interceptor's worker sides most of it (its workflow side +1.6 ms, its activity
+side +1.25), the statement and SFTP spans +1.4; its client side, the FastAPI middleware and metrics each
+under 0.4 ms, within a run's resolution (their intervals include 0: about +-1.5 ms per part).
 """
 
 from __future__ import annotations
