@@ -483,6 +483,63 @@ SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, 'Failed NotDel
 FROM failed
 RETURNING id;
 
+-- name: find_unknowns_to_recheck
+-- Recovery's re-check of OutcomeUnknowns (0013). It only nominates: an attempt recorded OutcomeUnknown within
+-- the last within_seconds and at least every_seconds ago, not reconciled, its job named by no replacement,
+-- whose partner has not answered recovery yet (recovery never listed it, or its last listing or move got no
+-- answer: an 'error' in that evidence), and not listed by recovery in the last every_seconds; oldest first.
+-- A partner that answered gave what it will give: a person weighs that.
+SELECT j.id AS job_id, j.attempt_id
+FROM export_jobs j
+CROSS JOIN LATERAL (
+    SELECT max(e.recorded_at) AS at FROM export_attempt_events e
+    WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id AND e.kind IN ('Finished', 'ResolvedByRecovery')
+) recorded
+LEFT JOIN LATERAL (
+    SELECT e.recorded_at AS at, e.detail::jsonb ? 'error' AS unanswered
+    FROM export_attempt_events e
+    WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id AND e.kind = 'DeliveryEvidence'
+      AND starts_with(e.observed_by, 'recovery:')
+    ORDER BY e.id DESC
+    LIMIT 1
+) listed ON true
+WHERE j.status = 'OutcomeUnknown'
+  AND recorded.at > clock_timestamp() - make_interval(secs => %(within_seconds)s)
+  AND recorded.at < clock_timestamp() - make_interval(secs => %(every_seconds)s)
+  AND (listed.at IS NULL
+       OR (listed.unanswered AND listed.at < clock_timestamp() - make_interval(secs => %(every_seconds)s)))
+  AND NOT EXISTS (SELECT 1 FROM export_attempt_events r
+                  WHERE r.job_id = j.id AND r.attempt_id = j.attempt_id AND r.kind = 'Reconciled')
+  AND NOT EXISTS (SELECT 1 FROM export_jobs s WHERE s.replaces_job_id = j.id)
+ORDER BY recorded.at
+LIMIT %(limit)s;
+
+-- name: lock_unknown_for_settling
+-- The OutcomeUnknown row, locked first in settle_unknown_by_evidence's transaction: create_replacement locks it
+-- FOR UPDATE too, so a replacement being created commits before the settling statement takes its snapshot,
+-- and that statement's "no replacement" condition sees it (one statement's snapshot would not).
+SELECT id AS job_id FROM export_jobs
+WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'OutcomeUnknown'
+FOR UPDATE;
+
+-- name: settle_unknown_by_evidence
+-- OutcomeUnknown -> Completed or Failed (NotDelivered) by recovery, on evidence a re-check found: the attempt's
+-- one reconciliation (its 'Reconciled' event is unique per attempt), under the recovery run's ID. Only for that
+-- attempt, and only on a job no replacement names: a replacement delivers under the same final name, so a
+-- listing is no evidence for its original. A person who reconciled first changed the status: nothing matches.
+WITH settled AS (
+    UPDATE export_jobs
+    SET status = %(resolution)s,
+        failure_reason = CASE WHEN %(resolution)s = 'Failed' THEN 'NotDelivered' END
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'OutcomeUnknown'
+      AND %(resolution)s IN ('Completed', 'Failed')
+      AND NOT EXISTS (SELECT 1 FROM export_jobs r WHERE r.replaces_job_id = %(job_id)s)
+    RETURNING id, attempt_id, status)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'Reconciled', %(recovery_run_id)s, status || ': ' || %(evidence_summary)s, clock_timestamp()
+FROM settled
+RETURNING id;
+
 -- name: reconcile_unknown
 -- OutcomeUnknown -> Completed or Failed (NotDelivered), for that attempt, once: the unique index allows one
 -- Reconciled event per attempt. No lease condition: recovery cleared the lease.

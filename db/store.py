@@ -84,6 +84,7 @@ from domain.models import (
     RejectionCode,
     Renewal,
     StopPoint,
+    UnknownToRecheck,
 )
 from observability.metrics import Statement, StopPath, get_metrics
 from observability.statements import observe_statement, record_transition
@@ -710,6 +711,48 @@ class JobStore:
             recovery_run_id=recovery_run_id,
             evidence_summary=evidence_summary,
         )
+
+    async def find_unknowns_to_recheck(
+        self, *, within_seconds: float, every_seconds: float, limit: int
+    ) -> list[UnknownToRecheck]:
+        """Recovery's re-check candidates (0013): OutcomeUnknown attempts recorded within ``within_seconds``
+        and at least ``every_seconds`` ago, not reconciled, not replaced, whose partner has not answered
+        recovery yet and which recovery has not listed in the last ``every_seconds``; oldest first.
+        Candidates only."""
+        return await self._rows(
+            "find_unknowns_to_recheck",
+            {"within_seconds": within_seconds, "every_seconds": every_seconds, "limit": limit},
+            UnknownToRecheck,
+        )
+
+    @transition(Statement.SETTLE_UNKNOWN_BY_EVIDENCE)
+    async def settle_unknown_by_evidence(
+        self,
+        job_id: UUID,
+        attempt_id: UUID,
+        resolution: JobStatus,
+        recovery_run_id: str,
+        evidence_summary: str,
+    ) -> bool:
+        """OutcomeUnknown -> Completed or Failed(NotDelivered) on evidence a re-check found, as the attempt's
+        one reconciliation, recorded under the recovery run's ID; never on a job a replacement names.
+
+        One short transaction: the row locked first (as ``create_replacement`` locks it), then the
+        conditional change with its Reconciled event, whose snapshot sees a replacement committed meanwhile.
+        """
+        if resolution not in (JobStatus.COMPLETED, JobStatus.FAILED):
+            raise ValueError("a re-check settles an OutcomeUnknown as Completed or Failed")
+        params = {
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "resolution": resolution.value,
+            "recovery_run_id": recovery_run_id,
+            "evidence_summary": evidence_summary,
+        }
+        async with translated(), self.pool.connection() as conn, conn.transaction():
+            if await fetch_maybe(conn, "lock_unknown_for_settling", params, JobIdRow) is None:
+                return False
+            return bool(await fetch(conn, "settle_unknown_by_evidence", params, EventIdRow))
 
     # -- reconciliation and correction --------------------------------------------------------------
 

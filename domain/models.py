@@ -263,6 +263,14 @@ class ExpiredLease(Row):
     unpublished: bool  # fences were expected and the rename fence was never written: final name untouched
 
 
+class UnknownToRecheck(Row):
+    """An OutcomeUnknown attempt nominated by recovery's re-check (``find_unknowns_to_recheck``); settling it
+    repeats every condition the nomination relied on."""
+
+    job_id: UUID
+    attempt_id: UUID
+
+
 class OutboxMessage(Row):
     """One wake-up as a dispatcher took it: the row, and the publishing lease it was taken with."""
 

@@ -55,6 +55,7 @@ class Statement(StrEnum):
     FENCE_RENAME_IF_DELIVERING = "fence_rename_if_delivering"
     FAIL_UNPUBLISHED_DELIVERY = "fail_unpublished_delivery"
     FAIL_SET_ASIDE_DELIVERY = "fail_set_aside_delivery"
+    SETTLE_UNKNOWN_BY_EVIDENCE = "settle_unknown_by_evidence"
 
 
 class TransitionResult(StrEnum):

@@ -52,13 +52,17 @@ EDGE_ROLES: dict[tuple[str, str], set[str]] = {
     ("Delivering", "Completed"): {WORKER, RECOVERY},
     ("Delivering", "Failed"): {WORKER, RECOVERY},
     ("Delivering", "OutcomeUnknown"): {WORKER, RECOVERY},
-    ("OutcomeUnknown", "Completed"): {"exports_reconciler"},
-    ("OutcomeUnknown", "Failed"): {"exports_reconciler"},
+    # A person's reconciliation, or recovery's settlement on evidence a re-check found (0013).
+    ("OutcomeUnknown", "Completed"): {"exports_reconciler", RECOVERY},
+    ("OutcomeUnknown", "Failed"): {"exports_reconciler", RECOVERY},
     ("Completed", "Failed"): {"exports_reconciler"},
     ("Failed", "Completed"): {"exports_reconciler"},
 }
-# Recovery's takeovers, each only over an expired lease (issue 9.4; 0010): the edges its statements take.
-RECOVERY_EDGES = sorted(edge for edge, roles in EDGE_ROLES.items() if RECOVERY in roles)
+# Recovery's takeovers, each only over an expired lease (issue 9.4; 0010): the edges its statements take from
+# an attempt's live states. From OutcomeUnknown, which has no lease, it settles on evidence instead (0013).
+RECOVERY_EDGES = sorted(
+    edge for edge, roles in EDGE_ROLES.items() if RECOVERY in roles and edge[0] != "OutcomeUnknown"
+)
 STATUSES = [s.value for s in JobStatus]
 ILLEGAL = [(a, b) for a, b in itertools.permutations(STATUSES, 2) if (a, b) not in SEED_EDGES]
 ROLES: list[Role | None] = [
@@ -318,6 +322,20 @@ async def test_recovery_takes_its_edges_only_once_the_lease_has_expired(
 
     await factory.expire_lease(job.id)
     await recovery.execute(statement, {"to": to_status, "id": job.id})
+    assert (await factory.job(job.id)).status == JobStatus(to_status)
+
+
+@pytest.mark.parametrize("to_status", ["Completed", "Failed"])
+async def test_recovery_settles_an_outcome_unknown_which_has_no_lease(factory, connections, to_status):
+    # 0013: the terminal write cleared the lease and no worker holds the row; the lease rule is for the
+    # attempt's live states. The settling statement's own conditions are in tests/db/test_settle_unknown.py.
+    job, _ = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
+    assert job.lease_expires_at is None
+
+    await connections[RECOVERY].execute(
+        direct_update("OutcomeUnknown", to_status), {"to": to_status, "id": job.id}
+    )
+
     assert (await factory.job(job.id)).status == JobStatus(to_status)
 
 
