@@ -69,6 +69,16 @@ class Settings(BaseSettings):
         gt=0,
         description="heartbeat timeout of a recovery batch: a stalled worker's batch moves on",
     )
+    recovery_recheck_minutes: float = Field(
+        default=10.0,
+        gt=0,
+        description="how often recovery lists the partner of an OutcomeUnknown again, to settle it on evidence",
+    )
+    recovery_recheck_hours: float = Field(
+        default=24.0,
+        ge=0,
+        description="for how long after it was recorded recovery re-checks an OutcomeUnknown (0: never)",
+    )
     sweep_after_seconds: float = Field(
         default=30 * 60.0, description="a Queued job whose last wake-up is older than this is re-woken"
     )

@@ -18,6 +18,12 @@ commits after the scan makes it match nothing, and the job is left to its worker
 - After either Failed NotDelivered, under the partner's cleanup agreement (``temporary_files``), the
   attempt's temporary and set-aside files are removed, and what that found is appended too.
 
+After its takeovers a run re-checks OutcomeUnknowns whose partner did not answer (0013: recovery never
+listed it, or its last listing or move got no answer), at most every ``recovery_recheck_minutes`` each, for
+``recovery_recheck_hours`` after they were recorded: the same listing, set-aside and rules as a Delivering
+takeover, and when they now settle it, ``settle_unknown_by_evidence`` records that as the attempt's one
+reconciliation. A partner that answered without settling it leaves it to a person.
+
 Runs as ``exports_recovery``. Payloads and evidence carry IDs, sizes, hashes and codes only.
 """
 
@@ -37,7 +43,7 @@ from db.errors import StoreError
 from db.store import JobStore
 from domain.destination import Destination
 from domain.evidence import Observation, SetAside
-from domain.models import ExpiredLease, ExportJob, JobStatus
+from domain.models import ExpiredLease, ExportJob, JobStatus, UnknownToRecheck
 from observability import logs
 from partner.delivery import observe_final_name, remove_temporary_files, set_aside_for_recovery
 from rules.recovery import (
@@ -50,7 +56,7 @@ from rules.recovery import (
     set_aside_evidence,
 )
 from settings import Settings
-from workflows.models import RecoveryBatchInput, RecoveryBatchResult, Takeover
+from workflows.models import Recheck, RecheckInput, RecoveryBatchInput, RecoveryBatchResult, Takeover
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +93,7 @@ class RecoveryActivities:
 
     def activities(self) -> list[Callable[..., Any]]:
         """The activities to register on the shared task queue."""
-        return [self.recover_expired_leases]
+        return [self.recover_expired_leases, self.recheck_unknown_outcomes]
 
     @activity.defn(name="recover_expired_leases")
     async def recover_expired_leases(self, inp: RecoveryBatchInput) -> RecoveryBatchResult:
@@ -182,36 +188,114 @@ class RecoveryActivities:
         job = await self.store.get_job(candidate.id)
         if job is None or job.status != JobStatus.DELIVERING or job.attempt_id != candidate.attempt_id:
             return Takeover.MATCHED_NOTHING
-        destination = await self.store.load_destination(job.tenant_id, job.destination_id)
-        evidence = attempt_evidence(await self.store.job_events(job.id), candidate.attempt_id)
-        observation, error = await self._observe_final_name(destination, job)
-        # What recovery saw is kept whatever it decides, under the recovery run's ID.
-        await self.store.append_delivery_evidence(
-            job.id,
-            candidate.attempt_id,
-            run_id,
-            observation_evidence(observation, job, destination.id, error),
-        )
-        verdict = decide_delivery(job, evidence, observation, destination, observe_error=error)
-        if may_set_aside(job, verdict, observation):
-            settled = await self._set_aside(job, destination, evidence, verdict, run_id)
-            if settled is None:
+        verdict = await self._decide_from_evidence(job, run_id)
+        if verdict is None:
+            return Takeover.MATCHED_NOTHING
+        if verdict.resolution == JobStatus.FAILED:  # only after the set-aside (decide_after_set_aside)
+            done = await self.store.fail_set_aside_delivery(
+                job.id, candidate.attempt_id, run_id, verdict.summary
+            )
+            if not done:
                 return Takeover.MATCHED_NOTHING
-            verdict = settled
-            if verdict.resolution == JobStatus.FAILED:
-                done = await self.store.fail_set_aside_delivery(
-                    job.id, candidate.attempt_id, run_id, verdict.summary
-                )
-                if not done:
-                    return Takeover.MATCHED_NOTHING
-                await self._clean_up(job.id, candidate.attempt_id, run_id)
-                return Takeover.NOT_DELIVERED
+            await self._clean_up(job.id, candidate.attempt_id, run_id)
+            return Takeover.NOT_DELIVERED
         done = await self.store.resolve_expired_delivery(
             job.id, candidate.attempt_id, verdict.resolution, run_id, verdict.summary
         )
         if not done:
             return Takeover.MATCHED_NOTHING
         return Takeover.COMPLETED if verdict.resolution == JobStatus.COMPLETED else Takeover.OUTCOME_UNKNOWN
+
+    async def _decide_from_evidence(self, job: ExportJob, run_id: str) -> Verdict | None:
+        """What the evidence settles for ``job``'s attempt (Delivering and expired, or OutcomeUnknown): the
+        partner's final name listed (and kept as evidence under ``run_id``), the attempt's own receipts,
+        and, in place of an OutcomeUnknown, its temporary file set aside. ``None`` when the row moved on
+        before the set-aside."""
+        assert job.attempt_id is not None
+        destination = await self.store.load_destination(job.tenant_id, job.destination_id)
+        evidence = attempt_evidence(await self.store.job_events(job.id), job.attempt_id)
+        observation, error = await self._observe_final_name(destination, job)
+        # What recovery saw is kept whatever it decides, under the recovery run's ID.
+        await self.store.append_delivery_evidence(
+            job.id,
+            job.attempt_id,
+            run_id,
+            observation_evidence(observation, job, destination.id, error),
+        )
+        verdict = decide_delivery(job, evidence, observation, destination, observe_error=error)
+        if may_set_aside(job, verdict, observation):
+            return await self._set_aside(job, destination, evidence, verdict, run_id)
+        return verdict
+
+    # -- the re-check of OutcomeUnknowns (0013) ------------------------------------------------------
+
+    @activity.defn(name="recheck_unknown_outcomes")
+    async def recheck_unknown_outcomes(self, inp: RecheckInput) -> RecoveryBatchResult:
+        """List the partner of OutcomeUnknowns that recovery could not settle for want of an answer, and
+        settle those the evidence now settles (``settle_unknown_by_evidence``), at most ``inp.limit``.
+
+        Candidates are nominated by ``find_unknowns_to_recheck`` and re-read before anything is listed; at
+        most ``recovery_concurrency`` list their partner at once; the activity heartbeats on a timer. A
+        retry re-checks only what was not listed yet: a listing is recovery's evidence, and its clock.
+        """
+        result = RecoveryBatchResult()
+        if self.settings.recovery_recheck_hours <= 0:
+            return result
+        candidates = await self.store.find_unknowns_to_recheck(
+            within_seconds=self.settings.recovery_recheck_hours * 3600,
+            every_seconds=self.settings.recovery_recheck_minutes * 60,
+            limit=inp.limit,
+        )
+        listings = asyncio.Semaphore(max(1, self.settings.recovery_concurrency))
+
+        async def recheck(candidate: UnknownToRecheck) -> None:
+            async with listings:
+                outcome = await self.recheck(candidate, inp.recovery_run_id)
+            log.info(
+                "recovery %s: job %s re-checked: %s", inp.recovery_run_id, candidate.job_id, outcome.value
+            )
+            result.count_recheck(outcome)
+
+        beat = asyncio.create_task(
+            keep_heartbeating(lambda: {"rechecked": result.rechecked}, self.heartbeats_paused)
+        )
+        try:
+            await asyncio.gather(*(recheck(candidate) for candidate in candidates))
+        finally:
+            beat.cancel()
+        return result
+
+    async def recheck(self, candidate: UnknownToRecheck, run_id: str) -> Recheck:
+        """Re-check one OutcomeUnknown; an error is this job's alone, logged by its type, and it is
+        nominated again after the interval (as ``take_over``)."""
+        with logs.bind(job_id=candidate.job_id, attempt_id=candidate.attempt_id):
+            try:
+                return await self._recheck(candidate, run_id)
+            except (StoreError, OSError, TimeoutError) as exc:
+                log.warning("re-check of job %s not decided (%s)", candidate.job_id, type(exc).__name__)
+                return Recheck.ERROR
+            except Exception as exc:  # noqa: BLE001 - a defect or an unreadable row must not cost the others
+                log.error("re-check of job %s failed unexpectedly (%s)", candidate.job_id, type(exc).__name__)
+                return Recheck.ERROR
+
+    async def _recheck(self, candidate: UnknownToRecheck, run_id: str) -> Recheck:
+        job = await self.store.get_job(candidate.job_id)
+        if job is None or job.status != JobStatus.OUTCOME_UNKNOWN or job.attempt_id != candidate.attempt_id:
+            return Recheck.MATCHED_NOTHING
+        verdict = await self._decide_from_evidence(job, run_id)
+        if verdict is None:
+            return Recheck.MATCHED_NOTHING
+        if verdict.resolution == JobStatus.OUTCOME_UNKNOWN:
+            return Recheck.STILL_UNKNOWN
+        done = await self.store.settle_unknown_by_evidence(
+            job.id, candidate.attempt_id, verdict.resolution, run_id, verdict.summary
+        )
+        if not done:
+            return Recheck.MATCHED_NOTHING
+        if verdict.resolution == JobStatus.FAILED:
+            await self._clean_up(job.id, candidate.attempt_id, run_id)
+            return Recheck.NOT_DELIVERED
+        return Recheck.COMPLETED
 
     async def _set_aside(
         self,

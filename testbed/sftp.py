@@ -193,6 +193,8 @@ class TcpProxy:
     :meth:`cut_client_after_next_request` lets the next request through and resets only the client's
     side: the server keeps the connection and the request, and whatever it answers later goes nowhere
     (``late_answer`` is set when it does), as when the link to the client dies while the server is slow.
+    :meth:`refuse_new_connections` closes each new connection as soon as it is accepted, until called with
+    ``False``: a partner that answers nobody, while connections already open go on.
     """
 
     def __init__(self, target_host: str, target_port: int, *, port: int = 0) -> None:
@@ -204,6 +206,7 @@ class TcpProxy:
         self._swallow_answer = threading.Event()
         self._drop_request = threading.Event()
         self._orphan_after_request = threading.Event()
+        self._refusing = threading.Event()
         self._orphans: set[socket.socket] = set()  # server sides whose client was cut
         self.cut_done = threading.Event()
         self.answer_swallowed = threading.Event()  # set before the cut that follows it
@@ -217,6 +220,9 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._refusing.is_set():
+                client.close()
+                continue
             try:
                 server = socket.create_connection(self.target)
             except OSError:
@@ -273,6 +279,13 @@ class TcpProxy:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, no FIN
             s.shutdown(socket.SHUT_RDWR)
         s.close()
+
+    def refuse_new_connections(self, refuse: bool = True) -> None:
+        """From now on (until ``refuse_new_connections(False)``), close each new connection at once."""
+        if refuse:
+            self._refusing.set()
+        else:
+            self._refusing.clear()
 
     def cut_before_next_request(self) -> None:
         """From now on, the client's next bytes are dropped and the connection is cut."""

@@ -203,8 +203,25 @@ class Takeover(StrEnum):
     ERROR = "Error"  # not decided this run; the next run nominates it again
 
 
+class Recheck(StrEnum):
+    """What recovery's re-check did with one OutcomeUnknown (0013)."""
+
+    COMPLETED = "SettledCompleted"  # the final name shows the attempt's expected file
+    NOT_DELIVERED = "SettledNotDelivered"  # its temporary file set aside, the final name as its baseline
+    STILL_UNKNOWN = "StillUnknown"  # nothing conclusive yet: listed again after the interval
+    MATCHED_NOTHING = "MatchedNothing"  # reconciled, replaced or moved on since the nomination
+    ERROR = "Error"  # not decided this run
+
+
+class RecheckInput(BaseModel):
+    """One re-check of OutcomeUnknowns, after a recovery run's takeovers: at most ``limit`` of them."""
+
+    recovery_run_id: str
+    limit: int = 100
+
+
 class RecoveryBatchResult(BaseModel):
-    """Counts by takeover for one batch (or a whole run)."""
+    """Counts by takeover for one batch (or a whole run), and by what its re-check of OutcomeUnknowns did."""
 
     scanned: int = 0
     requeued: int = 0
@@ -215,6 +232,9 @@ class RecoveryBatchResult(BaseModel):
     not_delivered: int = 0
     matched_nothing: int = 0
     errors: int = 0
+    rechecked: int = 0
+    settled_completed: int = 0
+    settled_not_delivered: int = 0
 
     @property
     def taken_over(self) -> int:
@@ -239,6 +259,17 @@ class RecoveryBatchResult(BaseModel):
             Takeover.ERROR: "errors",
         }[takeover]
         setattr(self, field, getattr(self, field) + 1)
+
+    def count_recheck(self, recheck: Recheck) -> None:
+        self.rechecked += 1
+        if recheck == Recheck.COMPLETED:
+            self.settled_completed += 1
+        elif recheck == Recheck.NOT_DELIVERED:
+            self.settled_not_delivered += 1
+        elif recheck == Recheck.MATCHED_NOTHING:
+            self.matched_nothing += 1
+        elif recheck == Recheck.ERROR:
+            self.errors += 1
 
     def add(self, other: RecoveryBatchResult) -> None:
         for name in RecoveryBatchResult.model_fields:
