@@ -3,7 +3,8 @@ at a realistic size: 200,000 finished exports and 100,000 queued ones over 4 ten
 ``python -m bench scale_db``, a fifth of its history and all of its queue, loaded in about 15 s).
 
 Checked for each: the claim (``claim_if_queued``) on a Queued job, cutoff 2 (``authorize_delivery_if_running``)
-on that job's Running attempt, recovery's scan of expired leases (``find_expired_leases``), the sweeper's
+on that job's Running attempt, recovery's scan of expired leases (``find_expired_leases``) and its re-check
+of OutcomeUnknowns (``find_unknowns_to_recheck``), the sweeper's
 batch (``sweep_stale_queued``) and a resume's (``wake_resumed_queued``), both in wake-up order through
 ``ix_export_jobs_woken``, and the API's list page (``page_tenant_jobs``: the first page and a keyset
 page from the middle of the tenant's history), each with the parameters the store binds. Both plans count:
@@ -101,6 +102,12 @@ async def test_the_statements_read_export_jobs_through_indexes_at_scale(database
             )
             await plan(
                 "recovery's scan", "exports_recovery", "find_expired_leases", recovery_params(settings)
+            )
+            await plan(
+                "recovery's re-check",
+                "exports_recovery",
+                "find_unknowns_to_recheck",
+                {"within_seconds": 24 * 3600.0, "every_seconds": 600.0, "limit": settings.recovery_batch},
             )
             await plan("the sweep", "exports_worker", "sweep_stale_queued", sweep_params(settings))
             await plan(
