@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 from uuid import UUID
 
 from temporalio import activity
@@ -65,6 +65,34 @@ OBSERVE_RETRY_SECONDS = 2.0  # the pause before the next listing, times the trie
 
 
 # -- the activities --------------------------------------------------------------------------------
+
+_Decided = TypeVar("_Decided", Takeover, Recheck)
+
+
+async def _alone(
+    what: str, job_id: UUID, attempt_id: UUID, deciding: Coroutine[Any, Any, _Decided], error: _Decided
+) -> _Decided:
+    """``deciding``'s answer, or ``error`` when it raised: one job's error is its alone, logged with its type
+    only (a message can carry a row's values), and the job is left for a later run. ``CancelledError`` is no
+    ``Exception``: it ends the batch."""
+    with logs.bind(job_id=job_id, attempt_id=attempt_id):
+        try:
+            return await deciding
+        except (StoreError, OSError, TimeoutError) as exc:
+            log.warning(
+                "%s of job %s attempt %s not decided (%s)", what, job_id, attempt_id, type(exc).__name__
+            )
+            return error
+        except Exception as exc:  # noqa: BLE001 - a defect or an unreadable row must not cost the batch
+            log.error(
+                "%s of job %s attempt %s failed unexpectedly (%s); left for the next run",
+                what,
+                job_id,
+                attempt_id,
+                type(exc).__name__,
+            )
+            return error
+
 
 Observe = Callable[[Destination, str], Observation]
 SetAsideAt = Callable[[Destination, UUID, str], tuple[SetAside, Observation]]
@@ -138,25 +166,13 @@ class RecoveryActivities:
         an error before it wrote nothing, and one after it cannot undo it. Cancellation is not an error: an
         ``asyncio.CancelledError`` is no ``Exception`` and ends the batch.
         """
-        with logs.bind(job_id=candidate.id, attempt_id=candidate.attempt_id):
-            try:
-                return await self._take_over(candidate, recovery_run_id)
-            except (StoreError, OSError, TimeoutError) as exc:
-                log.warning(
-                    "recovery of job %s attempt %s not decided (%s)",
-                    candidate.id,
-                    candidate.attempt_id,
-                    type(exc).__name__,
-                )
-                return Takeover.ERROR
-            except Exception as exc:  # noqa: BLE001 - a defect or an unreadable row must not cost the batch
-                log.error(
-                    "recovery of job %s attempt %s failed unexpectedly (%s); left for the next run",
-                    candidate.id,
-                    candidate.attempt_id,
-                    type(exc).__name__,
-                )
-                return Takeover.ERROR
+        return await _alone(
+            "recovery",
+            candidate.id,
+            candidate.attempt_id,
+            self._take_over(candidate, recovery_run_id),
+            Takeover.ERROR,
+        )
 
     async def _take_over(self, candidate: ExpiredLease, run_id: str) -> Takeover:
         job_id, attempt_id = candidate.id, candidate.attempt_id
@@ -266,17 +282,15 @@ class RecoveryActivities:
         return result
 
     async def recheck(self, candidate: UnknownToRecheck, run_id: str) -> Recheck:
-        """Re-check one OutcomeUnknown; an error is this job's alone, logged by its type, and it is
-        nominated again after the interval (as ``take_over``)."""
-        with logs.bind(job_id=candidate.job_id, attempt_id=candidate.attempt_id):
-            try:
-                return await self._recheck(candidate, run_id)
-            except (StoreError, OSError, TimeoutError) as exc:
-                log.warning("re-check of job %s not decided (%s)", candidate.job_id, type(exc).__name__)
-                return Recheck.ERROR
-            except Exception as exc:  # noqa: BLE001 - a defect or an unreadable row must not cost the others
-                log.error("re-check of job %s failed unexpectedly (%s)", candidate.job_id, type(exc).__name__)
-                return Recheck.ERROR
+        """Re-check one OutcomeUnknown; an error is this job's alone, as in ``take_over``, and the job is
+        nominated again after the interval."""
+        return await _alone(
+            "re-check",
+            candidate.job_id,
+            candidate.attempt_id,
+            self._recheck(candidate, run_id),
+            Recheck.ERROR,
+        )
 
     async def _recheck(self, candidate: UnknownToRecheck, run_id: str) -> Recheck:
         job = await self.store.get_job(candidate.job_id)
