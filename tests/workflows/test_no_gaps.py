@@ -65,6 +65,7 @@ async def test_a_workflow_terminated_while_building_never_crosses_cutoff_2_and_g
     handle = await harness.start(job)
     await asyncio.wait_for(terminated.wait(), 20)
     await wait_until(lambda: _released(harness, job.id), "the attempt given back", within=20)
+    await wait_until(lambda: _build_removed(harness), "the local file removed", within=10)
 
     described = await handle.describe()
     assert described.status == WorkflowExecutionStatus.TERMINATED
@@ -97,6 +98,7 @@ async def test_a_build_whose_heartbeat_timed_out_never_crosses_cutoff_2(harness:
     handle = await harness.start(job, build_heartbeat_seconds=1.0)
     await asyncio.wait_for(timed_out.wait(), 30)
     await wait_until(lambda: _released(harness, job.id), "the attempt given back", within=20)
+    await wait_until(lambda: _build_removed(harness), "the local file removed", within=10)
 
     assert "DeliveryAuthorized" not in await harness.factory.event_kinds(job.id)
     assert (await harness.factory.job(job.id)).status == JobStatus.QUEUED
@@ -105,6 +107,12 @@ async def test_a_build_whose_heartbeat_timed_out_never_crosses_cutoff_2(harness:
 
 async def _released(harness: Harness, job_id: uuid.UUID) -> bool:
     return "Released" in await harness.factory.event_kinds(job_id)
+
+
+async def _build_removed(harness: Harness) -> bool:
+    # The activity removes its file in its finally, after the release committed: the row says Released a
+    # moment before the activity has ended.
+    return harness.files_on_disk() == []
 
 
 # -- 4. one lease keeper per attempt, no gaps ---------------------------------------------------------
