@@ -204,7 +204,7 @@ class RecoveryActivities:
         job = await self.store.get_job(candidate.id)
         if job is None or job.status != JobStatus.DELIVERING or job.attempt_id != candidate.attempt_id:
             return Takeover.MATCHED_NOTHING
-        verdict = await self._decide_from_evidence(job, run_id)
+        verdict = await self._decide_from_evidence(job, run_id, tries=self.settings.recovery_observe_tries)
         if verdict is None:
             return Takeover.MATCHED_NOTHING
         if verdict.resolution == JobStatus.FAILED:  # only after the set-aside (decide_after_set_aside)
@@ -222,15 +222,15 @@ class RecoveryActivities:
             return Takeover.MATCHED_NOTHING
         return Takeover.COMPLETED if verdict.resolution == JobStatus.COMPLETED else Takeover.OUTCOME_UNKNOWN
 
-    async def _decide_from_evidence(self, job: ExportJob, run_id: str) -> Verdict | None:
+    async def _decide_from_evidence(self, job: ExportJob, run_id: str, *, tries: int) -> Verdict | None:
         """What the evidence settles for ``job``'s attempt (Delivering and expired, or OutcomeUnknown): the
-        partner's final name listed (and kept as evidence under ``run_id``), the attempt's own receipts,
-        and, in place of an OutcomeUnknown, its temporary file set aside. ``None`` when the row moved on
-        before the set-aside."""
+        partner's final name listed (up to ``tries`` times, and kept as evidence under ``run_id``), the
+        attempt's own receipts, and, in place of an OutcomeUnknown, its temporary file set aside. ``None``
+        when the row moved on before the set-aside."""
         assert job.attempt_id is not None
         destination = await self.store.load_destination(job.tenant_id, job.destination_id)
         evidence = attempt_evidence(await self.store.job_events(job.id), job.attempt_id)
-        observation, error = await self._observe_final_name(destination, job)
+        observation, error = await self._observe_final_name(destination, job, tries)
         # What recovery saw is kept whatever it decides, under the recovery run's ID.
         await self.store.append_delivery_evidence(
             job.id,
@@ -248,11 +248,14 @@ class RecoveryActivities:
     @activity.defn(name="recheck_unknown_outcomes")
     async def recheck_unknown_outcomes(self, inp: RecheckInput) -> RecoveryBatchResult:
         """List the partner of OutcomeUnknowns that recovery could not settle for want of an answer, and
-        settle those the evidence now settles (``settle_unknown_by_evidence``), at most ``inp.limit``.
+        settle those the evidence now settles (``settle_unknown_by_evidence``).
 
-        Candidates are nominated by ``find_unknowns_to_recheck`` and re-read before anything is listed; at
-        most ``recovery_concurrency`` list their partner at once; the activity heartbeats on a timer. A
-        retry re-checks only what was not listed yet: a listing is recovery's evidence, and its clock.
+        One wave a run: at most ``recovery_concurrency`` candidates (and ``inp.limit``), nominated by
+        ``find_unknowns_to_recheck`` and re-read before anything is listed, listed at once and once each,
+        so a partner that hangs adds at most a listing's timeout (and a move's) to the run, and never delays
+        the takeovers of the runs after it for longer; the others wait for the next run. The activity
+        heartbeats on a timer. A retry re-checks only what was not listed yet: a listing is recovery's
+        evidence, and its clock.
         """
         result = RecoveryBatchResult()
         if self.settings.recovery_recheck_hours <= 0:
@@ -260,13 +263,11 @@ class RecoveryActivities:
         candidates = await self.store.find_unknowns_to_recheck(
             within_seconds=self.settings.recovery_recheck_hours * 3600,
             every_seconds=self.settings.recovery_recheck_minutes * 60,
-            limit=inp.limit,
+            limit=min(inp.limit, max(1, self.settings.recovery_concurrency)),
         )
-        listings = asyncio.Semaphore(max(1, self.settings.recovery_concurrency))
 
         async def recheck(candidate: UnknownToRecheck) -> None:
-            async with listings:
-                outcome = await self.recheck(candidate, inp.recovery_run_id)
+            outcome = await self.recheck(candidate, inp.recovery_run_id)
             log.info(
                 "recovery %s: job %s re-checked: %s", inp.recovery_run_id, candidate.job_id, outcome.value
             )
@@ -296,7 +297,8 @@ class RecoveryActivities:
         job = await self.store.get_job(candidate.job_id)
         if job is None or job.status != JobStatus.OUTCOME_UNKNOWN or job.attempt_id != candidate.attempt_id:
             return Recheck.MATCHED_NOTHING
-        verdict = await self._decide_from_evidence(job, run_id)
+        # One listing: a partner still silent is asked again after the interval, not now.
+        verdict = await self._decide_from_evidence(job, run_id, tries=1)
         if verdict is None:
             return Recheck.MATCHED_NOTHING
         if verdict.resolution == JobStatus.OUTCOME_UNKNOWN:
@@ -368,11 +370,12 @@ class RecoveryActivities:
             log.info("recovery's cleanup of job %s not recorded (%s)", job_id, type(exc).__name__)
 
     async def _observe_final_name(
-        self, destination: Destination, job: ExportJob
+        self, destination: Destination, job: ExportJob, tries: int
     ) -> tuple[Observation | None, str | None]:
-        """(what the destination shows under the final name, or None with the error's type name)."""
+        """(what the destination shows under the final name, or None with the error's type name), asking up
+        to ``tries`` times."""
         name = job.expected_file_name or job.final_name
-        tries = max(1, self.settings.recovery_observe_tries)
+        tries = max(1, tries)
         error = "not asked"
         for attempt in range(1, tries + 1):
             try:

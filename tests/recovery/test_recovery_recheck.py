@@ -212,3 +212,36 @@ async def test_re_checks_turned_off_list_nothing(settings, recovery_store, facto
     assert result.rechecked == 0
     assert await factory.status(job.id) == JobStatus.OUTCOME_UNKNOWN
     assert await recovery_evidence(factory, job.id) == []
+
+
+@pytest.mark.parametrize("sftp_server", ["asyncssh"])
+async def test_a_run_re_checks_one_wave_of_the_oldest_and_the_next_run_the_rest(
+    settings, recovery_store, factory, sftp_target: SftpTarget
+):
+    # One wave a run, recovery_concurrency wide, each listed once: a partner that hangs costs a run one
+    # listing's timeout at most, and what did not fit waits for the next run.
+    jobs = []
+    for _ in range(3):
+        data = os.urandom(SIZE)
+        job, attempt = await delivering_to(factory, sftp_target, data)
+        sftp_target.put(job.final_name, data)
+        finished = await factory.worker.finish_delivery(job.id, attempt, DeliveryOutcome.OUTCOME_UNKNOWN)
+        assert finished == FinishResult.WRITTEN
+        await minutes_pass(factory, job.id, 23 * 60 - len(jobs))  # older than the module's others; in order
+        jobs.append(job)
+    two_wide = RecoveryActivities(recovery_store, settings.model_copy(update={"recovery_concurrency": 2}))
+
+    async def run() -> None:
+        await ActivityEnvironment().run(
+            two_wide.recheck_unknown_outcomes, RecheckInput(recovery_run_id="recovery:wave", limit=100)
+        )
+
+    await run()
+    assert [await factory.status(j.id) for j in jobs] == [
+        JobStatus.COMPLETED,
+        JobStatus.COMPLETED,
+        JobStatus.OUTCOME_UNKNOWN,
+    ]
+    await run()
+    assert await factory.status(jobs[2].id) == JobStatus.COMPLETED
+    assert [len(await recovery_evidence(factory, j.id)) for j in jobs] == [1, 1, 1]
