@@ -47,6 +47,7 @@ from domain.models import ExpiredLease, ExportJob, JobStatus, UnknownToRecheck
 from observability import logs
 from partner.delivery import observe_final_name, remove_temporary_files, set_aside_for_recovery
 from rules.recovery import (
+    RECOVERY_OBSERVER_PREFIX,
     Verdict,
     attempt_evidence,
     decide_after_set_aside,
@@ -261,6 +262,7 @@ class RecoveryActivities:
         if self.settings.recovery_recheck_hours <= 0:
             return result
         candidates = await self.store.find_unknowns_to_recheck(
+            observer_prefix=f"{RECOVERY_OBSERVER_PREFIX}:",
             within_seconds=self.settings.recovery_recheck_hours * 3600,
             every_seconds=self.settings.recovery_recheck_minutes * 60,
             limit=min(inp.limit, max(1, self.settings.recovery_concurrency)),

@@ -486,8 +486,8 @@ RETURNING id;
 -- name: find_unknowns_to_recheck
 -- Recovery's re-check of OutcomeUnknowns (0013). It only nominates: an attempt recorded OutcomeUnknown within
 -- the last within_seconds and at least every_seconds ago, not reconciled, its job named by no replacement,
--- whose partner has not answered recovery yet (recovery never listed it, or its last listing or move got no
--- answer: an 'error' in that evidence), and not listed by recovery in the last every_seconds; oldest first.
+-- whose partner has not answered recovery yet (recovery, observed_by starting with observer_prefix, never
+-- listed it, or its last listing or move got no answer: an 'error' in that evidence), and not listed by recovery in the last every_seconds; oldest first.
 -- A partner that answered gave what it will give: a person weighs that.
 SELECT j.id AS job_id, j.attempt_id
 FROM export_jobs j
@@ -499,7 +499,7 @@ LEFT JOIN LATERAL (
     SELECT e.recorded_at AS at, e.detail::jsonb ? 'error' AS unanswered
     FROM export_attempt_events e
     WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id AND e.kind = 'DeliveryEvidence'
-      AND starts_with(e.observed_by, 'recovery:')
+      AND starts_with(e.observed_by, %(observer_prefix)s)
     ORDER BY e.id DESC
     LIMIT 1
 ) listed ON true

@@ -713,15 +713,21 @@ class JobStore:
         )
 
     async def find_unknowns_to_recheck(
-        self, *, within_seconds: float, every_seconds: float, limit: int
+        self, *, observer_prefix: str, within_seconds: float, every_seconds: float, limit: int
     ) -> list[UnknownToRecheck]:
         """Recovery's re-check candidates (0013): OutcomeUnknown attempts recorded within ``within_seconds``
         and at least ``every_seconds`` ago, not reconciled, not replaced, whose partner has not answered
         recovery yet and which recovery has not listed in the last ``every_seconds``; oldest first.
-        Candidates only."""
+        Recovery's evidence is what was observed by an ID starting with ``observer_prefix``. Candidates
+        only."""
         return await self._rows(
             "find_unknowns_to_recheck",
-            {"within_seconds": within_seconds, "every_seconds": every_seconds, "limit": limit},
+            {
+                "observer_prefix": observer_prefix,
+                "within_seconds": within_seconds,
+                "every_seconds": every_seconds,
+                "limit": limit,
+            },
             UnknownToRecheck,
         )
 

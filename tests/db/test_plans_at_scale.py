@@ -107,7 +107,12 @@ async def test_the_statements_read_export_jobs_through_indexes_at_scale(database
                 "recovery's re-check",
                 "exports_recovery",
                 "find_unknowns_to_recheck",
-                {"within_seconds": 24 * 3600.0, "every_seconds": 600.0, "limit": settings.recovery_batch},
+                {
+                    "observer_prefix": "recovery:",
+                    "within_seconds": 24 * 3600.0,
+                    "every_seconds": 600.0,
+                    "limit": settings.recovery_batch,
+                },
             )
             await plan("the sweep", "exports_worker", "sweep_stale_queued", sweep_params(settings))
             await plan(

@@ -236,7 +236,7 @@ async def listed_by_recovery_ago(
 
 async def nominated(factory) -> set[UUID]:
     found = await factory.recovery.find_unknowns_to_recheck(
-        within_seconds=DAY, every_seconds=10 * MINUTE, limit=10_000
+        observer_prefix="recovery:", within_seconds=DAY, every_seconds=10 * MINUTE, limit=10_000
     )
     return {c.job_id for c in found}
 
@@ -249,7 +249,7 @@ async def test_an_outcome_unknown_is_nominated_one_interval_after_it_was_recorde
     await recorded_ago(factory, old.id, 2 * DAY)
 
     found = await factory.recovery.find_unknowns_to_recheck(
-        within_seconds=DAY, every_seconds=10 * MINUTE, limit=10_000
+        observer_prefix="recovery:", within_seconds=DAY, every_seconds=10 * MINUTE, limit=10_000
     )
 
     ids = {c.job_id: c.attempt_id for c in found}
