@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint format bench soak clean
+.PHONY: test demo lint format bench soak schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ bench: $(STAMP)
 SOAK_ARGS ?= --exports 300 --seed 1
 soak: $(STAMP)
 	$(BIN)/python -m chaos $(SOAK_ARGS) --report-json $(or $(SOAK_REPORT),/tmp/fenced-soak-report.json)
+
+# db/schema.sql from a freshly migrated database: run it after adding a migration (tests/db/test_schema_file.py).
+schema: $(STAMP)
+	$(BIN)/python -m db.schema --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache

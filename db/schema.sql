@@ -1,0 +1,756 @@
+-- The schema db/migrations leave, as pg_dump --schema-only --no-owner prints it (comments and SET lines
+-- dropped). Generated: do not edit. After adding a migration, regenerate it with
+--   python -m db.schema --write  (or: make schema)
+-- tests/db/test_schema_file.py fails when a freshly migrated database differs from this file.
+
+CREATE FUNCTION public.delivery_switch_changes_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'the history of switch changes is append-only' USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE FUNCTION public.delivery_switches_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF current_user = 'exports_worker' THEN
+        RAISE EXCEPTION 'exports_worker reads delivery switches, it never changes them'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_delivery_switches_writer';
+    END IF;
+    IF NEW.scope <> OLD.scope OR NEW.tenant_id IS DISTINCT FROM OLD.tenant_id
+       OR NEW.destination_id IS DISTINCT FROM OLD.destination_id THEN
+        RAISE EXCEPTION 'a delivery switch never changes its scope'
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_switches_identity';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.destinations_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF current_user = 'exports_worker' THEN
+        RAISE EXCEPTION 'exports_worker reads destinations, it never changes them'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_destinations_writer';
+    END IF;
+    IF NEW.id <> OLD.id OR NEW.tenant_id <> OLD.tenant_id THEN
+        RAISE EXCEPTION 'destination % never changes its identity', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_identity';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.export_jobs_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    edge_roles text[];
+BEGIN
+    IF NEW.id <> OLD.id OR NEW.tenant_id <> OLD.tenant_id OR NEW.delivery_key <> OLD.delivery_key
+       OR NEW.replaces_job_id IS DISTINCT FROM OLD.replaces_job_id OR NEW.created_by <> OLD.created_by THEN
+        RAISE EXCEPTION 'export % identity columns never change', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_identity';
+    END IF;
+
+    IF OLD.status IN ('Canceled', 'Rejected', 'Stopped') THEN
+        RAISE EXCEPTION 'export % is % and final', OLD.id, OLD.status
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
+    END IF;
+
+    IF OLD.status IN ('Completed', 'Failed') AND current_user <> 'exports_reconciler' THEN
+        RAISE EXCEPTION 'export % is a recorded %; only exports_reconciler may correct it', OLD.id, OLD.status
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_export_jobs_recorded_outcome';
+    END IF;
+
+    IF NEW.status IS DISTINCT FROM OLD.status THEN
+        SELECT e.roles INTO edge_roles FROM export_status_edges e
+        WHERE e.from_status = OLD.status AND e.to_status = NEW.status;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'export %: % -> % is not an edge of the state diagram', OLD.id, OLD.status, NEW.status
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
+        END IF;
+        IF NOT current_user = ANY (edge_roles) THEN
+            RAISE EXCEPTION 'export %: % -> % is taken only by %, not by %',
+                    OLD.id, OLD.status, NEW.status, edge_roles, current_user
+                USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_export_jobs_edge_role';
+        END IF;
+        -- Recovery takes over only an expired lease, on the database clock, compared as its statements
+        -- compare it (lease_expires_at < clock_timestamp()); a renewed lease, or none, is the worker's. An
+        -- OutcomeUnknown has no lease and no worker: recovery settles it by evidence (0013). No table is
+        -- read here, so no cached plan of it needs a privilege the role lacks (0006).
+        IF current_user = 'exports_recovery' AND OLD.status <> 'OutcomeUnknown' THEN
+            IF NOT coalesce(OLD.lease_expires_at < clock_timestamp(), false) THEN
+                RAISE EXCEPTION 'export %: exports_recovery takes % -> % only once the lease has expired (lease_expires_at %)',
+                        OLD.id, OLD.status, NEW.status, OLD.lease_expires_at
+                    USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_export_jobs_recovery_lease';
+            END IF;
+        END IF;
+        -- A recorded outcome changes once per attempt, along the correction recorded for it. Nested, not
+        -- "AND NOT EXISTS": as one expression its cached generic plan keeps the subquery, and PostgreSQL
+        -- checks the table privilege of every plan before running it, so after five uses on a connection
+        -- every status change by a role that may not read outcome_corrections failed (0006 fixes 0005).
+        IF OLD.status IN ('Completed', 'Failed') THEN
+            IF NOT EXISTS (
+                SELECT 1 FROM outcome_corrections c
+                WHERE c.job_id = OLD.id AND c.attempt_id = OLD.attempt_id
+                  AND c.from_status = OLD.status AND c.to_status = NEW.status) THEN
+                RAISE EXCEPTION 'export %: % -> % needs its recorded correction', OLD.id, OLD.status, NEW.status
+                    USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_correction';
+            END IF;
+        END IF;
+    END IF;
+
+    IF OLD.status IN ('Completed', 'Failed') AND NEW.status = OLD.status THEN
+        RAISE EXCEPTION 'export % is a recorded %; a correction changes its status', OLD.id, OLD.status
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.export_jobs_insert_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.status <> 'Queued' OR NEW.attempt_id IS NOT NULL OR NEW.attempt_count <> 0 THEN
+        RAISE EXCEPTION 'a new export starts Queued with no attempt'
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.export_jobs_no_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'exports are never deleted' USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE FUNCTION public.outbox_notify() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('outbox', '');
+    RETURN NULL;
+END $$;
+
+CREATE TABLE public.api_tokens (
+    token_sha256 bytea NOT NULL,
+    tenant_id uuid NOT NULL,
+    principal text NOT NULL,
+    role text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT api_tokens_role_check CHECK ((role = ANY (ARRAY['operator'::text, 'reconciler'::text])))
+);
+
+CREATE TABLE public.cancellation_batch_jobs (
+    tenant_id uuid NOT NULL,
+    batch_id uuid NOT NULL,
+    job_id uuid NOT NULL
+);
+
+CREATE TABLE public.cancellation_batches (
+    tenant_id uuid NOT NULL,
+    id uuid NOT NULL,
+    requested_by text NOT NULL,
+    reason text NOT NULL,
+    destination_id uuid NOT NULL,
+    list_name text,
+    matched integer NOT NULL,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT cancellation_batches_list_name_check CHECK (((list_name IS NULL) OR ((length(list_name) >= 1) AND (length(list_name) <= 200)))),
+    CONSTRAINT cancellation_batches_matched_check CHECK ((matched >= 0)),
+    CONSTRAINT cancellation_batches_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000)))
+);
+
+CREATE TABLE public.cancellation_requests (
+    tenant_id uuid NOT NULL,
+    id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    requested_by text NOT NULL,
+    reason text,
+    outcome text NOT NULL,
+    found_status text NOT NULL,
+    found_attempt_id uuid,
+    found_attempt_count integer NOT NULL,
+    found_delivery_authorized_at timestamp with time zone,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    batch_id uuid,
+    CONSTRAINT cancellation_requests_outcome_check CHECK ((outcome = ANY (ARRAY['CanceledWhileQueued'::text, 'StopRequested'::text, 'StopAlreadyRequested'::text, 'AlreadyCanceled'::text, 'AlreadyEnded'::text, 'TooLate'::text])))
+);
+
+CREATE TABLE public.console_sessions (
+    session_sha256 bytea NOT NULL,
+    token_sha256 bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT ck_console_sessions_expiry CHECK ((expires_at > created_at)),
+    CONSTRAINT console_sessions_session_sha256_check CHECK ((length(session_sha256) = 32))
+);
+
+CREATE TABLE public.contacts (
+    tenant_id uuid NOT NULL,
+    id bigint NOT NULL,
+    list_name text NOT NULL,
+    email text NOT NULL,
+    first_name text DEFAULT ''::text NOT NULL,
+    last_name text DEFAULT ''::text NOT NULL
+);
+
+ALTER TABLE public.contacts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.contacts_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.deliveries (
+    tenant_id uuid NOT NULL,
+    delivery_key text NOT NULL,
+    original_job_id uuid NOT NULL
+);
+
+CREATE TABLE public.delivery_switch_changes (
+    id bigint NOT NULL,
+    scope text NOT NULL,
+    tenant_id uuid,
+    destination_id uuid,
+    enabled boolean NOT NULL,
+    was_enabled boolean,
+    reason text NOT NULL,
+    changed_by text NOT NULL,
+    changed_at timestamp with time zone NOT NULL
+);
+
+ALTER TABLE public.delivery_switch_changes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.delivery_switch_changes_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.delivery_switches (
+    scope text NOT NULL,
+    tenant_id uuid,
+    destination_id uuid,
+    enabled boolean NOT NULL,
+    reason text NOT NULL,
+    changed_by text NOT NULL,
+    changed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT ck_delivery_switches_scope CHECK ((((scope = 'global'::text) AND (tenant_id IS NULL) AND (destination_id IS NULL)) OR ((scope = 'tenant'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NULL)) OR ((scope = 'destination'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NOT NULL)))),
+    CONSTRAINT delivery_switches_changed_by_check CHECK (((length(changed_by) >= 1) AND (length(changed_by) <= 200))),
+    CONSTRAINT delivery_switches_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT delivery_switches_scope_check CHECK ((scope = ANY (ARRAY['global'::text, 'tenant'::text, 'destination'::text])))
+);
+
+CREATE TABLE public.destinations (
+    id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    name text NOT NULL,
+    host text NOT NULL,
+    port integer NOT NULL,
+    username text NOT NULL,
+    host_key text NOT NULL,
+    credential_ref text NOT NULL,
+    remote_dir text NOT NULL,
+    name_and_size_identify boolean DEFAULT false NOT NULL,
+    hash_evidence text DEFAULT 'none'::text NOT NULL,
+    ack_suffix text,
+    max_write_request integer DEFAULT 32768 NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    contract_starts_on date DEFAULT ((clock_timestamp() AT TIME ZONE 'UTC'::text))::date NOT NULL,
+    contract_ends_on date,
+    retired_at timestamp with time zone,
+    retired_by text,
+    temporary_files text DEFAULT 'keep'::text NOT NULL,
+    CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
+    CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
+    CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
+    CONSTRAINT ck_destinations_temporary_files CHECK ((temporary_files = ANY (ARRAY['keep'::text, 'remove'::text]))),
+    CONSTRAINT destinations_hash_evidence_check CHECK ((hash_evidence = ANY (ARRAY['none'::text, 'read_back'::text, 'ack_file'::text]))),
+    CONSTRAINT destinations_max_write_request_check CHECK (((max_write_request >= 1024) AND (max_write_request <= 261120))),
+    CONSTRAINT destinations_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT destinations_port_check CHECK (((port >= 1) AND (port <= 65535)))
+);
+
+CREATE TABLE public.export_attempt_events (
+    id bigint NOT NULL,
+    job_id uuid NOT NULL,
+    attempt_id uuid NOT NULL,
+    kind text NOT NULL,
+    version integer,
+    worker_id text,
+    observed_by text,
+    detail text,
+    recorded_at timestamp with time zone NOT NULL,
+    CONSTRAINT export_attempt_events_kind_check CHECK ((kind = ANY (ARRAY['Claimed'::text, 'DeliveryAuthorized'::text, 'Stopped'::text, 'Failed'::text, 'Finished'::text, 'RequeuedByRecovery'::text, 'StoppedByRecovery'::text, 'AttemptsExhausted'::text, 'ResolvedByRecovery'::text, 'Reconciled'::text, 'Corrected'::text, 'DeliveryEvidence'::text, 'Released'::text, 'UploadFenced'::text, 'RenameFenced'::text])))
+);
+
+ALTER TABLE public.export_attempt_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.export_attempt_events_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.export_jobs (
+    id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    status text NOT NULL,
+    version integer NOT NULL,
+    destination_id uuid NOT NULL,
+    attempt_id uuid,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    claimed_by text,
+    lease_expires_at timestamp with time zone,
+    stop_request_id uuid,
+    cancellation_request_id uuid,
+    expected_file_name text,
+    expected_file_bytes bigint,
+    expected_file_sha256 bytea,
+    expected_file_rows bigint,
+    delivery_authorized_at timestamp with time zone,
+    woken_at timestamp with time zone NOT NULL,
+    failure_reason text,
+    delivery_key text NOT NULL,
+    replaces_job_id uuid,
+    created_by text NOT NULL,
+    replacement_reason text,
+    overwrite_agreement_ref text,
+    sweep_count integer DEFAULT 0 NOT NULL,
+    list_name text NOT NULL,
+    rejection_reason text,
+    workflow_id text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    attempts_released integer DEFAULT 0 NOT NULL,
+    fence_expected boolean DEFAULT false NOT NULL,
+    upload_fenced_at timestamp with time zone,
+    rename_fenced_at timestamp with time zone,
+    rejection_code text,
+    CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_rejection CHECK ((((status = 'Rejected'::text) = (rejection_code IS NOT NULL)) AND ((rejection_code IS NULL) OR (rejection_reason IS NOT NULL)))),
+    CONSTRAINT ck_export_jobs_rejection_code CHECK ((rejection_code = ANY (ARRAY['list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text, 'list_missing'::text]))),
+    CONSTRAINT ck_export_jobs_replacement CHECK (((replaces_job_id IS NULL) = (replacement_reason IS NULL))),
+    CONSTRAINT export_jobs_attempts_released_check CHECK ((attempts_released >= 0)),
+    CONSTRAINT export_jobs_failure_reason_check CHECK ((failure_reason = ANY (ARRAY['BuildFailed'::text, 'AttemptsExhausted'::text, 'NotDelivered'::text, 'FinalNameOccupied'::text, 'OriginalDelivered'::text]))),
+    CONSTRAINT export_jobs_status_check CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text, 'Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text, 'Completed'::text, 'OutcomeUnknown'::text])))
+);
+
+CREATE TABLE public.export_status_edges (
+    from_status text NOT NULL,
+    to_status text NOT NULL,
+    via text NOT NULL,
+    roles text[] DEFAULT '{}'::text[] NOT NULL
+);
+
+CREATE TABLE public.idempotency_keys (
+    tenant_id uuid NOT NULL,
+    operation text NOT NULL,
+    key text NOT NULL,
+    fingerprint text NOT NULL,
+    job_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT idempotency_keys_key_check CHECK (((length(key) >= 1) AND (length(key) <= 200)))
+);
+
+CREATE TABLE public.outbox (
+    message_id uuid NOT NULL,
+    kind text NOT NULL,
+    job_id uuid NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    published_at timestamp with time zone,
+    traceparent text,
+    publishing_until timestamp with time zone,
+    CONSTRAINT ck_outbox_traceparent CHECK ((traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text))
+);
+
+CREATE TABLE public.outcome_corrections (
+    tenant_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    attempt_id uuid NOT NULL,
+    from_status text NOT NULL,
+    to_status text NOT NULL,
+    failure_reason text,
+    corrected_by text NOT NULL,
+    evidence_ref text NOT NULL,
+    why text NOT NULL,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT ck_outcome_corrections_change CHECK ((from_status <> to_status)),
+    CONSTRAINT outcome_corrections_from_status_check CHECK ((from_status = ANY (ARRAY['Completed'::text, 'Failed'::text]))),
+    CONSTRAINT outcome_corrections_to_status_check CHECK ((to_status = ANY (ARRAY['Completed'::text, 'Failed'::text])))
+);
+
+CREATE TABLE public.principals (
+    tenant_id uuid NOT NULL,
+    name text NOT NULL,
+    role text NOT NULL,
+    export_lists text[],
+    revoked_at timestamp with time zone,
+    revoked_by text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT ck_principals_revoked CHECK (((revoked_at IS NULL) = (revoked_by IS NULL))),
+    CONSTRAINT principals_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT principals_role_check CHECK ((role = ANY (ARRAY['operator'::text, 'reconciler'::text])))
+);
+
+CREATE TABLE public.schema_migrations (
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
+);
+
+CREATE TABLE public.tenants (
+    id uuid NOT NULL,
+    name text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT tenants_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)))
+);
+
+ALTER TABLE ONLY public.api_tokens
+    ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (token_sha256);
+
+ALTER TABLE ONLY public.console_sessions
+    ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (session_sha256);
+
+ALTER TABLE ONLY public.delivery_switch_changes
+    ADD CONSTRAINT delivery_switch_changes_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.export_attempt_events
+    ADD CONSTRAINT export_attempt_events_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.export_jobs
+    ADD CONSTRAINT export_jobs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.export_status_edges
+    ADD CONSTRAINT export_status_edges_pkey PRIMARY KEY (from_status, to_status);
+
+ALTER TABLE ONLY public.outbox
+    ADD CONSTRAINT outbox_pkey PRIMARY KEY (message_id);
+
+ALTER TABLE ONLY public.cancellation_batch_jobs
+    ADD CONSTRAINT pk_cancellation_batch_jobs PRIMARY KEY (tenant_id, batch_id, job_id);
+
+ALTER TABLE ONLY public.cancellation_batches
+    ADD CONSTRAINT pk_cancellation_batches PRIMARY KEY (tenant_id, id);
+
+ALTER TABLE ONLY public.cancellation_requests
+    ADD CONSTRAINT pk_cancellation_requests PRIMARY KEY (tenant_id, id);
+
+ALTER TABLE ONLY public.contacts
+    ADD CONSTRAINT pk_contacts PRIMARY KEY (tenant_id, list_name, id);
+
+ALTER TABLE ONLY public.deliveries
+    ADD CONSTRAINT pk_deliveries PRIMARY KEY (tenant_id, delivery_key);
+
+ALTER TABLE ONLY public.destinations
+    ADD CONSTRAINT pk_destinations PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.idempotency_keys
+    ADD CONSTRAINT pk_idempotency_keys PRIMARY KEY (tenant_id, operation, key);
+
+ALTER TABLE ONLY public.outcome_corrections
+    ADD CONSTRAINT pk_outcome_corrections PRIMARY KEY (job_id, attempt_id);
+
+ALTER TABLE ONLY public.principals
+    ADD CONSTRAINT pk_principals PRIMARY KEY (tenant_id, name);
+
+ALTER TABLE ONLY public.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY public.tenants
+    ADD CONSTRAINT tenants_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.deliveries
+    ADD CONSTRAINT uq_deliveries_original UNIQUE (tenant_id, delivery_key, original_job_id);
+
+ALTER TABLE ONLY public.delivery_switches
+    ADD CONSTRAINT uq_delivery_switches_scope UNIQUE NULLS NOT DISTINCT (scope, tenant_id, destination_id);
+
+ALTER TABLE ONLY public.destinations
+    ADD CONSTRAINT uq_destinations_tenant UNIQUE (tenant_id, id);
+
+ALTER TABLE ONLY public.export_jobs
+    ADD CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id);
+
+CREATE INDEX ix_attempt_events_job ON public.export_attempt_events USING btree (job_id, id);
+
+CREATE INDEX ix_cancellation_requests_batch ON public.cancellation_requests USING btree (tenant_id, batch_id) WHERE (batch_id IS NOT NULL);
+
+CREATE INDEX ix_cancellation_requests_job ON public.cancellation_requests USING btree (job_id, recorded_at);
+
+CREATE INDEX ix_console_sessions_expires ON public.console_sessions USING btree (expires_at);
+
+CREATE INDEX ix_delivery_switch_changes_tenant ON public.delivery_switch_changes USING btree (tenant_id, id);
+
+CREATE INDEX ix_export_jobs_lease ON public.export_jobs USING btree (lease_expires_at) WHERE (status = ANY (ARRAY['Running'::text, 'Delivering'::text]));
+
+CREATE INDEX ix_export_jobs_live_status ON public.export_jobs USING btree (status, lease_expires_at) WHERE (status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text, 'OutcomeUnknown'::text]));
+
+CREATE INDEX ix_export_jobs_outcome_unknown ON public.export_jobs USING btree (delivery_authorized_at) INCLUDE (id, attempt_id) WHERE (status = 'OutcomeUnknown'::text);
+
+CREATE INDEX ix_export_jobs_queued_created ON public.export_jobs USING btree (created_at) WHERE (status = 'Queued'::text);
+
+CREATE INDEX ix_export_jobs_queued_sweeps ON public.export_jobs USING btree (sweep_count) WHERE (status = 'Queued'::text);
+
+CREATE INDEX ix_export_jobs_replaces ON public.export_jobs USING btree (replaces_job_id) WHERE (replaces_job_id IS NOT NULL);
+
+CREATE INDEX ix_export_jobs_tenant_created ON public.export_jobs USING btree (tenant_id, created_at DESC);
+
+CREATE INDEX ix_export_jobs_tenant_created_id ON public.export_jobs USING btree (tenant_id, created_at DESC, id DESC);
+
+CREATE INDEX ix_export_jobs_tenant_destination_live ON public.export_jobs USING btree (tenant_id, destination_id) WHERE (status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text]));
+
+CREATE INDEX ix_export_jobs_woken ON public.export_jobs USING btree (woken_at) WHERE (status = 'Queued'::text);
+
+CREATE INDEX ix_outbox_unpublished ON public.outbox USING btree (created_at) WHERE (published_at IS NULL);
+
+CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING btree (job_id, attempt_id, kind) WHERE (kind <> 'DeliveryEvidence'::text);
+
+CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING btree (tenant_id, replaces_job_id) WHERE ((replaces_job_id IS NOT NULL) AND ((status <> ALL (ARRAY['Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text])) OR (failure_reason = 'OriginalDelivered'::text)));
+
+CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btree (tenant_id, delivery_key) WHERE (replaces_job_id IS NULL);
+
+CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_changes_append_only();
+
+CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switches_guard();
+
+CREATE TRIGGER tr_destinations_guard BEFORE UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
+
+CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_guard();
+
+CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_insert_guard();
+
+CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_no_delete();
+
+CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
+
+ALTER TABLE ONLY public.api_tokens
+    ADD CONSTRAINT api_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.cancellation_batches
+    ADD CONSTRAINT cancellation_batches_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.console_sessions
+    ADD CONSTRAINT console_sessions_token_sha256_fkey FOREIGN KEY (token_sha256) REFERENCES public.api_tokens(token_sha256) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.contacts
+    ADD CONSTRAINT contacts_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.delivery_switches
+    ADD CONSTRAINT delivery_switches_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.destinations
+    ADD CONSTRAINT destinations_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.export_attempt_events
+    ADD CONSTRAINT export_attempt_events_job_id_fkey FOREIGN KEY (job_id) REFERENCES public.export_jobs(id);
+
+ALTER TABLE ONLY public.export_jobs
+    ADD CONSTRAINT export_jobs_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.api_tokens
+    ADD CONSTRAINT fk_api_tokens_principal FOREIGN KEY (tenant_id, principal) REFERENCES public.principals(tenant_id, name);
+
+ALTER TABLE ONLY public.cancellation_batch_jobs
+    ADD CONSTRAINT fk_cancellation_batch_jobs_batch FOREIGN KEY (tenant_id, batch_id) REFERENCES public.cancellation_batches(tenant_id, id);
+
+ALTER TABLE ONLY public.cancellation_batches
+    ADD CONSTRAINT fk_cancellation_batches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
+ALTER TABLE ONLY public.cancellation_requests
+    ADD CONSTRAINT fk_cancellation_requests_batch FOREIGN KEY (tenant_id, batch_id) REFERENCES public.cancellation_batches(tenant_id, id);
+
+ALTER TABLE ONLY public.cancellation_requests
+    ADD CONSTRAINT fk_cancellation_requests_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
+
+ALTER TABLE ONLY public.deliveries
+    ADD CONSTRAINT fk_deliveries_original FOREIGN KEY (tenant_id, original_job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
+
+ALTER TABLE ONLY public.delivery_switches
+    ADD CONSTRAINT fk_delivery_switches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
+ALTER TABLE ONLY public.export_jobs
+    ADD CONSTRAINT fk_export_jobs_delivery FOREIGN KEY (tenant_id, delivery_key) REFERENCES public.deliveries(tenant_id, delivery_key);
+
+ALTER TABLE ONLY public.export_jobs
+    ADD CONSTRAINT fk_export_jobs_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
+ALTER TABLE ONLY public.export_jobs
+    ADD CONSTRAINT fk_export_jobs_replaces FOREIGN KEY (tenant_id, delivery_key, replaces_job_id) REFERENCES public.deliveries(tenant_id, delivery_key, original_job_id);
+
+ALTER TABLE ONLY public.idempotency_keys
+    ADD CONSTRAINT fk_idempotency_keys_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
+
+ALTER TABLE ONLY public.outcome_corrections
+    ADD CONSTRAINT fk_outcome_corrections_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
+
+ALTER TABLE ONLY public.principals
+    ADD CONSTRAINT principals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+GRANT SELECT ON TABLE public.api_tokens TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.cancellation_batch_jobs TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.cancellation_batches TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.cancellation_requests TO exports_api;
+GRANT SELECT ON TABLE public.cancellation_requests TO exports_worker;
+GRANT SELECT ON TABLE public.cancellation_requests TO exports_reconciler;
+
+GRANT SELECT(id) ON TABLE public.cancellation_requests TO exports_recovery;
+
+GRANT SELECT(recorded_at) ON TABLE public.cancellation_requests TO exports_recovery;
+
+GRANT SELECT,INSERT,DELETE ON TABLE public.console_sessions TO exports_api;
+
+GRANT SELECT ON TABLE public.contacts TO exports_worker;
+
+GRANT SELECT,INSERT ON TABLE public.deliveries TO exports_api;
+GRANT SELECT ON TABLE public.deliveries TO exports_worker;
+GRANT SELECT ON TABLE public.deliveries TO exports_reconciler;
+
+GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_api;
+
+GRANT SELECT ON TABLE public.delivery_switches TO exports_worker;
+GRANT SELECT,INSERT ON TABLE public.delivery_switches TO exports_api;
+
+GRANT UPDATE(scope) ON TABLE public.delivery_switches TO exports_worker;
+
+GRANT UPDATE(enabled) ON TABLE public.delivery_switches TO exports_api;
+
+GRANT UPDATE(reason) ON TABLE public.delivery_switches TO exports_api;
+
+GRANT UPDATE(changed_by) ON TABLE public.delivery_switches TO exports_api;
+
+GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_api;
+
+GRANT SELECT ON TABLE public.destinations TO exports_api;
+GRANT SELECT ON TABLE public.destinations TO exports_worker;
+GRANT SELECT ON TABLE public.destinations TO exports_reconciler;
+GRANT SELECT ON TABLE public.destinations TO exports_recovery;
+
+GRANT UPDATE(id) ON TABLE public.destinations TO exports_worker;
+
+GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_worker;
+GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_reconciler;
+GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_recovery;
+
+GRANT SELECT,INSERT ON TABLE public.export_jobs TO exports_api;
+GRANT SELECT ON TABLE public.export_jobs TO exports_worker;
+GRANT SELECT ON TABLE public.export_jobs TO exports_reconciler;
+GRANT SELECT ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_api;
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_reconciler;
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(version) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(destination_id) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(attempt_id) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(attempt_id) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(attempt_count) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(claimed_by) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(claimed_by) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(lease_expires_at) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(lease_expires_at) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(stop_request_id) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(cancellation_request_id) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(expected_file_name) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(expected_file_bytes) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(expected_file_sha256) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(expected_file_rows) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(delivery_authorized_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_api;
+GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_reconciler;
+GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(sweep_count) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(list_name) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(rejection_reason) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(workflow_id) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(attempts_released) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(fence_expected) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(upload_fenced_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(rename_fenced_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(rejection_code) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT SELECT ON TABLE public.export_status_edges TO exports_api;
+GRANT SELECT ON TABLE public.export_status_edges TO exports_worker;
+GRANT SELECT ON TABLE public.export_status_edges TO exports_reconciler;
+GRANT SELECT ON TABLE public.export_status_edges TO exports_recovery;
+
+GRANT SELECT,INSERT ON TABLE public.idempotency_keys TO exports_api;
+
+GRANT INSERT ON TABLE public.outbox TO exports_api;
+GRANT INSERT ON TABLE public.outbox TO exports_worker;
+GRANT SELECT ON TABLE public.outbox TO exports_dispatcher;
+GRANT INSERT ON TABLE public.outbox TO exports_recovery;
+
+GRANT SELECT(created_at) ON TABLE public.outbox TO exports_worker;
+
+GRANT UPDATE(published_at) ON TABLE public.outbox TO exports_dispatcher;
+GRANT SELECT(published_at) ON TABLE public.outbox TO exports_worker;
+
+GRANT UPDATE(publishing_until) ON TABLE public.outbox TO exports_dispatcher;
+
+GRANT SELECT,INSERT ON TABLE public.outcome_corrections TO exports_reconciler;
+GRANT SELECT ON TABLE public.outcome_corrections TO exports_api;
+
+GRANT SELECT ON TABLE public.principals TO exports_worker;
+GRANT SELECT ON TABLE public.principals TO exports_api;
+
+GRANT SELECT ON TABLE public.schema_migrations TO exports_api;
+GRANT SELECT ON TABLE public.schema_migrations TO exports_worker;
+GRANT SELECT ON TABLE public.schema_migrations TO exports_dispatcher;
+GRANT SELECT ON TABLE public.schema_migrations TO exports_reconciler;
+
+GRANT SELECT ON TABLE public.tenants TO exports_api;
+GRANT SELECT ON TABLE public.tenants TO exports_worker;
+GRANT SELECT ON TABLE public.tenants TO exports_reconciler;
+GRANT SELECT ON TABLE public.tenants TO exports_recovery;
+
+-- The roles 0003 and 0005 create (cluster objects, checked by the same test):
+-- ALTER ROLE exports_api WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
+-- ALTER ROLE exports_dispatcher WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
+-- ALTER ROLE exports_reconciler WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
+-- ALTER ROLE exports_recovery WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
+-- ALTER ROLE exports_worker WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
+-- CREATE ROLE exports_api;
+-- CREATE ROLE exports_dispatcher;
+-- CREATE ROLE exports_reconciler;
+-- CREATE ROLE exports_recovery;
+-- CREATE ROLE exports_worker;
