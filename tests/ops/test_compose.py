@@ -299,4 +299,4 @@ def test_the_files_the_compose_comments_point_to_exist() -> None:
     for path in re.findall(r"\b((?:docs|deploy)/[\w./-]+\.\w+)", text):
         assert (ROOT / path).exists(), path
     assert '"Running in production"' in text
-    assert "## Running in production" in (ROOT / "README.md").read_text()
+    assert "## Running in production" in (ROOT / "docs" / "operations.md").read_text()
