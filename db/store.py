@@ -83,10 +83,11 @@ from domain.models import (
     OwnershipState,
     RejectionCode,
     Renewal,
+    Statement,
     StopPoint,
     UnknownToRecheck,
 )
-from observability.metrics import Statement, StopPath, get_metrics
+from observability.metrics import StopPath, get_metrics
 from observability.statements import observe_statement, record_transition
 from observability.tracing import current_traceparent
 from rules.cutoff import authorization_from

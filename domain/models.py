@@ -74,6 +74,33 @@ class CancellationOutcome(StrEnum):
     BUSY = "Busy"
 
 
+class Statement(StrEnum):
+    """The statements on the edges of the state diagram (db/queries.sql, named after their transitions):
+    the store's transition methods, and the ``statement`` label of the transition metrics; with the
+    attempt's own edges of issue 10 (giving an attempt back, the upload and rename fences, recovery's
+    NotDelivered for a delivery that never published)."""
+
+    CLAIM_IF_QUEUED = "claim_if_queued"
+    AUTHORIZE_DELIVERY_IF_RUNNING = "authorize_delivery_if_running"
+    FINISH_STOPPED = "finish_stopped"
+    FINISH_FAILED = "finish_failed"
+    FINISH_DELIVERY = "finish_delivery"
+    REQUEUE_EXPIRED_ATTEMPT = "requeue_expired_attempt"
+    STOP_EXPIRED_ATTEMPT = "stop_expired_attempt"
+    EXHAUST_EXPIRED_ATTEMPT = "exhaust_expired_attempt"
+    RESOLVE_EXPIRED_DELIVERY = "resolve_expired_delivery"
+    RECONCILE_UNKNOWN = "reconcile_unknown"
+    CORRECT_OUTCOME = "correct_outcome"
+    CANCEL_AND_RECORD = "cancel_and_record"  # written: Queued -> Canceled, or a Running job's stop request
+    REJECT_IF_QUEUED = "reject_if_queued"
+    RELEASE_ATTEMPT_IF_RUNNING = "release_attempt_if_running"
+    FENCE_UPLOAD_IF_DELIVERING = "fence_upload_if_delivering"
+    FENCE_RENAME_IF_DELIVERING = "fence_rename_if_delivering"
+    FAIL_UNPUBLISHED_DELIVERY = "fail_unpublished_delivery"
+    FAIL_SET_ASIDE_DELIVERY = "fail_set_aside_delivery"
+    SETTLE_UNKNOWN_BY_EVIDENCE = "settle_unknown_by_evidence"
+
+
 class ClaimResult(StrEnum):
     CLAIMED = "Claimed"
     LOST = "Lost"

@@ -36,11 +36,14 @@ from prometheus_client.registry import Collector
 
 from db.errors import StoreError
 from db.gauges import GaugesReader, GaugeValues
+from domain.models import JobStatus
 
 log = logging.getLogger(__name__)
 
-LIVE_STATUSES = ("Queued", "Running", "Delivering", "OutcomeUnknown")
-LEASED_STATUSES = ("Running", "Delivering")
+LIVE_STATUSES: tuple[str, ...] = tuple(
+    s.value for s in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.DELIVERING, JobStatus.OUTCOME_UNKNOWN)
+)
+LEASED_STATUSES: tuple[str, ...] = (JobStatus.RUNNING.value, JobStatus.DELIVERING.value)
 
 __all__ = ["LIVE_STATUSES", "DatabaseGauges", "GaugeValues"]
 
@@ -179,10 +182,11 @@ class DatabaseGauges(Collector):
                 LIVE_STATUSES, (v.queued, v.running, v.delivering, v.outcome_unknown), strict=True
             ):
                 jobs.add_metric([status], float(count))
-            expired.add_metric(["Running"], float(v.running_expired))
-            expired.add_metric(["Delivering"], float(v.delivering_expired))
-            expired_age.add_metric(["Running"], v.running_expired_oldest_age)
-            expired_age.add_metric(["Delivering"], v.delivering_expired_oldest_age)
+            running, delivering = LEASED_STATUSES
+            expired.add_metric([running], float(v.running_expired))
+            expired.add_metric([delivering], float(v.delivering_expired))
+            expired_age.add_metric([running], v.running_expired_oldest_age)
+            expired_age.add_metric([delivering], v.delivering_expired_oldest_age)
             for attr, family in scalars.items():
                 family.add_metric([], float(getattr(v, attr)))
         yield jobs

@@ -1,8 +1,8 @@
 """The project's Prometheus metrics (prometheus-client), with a small typed API for the code that moves jobs.
 
 Names follow Prometheus conventions: ``fenced_exports_`` prefix, ``_total`` on counters, base units
-(``_seconds``, ``_bytes``). Every label is bounded: statement names, results, outcomes and sources are
-enumerations fixed in this module, and a value outside them raises ``ValueError`` rather than minting a
+(``_seconds``, ``_bytes``). Every label is bounded: statement names and outcomes are the domain's
+enumerations (``domain.models``), results and sources are fixed in this module, and a value outside them raises ``ValueError`` rather than minting a
 series. Job, attempt and request IDs never become labels; tenant IDs only when the process was built
 with ``tenant_labels=True`` (``EXPORTS_METRICS_TENANT_LABELS``), and then only on the transition,
 cancellation and Busy counters.
@@ -29,33 +29,17 @@ from uuid import UUID
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
+from domain.models import (
+    AuthorizationResult,
+    CancellationOutcome,
+    ClaimResult,
+    DeliveryOutcome,
+    FenceResult,
+    FinishResult,
+    Statement,
+)
+
 PREFIX = "fenced_exports"
-
-
-class Statement(StrEnum):
-    """The statements on the edges of the state diagram (db/queries.sql), the ``statement`` label; with
-    the attempt's own edges of issue 10 (giving an attempt back, the upload and rename fences, recovery's
-    NotDelivered for a delivery that never published)."""
-
-    CLAIM_IF_QUEUED = "claim_if_queued"
-    AUTHORIZE_DELIVERY_IF_RUNNING = "authorize_delivery_if_running"
-    FINISH_STOPPED = "finish_stopped"
-    FINISH_FAILED = "finish_failed"
-    FINISH_DELIVERY = "finish_delivery"
-    REQUEUE_EXPIRED_ATTEMPT = "requeue_expired_attempt"
-    STOP_EXPIRED_ATTEMPT = "stop_expired_attempt"
-    EXHAUST_EXPIRED_ATTEMPT = "exhaust_expired_attempt"
-    RESOLVE_EXPIRED_DELIVERY = "resolve_expired_delivery"
-    RECONCILE_UNKNOWN = "reconcile_unknown"
-    CORRECT_OUTCOME = "correct_outcome"
-    CANCEL_AND_RECORD = "cancel_and_record"  # written: Queued -> Canceled, or a Running job's stop request
-    REJECT_IF_QUEUED = "reject_if_queued"
-    RELEASE_ATTEMPT_IF_RUNNING = "release_attempt_if_running"
-    FENCE_UPLOAD_IF_DELIVERING = "fence_upload_if_delivering"
-    FENCE_RENAME_IF_DELIVERING = "fence_rename_if_delivering"
-    FAIL_UNPUBLISHED_DELIVERY = "fail_unpublished_delivery"
-    FAIL_SET_ASIDE_DELIVERY = "fail_set_aside_delivery"
-    SETTLE_UNKNOWN_BY_EVIDENCE = "settle_unknown_by_evidence"
 
 
 class TransitionResult(StrEnum):
@@ -74,18 +58,8 @@ class TransitionResult(StrEnum):
     UNKNOWN = "unknown"
 
 
-class CancellationKind(StrEnum):
-    """The nine answers to a cancellation request (001), spelled as the seeds spell them."""
-
-    CANCELED_WHILE_QUEUED = "CanceledWhileQueued"
-    STOP_REQUESTED = "StopRequested"
-    STOP_ALREADY_REQUESTED = "StopAlreadyRequested"
-    ALREADY_CANCELED = "AlreadyCanceled"
-    ALREADY_ENDED = "AlreadyEnded"
-    TOO_LATE = "TooLate"
-    REQUEST_ID_REUSED = "RequestIdReused"
-    NOT_FOUND = "NotFound"
-    BUSY = "Busy"
+# The nine answers to a cancellation request (001), the ``outcome`` label: the domain's enumeration.
+CancellationKind = CancellationOutcome
 
 
 class CancellationSource(StrEnum):
@@ -112,10 +86,30 @@ class StopPath(StrEnum):
     RECOVERY = "recovery"
 
 
-_DELIVERY_OUTCOMES = ("Completed", "Failed", "OutcomeUnknown")
-_WRITTEN = {"Claimed", "Authorized", "Written", "Fenced"}
-_NOT_OWNER = {"NotOwner"}
-_REFUSED = {"Lost", "StopRecorded", "LeaseLapsed", "OriginalCompleted", "Paused", "DestinationInactive"}
+_DELIVERY_OUTCOMES = tuple(outcome.value for outcome in DeliveryOutcome)
+# Every answer of the transition methods, by the ``result`` label it is counted under (answers of
+# different enumerations that share a value share their label: NotOwner, LeaseLapsed, Paused, Unknown).
+_RESULTS: dict[str, TransitionResult] = {
+    ClaimResult.CLAIMED: TransitionResult.WRITTEN,
+    ClaimResult.LOST: TransitionResult.REFUSED,
+    ClaimResult.PAUSED: TransitionResult.REFUSED,
+    ClaimResult.UNKNOWN: TransitionResult.UNKNOWN,
+    AuthorizationResult.AUTHORIZED: TransitionResult.WRITTEN,
+    AuthorizationResult.STOP_RECORDED: TransitionResult.REFUSED,
+    AuthorizationResult.LEASE_LAPSED: TransitionResult.REFUSED,
+    AuthorizationResult.NOT_OWNER: TransitionResult.NOT_OWNER,
+    AuthorizationResult.ORIGINAL_COMPLETED: TransitionResult.REFUSED,
+    AuthorizationResult.PAUSED: TransitionResult.REFUSED,
+    AuthorizationResult.DESTINATION_INACTIVE: TransitionResult.REFUSED,
+    AuthorizationResult.UNKNOWN: TransitionResult.UNKNOWN,
+    FinishResult.WRITTEN: TransitionResult.WRITTEN,
+    FinishResult.NOT_OWNER: TransitionResult.NOT_OWNER,
+    FinishResult.UNKNOWN: TransitionResult.UNKNOWN,
+    FenceResult.FENCED: TransitionResult.WRITTEN,
+    FenceResult.LEASE_LAPSED: TransitionResult.REFUSED,
+    FenceResult.NOT_OWNER: TransitionResult.NOT_OWNER,
+    FenceResult.UNKNOWN: TransitionResult.UNKNOWN,
+}
 
 
 def transition_result(answer: Any) -> TransitionResult:
@@ -130,15 +124,10 @@ def transition_result(answer: Any) -> TransitionResult:
     if isinstance(answer, bool):
         return TransitionResult.WRITTEN if answer else TransitionResult.REFUSED
     value = str(answer)
-    if value in _WRITTEN:
-        return TransitionResult.WRITTEN
-    if value in _NOT_OWNER:
-        return TransitionResult.NOT_OWNER
-    if value in _REFUSED:
-        return TransitionResult.REFUSED
-    if value == "Unknown":
-        return TransitionResult.UNKNOWN
-    raise ValueError(f"no transition result for {value!r}")
+    result = _RESULTS.get(value)
+    if result is None:
+        raise ValueError(f"no transition result for {value!r}")
+    return result
 
 
 # Any statement of db/queries.sql may be timed; its name is a code identifier, never input.
@@ -383,7 +372,7 @@ class ExportMetrics:
         if outcome not in _DELIVERY_OUTCOMES:
             raise ValueError(f"{outcome!r} is not a delivery outcome")
         self.upload_duration.labels(outcome).observe(seconds)
-        if outcome == "Completed" and seconds > 0:
+        if outcome == DeliveryOutcome.COMPLETED and seconds > 0:
             self.upload_throughput.observe(size_bytes / seconds)
 
     # -- stops, leases, the outbox ----------------------------------------------------------------------

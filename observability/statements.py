@@ -27,8 +27,9 @@ from uuid import UUID
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
+from domain.models import Statement
 from observability import fields, logs, tracing
-from observability.metrics import Statement, TransitionResult, get_metrics, transition_result
+from observability.metrics import TransitionResult, get_metrics, transition_result
 
 # History appends that no transition depends on: traced as span events, not spans of their own.
 EVENT_STATEMENTS = frozenset({"append_delivery_evidence"})
