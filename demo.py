@@ -46,7 +46,7 @@ from uuid import UUID
 import httpx
 
 from db.store import JobStore
-from service.views import SETTLED
+from service.views import TERMINAL_STATUSES
 from settings import Settings
 
 APP_LOGIN = "exports_app"
@@ -432,7 +432,7 @@ async def _until_settled(http: httpx.AsyncClient, scenario: Scenario, within: fl
     while True:
         view = (await http.get(f"/exports/{scenario.job_id}")).json()
         status = view["export"]["status"]
-        if status in {s.value for s in SETTLED}:
+        if status in {s.value for s in TERMINAL_STATUSES}:
             break
         if time.monotonic() > deadline:
             raise TimeoutError(f"export {scenario.job_id} is still {status} after {within:.0f} s")

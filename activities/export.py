@@ -353,7 +353,7 @@ class ExportActivities:
         """
         facts = await self.store.read_policy_facts(inp.job_id)
         if facts is None:
-            return ClaimOutcome(step=ClaimStep.SETTLED)
+            return ClaimOutcome(step=ClaimStep.ALREADY_SETTLED)
         logs.bind_rest_of_task(tenant_id=facts.tenant_id)
         registered = await self._search_attributes_registered()
         if facts.status == JobStatus.RUNNING and facts.attempt_id == inp.attempt_id:
@@ -361,7 +361,7 @@ class ExportActivities:
             return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id, registered)
         if facts.status != JobStatus.QUEUED:
             return ClaimOutcome(
-                step=ClaimStep.SETTLED, tenant_id=facts.tenant_id, search_attributes=registered
+                step=ClaimStep.ALREADY_SETTLED, tenant_id=facts.tenant_id, search_attributes=registered
             )
         if self.after_load is not None:
             await self.after_load(facts.job_id)

@@ -147,7 +147,7 @@ class DeliveryOutcome(StrEnum):
 class AttemptOutcome(StrEnum):
     """How one ExportWorkflow ended, from its own writes; the row stays the authority on the job."""
 
-    SETTLED = "Settled"  # the row was not Queued (canceled, claimed, finished, or not found): nothing done
+    ALREADY_SETTLED = "Settled"  # the row was not Queued (canceled, claimed, ended, or not found): no-op
     REJECTED = "Rejected"  # the policy denied this version; Queued -> Rejected was written
     NOT_CLAIMED = (
         "NotClaimed"  # the claim matched nothing: another wake-up claimed it, or it was canceled/edited

@@ -46,7 +46,7 @@ from service.commands import (
 from service.outcomes import Answer, Kind, refusal
 from service.signals import NoSignaller, StopSignaller, TemporalStopSignaller, signal_stop_best_effort
 from service.views import (
-    SETTLED,
+    TERMINAL_STATUSES,
     TimelineEntry,
     cancellation_message,
     status_line,
@@ -505,7 +505,7 @@ class Exports:
                     if request.found_delivery_authorized_at
                     else None
                 )
-                body["delivery_outcome"] = job.status.value if job.status in SETTLED else None
+                body["delivery_outcome"] = job.status.value if job.status in TERMINAL_STATUSES else None
                 body["failure_reason"] = job.failure_reason.value if job.failure_reason else None
                 body["status_url"] = status_url
                 return Answer(Kind.REFUSED, body)

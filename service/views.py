@@ -25,7 +25,7 @@ from domain.models import (
 )
 
 ENDED_WITHOUT_DELIVERY = {JobStatus.CANCELED, JobStatus.REJECTED, JobStatus.STOPPED, JobStatus.FAILED}
-SETTLED = ENDED_WITHOUT_DELIVERY | {JobStatus.COMPLETED, JobStatus.OUTCOME_UNKNOWN}
+TERMINAL_STATUSES = ENDED_WITHOUT_DELIVERY | {JobStatus.COMPLETED, JobStatus.OUTCOME_UNKNOWN}
 
 
 def clock(at: datetime | None) -> str:

@@ -89,7 +89,7 @@ class ExportProgress(BaseModel):
 
 class ClaimStep(StrEnum):
     CLAIMED = "Claimed"
-    SETTLED = "Settled"
+    ALREADY_SETTLED = "Settled"  # the row was already settled (not Queued, or not found): nothing to do
     REJECTED = "Rejected"
     NOT_CLAIMED = "NotClaimed"
     PAUSED = "Paused"  # a delivery switch of the job's scope is paused: nothing claimed, still Queued

@@ -342,7 +342,7 @@ async def a_second_wake_up_settles(
     the row still says Failed for the one attempt."""
     async with healthy_worker(ts_env.client, database.app_url, task_queue, work_dir):
         again = await wake_up_again(ts_env.client, job.id, task_queue)
-    assert again.outcome == AttemptOutcome.SETTLED
+    assert again.outcome == AttemptOutcome.ALREADY_SETTLED
     after = await factory.job(job.id)
     assert (after.status, after.attempt_count, after.attempt_id) == (JobStatus.FAILED, 1, attempt_id)
     assert await factory.outbox_count(job.id) == 1 and await outbox_unpublished(factory, job.id) == 0

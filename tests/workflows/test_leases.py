@@ -275,7 +275,7 @@ async def test_a_crash_after_cutoff_2_before_the_upload_is_never_uploaded_twice(
     # (and refuses a late fence) where it used to leave OutcomeUnknown for a person.
     assert await recover(harness, job) == "NotDelivered"
     again = await harness.run(job)  # a redelivered wake-up
-    assert again.outcome == AttemptOutcome.SETTLED
+    assert again.outcome == AttemptOutcome.ALREADY_SETTLED
     row = await harness.factory.job(job.id)
     assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
     assert harness.partner_files(job) == []

@@ -139,7 +139,7 @@ async def test_a_claim_whose_reply_and_re_read_are_lost_is_retried_and_a_redeliv
     await wait_until(lambda: claim_retrying(handle), "the claim activity is on its second attempt")
     # The attempt cannot tell; a redelivered wake-up (another workflow) finds the job Running and settles.
     redelivered = await harness.run(job)
-    assert redelivered.outcome == AttemptOutcome.SETTLED
+    assert redelivered.outcome == AttemptOutcome.ALREADY_SETTLED
     proxy.refuse_new_connections(False)
     result = await handle.result()
 

@@ -55,7 +55,7 @@ async def test_a_wake_up_for_a_job_that_is_not_queued_does_nothing(
 
     result = await harness.run(job)
 
-    assert result.outcome == AttemptOutcome.SETTLED
+    assert result.outcome == AttemptOutcome.ALREADY_SETTLED
     assert await harness.status(job) == status
     assert await harness.factory.worker.job_events(job.id) == before
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []
@@ -63,7 +63,7 @@ async def test_a_wake_up_for_a_job_that_is_not_queued_does_nothing(
 
 async def test_a_wake_up_for_an_unknown_job_does_nothing(harness: Harness) -> None:
     result = await harness.run(uuid.uuid4())
-    assert result.outcome == AttemptOutcome.SETTLED
+    assert result.outcome == AttemptOutcome.ALREADY_SETTLED
 
 
 async def test_a_redelivered_wake_up_reaches_the_same_workflow(harness: Harness) -> None:
@@ -76,7 +76,7 @@ async def test_a_redelivered_wake_up_reaches_the_same_workflow(harness: Harness)
     first = await harness.start(job, message_id=message_id)
     with pytest.raises(WorkflowAlreadyStartedError):
         await harness.start(job, message_id=message_id)
-    assert (await first.result()).outcome == AttemptOutcome.SETTLED
+    assert (await first.result()).outcome == AttemptOutcome.ALREADY_SETTLED
 
 
 async def test_a_denied_policy_rejects_the_checked_version_only(harness: Harness) -> None:
