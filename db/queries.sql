@@ -78,12 +78,7 @@ SELECT j.id AS job_id, j.tenant_id, j.status, j.version, j.attempt_id, j.destina
        p.export_lists AS principal_lists,
        EXISTS (SELECT 1 FROM contacts c WHERE c.tenant_id = j.tenant_id AND c.list_name = j.list_name)
            AS list_exists,
-       (EXISTS (SELECT 1 FROM delivery_switches s WHERE s.scope = 'global' AND s.enabled)
-        AND EXISTS (SELECT 1 FROM delivery_switches s
-                    WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id AND s.enabled)
-        AND EXISTS (SELECT 1 FROM delivery_switches s
-                    WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
-                      AND s.destination_id = j.destination_id AND s.enabled)) AS deliveries_open,
+       delivery_scope_open(j.tenant_id, j.destination_id) AS deliveries_open,
        (clock_timestamp() AT TIME ZONE 'UTC')::date AS today
 FROM export_jobs j
 LEFT JOIN destinations d ON d.tenant_id = j.tenant_id AND d.id = j.destination_id
@@ -594,16 +589,11 @@ RETURNING id;
 WITH due AS (
     SELECT j.id FROM export_jobs j
     WHERE j.status = 'Queued' AND j.woken_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
-      -- every switch of its scope enabled (a missing row is paused). Scalar subqueries, one row each by
-      -- uq_delivery_switches_scope, not EXISTS: the planner turns EXISTS into joins it estimates at one
-      -- row and then reads and sorts every stale Queued job; as per-row filters it walks ix_export_jobs_woken
-      -- in order and stops at the batch (bench scale_db: 6.5x slower than empty at 100k queued before).
-      AND coalesce((SELECT s.enabled FROM delivery_switches s WHERE s.scope = 'global'), false)
-      AND coalesce((SELECT s.enabled FROM delivery_switches s
-                    WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id), false)
-      AND coalesce((SELECT s.enabled FROM delivery_switches s
-                    WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
-                      AND s.destination_id = j.destination_id), false)
+      -- every switch of its scope enabled (a missing row is paused), as a per-row filter: with the checks
+      -- as EXISTS joins the planner estimated one row and then read and sorted every stale Queued job; as a
+      -- filter it walks ix_export_jobs_woken in order and stops at the batch (bench scale_db: 6.5x slower
+      -- than empty at 100k queued before).
+      AND delivery_scope_open(j.tenant_id, j.destination_id)
     ORDER BY j.woken_at
     LIMIT %(batch)s
     FOR UPDATE OF j SKIP LOCKED),
@@ -637,14 +627,9 @@ WITH due AS (
     WHERE j.status = 'Queued' AND j.woken_at < %(resumed_at)s
       AND (%(tenant_id)s::uuid IS NULL OR j.tenant_id = %(tenant_id)s::uuid)
       AND (%(destination_id)s::uuid IS NULL OR j.destination_id = %(destination_id)s::uuid)
-      -- every switch of its scope enabled (a missing row is paused). Per-row scalar subqueries, as in
+      -- every switch of its scope enabled (a missing row is paused), a per-row filter as in
       -- sweep_stale_queued, so the batch walks ix_export_jobs_woken in order.
-      AND coalesce((SELECT s.enabled FROM delivery_switches s WHERE s.scope = 'global'), false)
-      AND coalesce((SELECT s.enabled FROM delivery_switches s
-                    WHERE s.scope = 'tenant' AND s.tenant_id = j.tenant_id), false)
-      AND coalesce((SELECT s.enabled FROM delivery_switches s
-                    WHERE s.scope = 'destination' AND s.tenant_id = j.tenant_id
-                      AND s.destination_id = j.destination_id), false)
+      AND delivery_scope_open(j.tenant_id, j.destination_id)
     ORDER BY j.woken_at
     LIMIT %(batch)s
     FOR UPDATE OF j SKIP LOCKED),
