@@ -104,25 +104,10 @@ RETURNING id;
 WITH job AS (
     SELECT id, status, version, attempt_id, tenant_id, destination_id
     FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
--- the three switches of the job's scope, each found through uq_delivery_switches_scope
-global_switch AS (
-    SELECT s.enabled FROM delivery_switches s, job
-    WHERE job.status = 'Queued' AND s.scope = 'global'
-    FOR SHARE OF s),
-tenant_switch AS (
-    SELECT s.enabled FROM delivery_switches s, job
-    WHERE job.status = 'Queued' AND s.scope = 'tenant' AND s.tenant_id = job.tenant_id
-    FOR SHARE OF s),
-destination_switch AS (
-    SELECT s.enabled FROM delivery_switches s, job
-    WHERE job.status = 'Queued' AND s.scope = 'destination' AND s.tenant_id = job.tenant_id
-      AND s.destination_id = job.destination_id
-    FOR SHARE OF s),
 gate AS (
-    -- a missing row is a paused scope
-    SELECT coalesce((SELECT enabled FROM global_switch), false)
-           AND coalesce((SELECT enabled FROM tenant_switch), false)
-           AND coalesce((SELECT enabled FROM destination_switch), false) AS open),
+    -- the three switches of the job's scope read FOR SHARE, while it is Queued (a missing row is paused)
+    SELECT coalesce((SELECT lock_delivery_scope(job.tenant_id, job.destination_id) FROM job
+                     WHERE job.status = 'Queued'), false) AS open),
 claimed AS (
     UPDATE export_jobs j
     SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = j.attempt_count + 1,
@@ -165,24 +150,11 @@ destination AS (
     FROM destinations d, job
     WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
     FOR SHARE OF d),
-global_switch AS (
-    SELECT s.enabled FROM delivery_switches s, job
-    WHERE job.status = 'Running' AND s.scope = 'global'
-    FOR SHARE OF s),
-tenant_switch AS (
-    SELECT s.enabled FROM delivery_switches s, job
-    WHERE job.status = 'Running' AND s.scope = 'tenant' AND s.tenant_id = job.tenant_id
-    FOR SHARE OF s),
-destination_switch AS (
-    SELECT s.enabled FROM delivery_switches s, job
-    WHERE job.status = 'Running' AND s.scope = 'destination' AND s.tenant_id = job.tenant_id
-      AND s.destination_id = job.destination_id
-    FOR SHARE OF s),
 gate AS (
-    -- a missing row is a paused scope, a missing destination an unusable one
-    SELECT coalesce((SELECT enabled FROM global_switch), false)
-           AND coalesce((SELECT enabled FROM tenant_switch), false)
-           AND coalesce((SELECT enabled FROM destination_switch), false) AS open,
+    -- the switches of the job's scope read FOR SHARE while it is Running (a missing row is paused), a
+    -- missing destination an unusable one
+    SELECT coalesce((SELECT lock_delivery_scope(job.tenant_id, job.destination_id) FROM job
+                     WHERE job.status = 'Running'), false) AS open,
            coalesce((SELECT usable FROM destination), false) AS usable),
 authorized AS (
     UPDATE export_jobs j
