@@ -74,6 +74,7 @@ from partner.delivery import (
     remove_temporary_files,
 )
 from rules.outcomes import after_refused_cutoff, after_terminal_write
+from rules.ownership import held_by
 from rules.policy import evaluate_policy
 from runtime.lease import LeaseKeeper
 from settings import Settings
@@ -356,7 +357,7 @@ class ExportActivities:
             return ClaimOutcome(step=ClaimStep.ALREADY_SETTLED)
         logs.bind_rest_of_task(tenant_id=facts.tenant_id)
         registered = await self._search_attributes_registered()
-        if facts.status == JobStatus.RUNNING and facts.attempt_id == inp.attempt_id:
+        if held_by(facts, inp.attempt_id, JobStatus.RUNNING):
             # A retry of this claim after a lost response: the claim committed.
             return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id, registered)
         if facts.status != JobStatus.QUEUED:
@@ -452,7 +453,7 @@ class ExportActivities:
             job = await self._read_job(inp.job_id)
             if job is not None:
                 logs.bind_rest_of_task(tenant_id=job.tenant_id)
-            if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.RUNNING:
+            if not held_by(job, inp.attempt_id, JobStatus.RUNNING):
                 await self._end(attempt)
                 return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
             if created:
@@ -683,12 +684,7 @@ class ExportActivities:
         watcher disabled (a test seam) nothing is confirmed and cutoff 2 alone decides.
         """
         state = await self.store.read_ownership(inp.job_id)
-        confirmed = (
-            state is not None
-            and state.status == JobStatus.RUNNING
-            and state.attempt_id == inp.attempt_id
-            and state.stop_request_id is not None
-        )
+        confirmed = held_by(state, inp.attempt_id, JobStatus.RUNNING) and state.stop_request_id is not None
         if not confirmed or self.watcher_disabled:
             return ConfirmStopResult(confirmed=False)
         assert state is not None
@@ -725,7 +721,7 @@ class ExportActivities:
                 job = await self._read_job(inp.job_id)
                 if job is not None:
                     logs.bind_rest_of_task(tenant_id=job.tenant_id)
-                if job is None or job.attempt_id != inp.attempt_id or job.status != JobStatus.DELIVERING:
+                if not held_by(job, inp.attempt_id, JobStatus.DELIVERING):
                     return DeliverResult(finish=FinishResult.NOT_OWNER)
                 if created:
                     first = await attempt.keeper.start()

@@ -46,6 +46,7 @@ from domain.evidence import Observation, SetAside
 from domain.models import ExpiredLease, ExportJob, JobStatus, UnknownToRecheck
 from observability import logs
 from partner.delivery import observe_final_name, remove_temporary_files, set_aside_for_recovery
+from rules.ownership import held_by
 from rules.recovery import (
     RECOVERY_OBSERVER_PREFIX,
     Verdict,
@@ -203,7 +204,7 @@ class RecoveryActivities:
 
     async def _resolve_delivery(self, candidate: ExpiredLease, run_id: str) -> Takeover:
         job = await self.store.get_job(candidate.id)
-        if job is None or job.status != JobStatus.DELIVERING or job.attempt_id != candidate.attempt_id:
+        if not held_by(job, candidate.attempt_id, JobStatus.DELIVERING):
             return Takeover.MATCHED_NOTHING
         verdict = await self._decide_from_evidence(job, run_id, tries=self.settings.recovery_observe_tries)
         if verdict is None:
@@ -297,7 +298,7 @@ class RecoveryActivities:
 
     async def _recheck(self, candidate: UnknownToRecheck, run_id: str) -> Recheck:
         job = await self.store.get_job(candidate.job_id)
-        if job is None or job.status != JobStatus.OUTCOME_UNKNOWN or job.attempt_id != candidate.attempt_id:
+        if not held_by(job, candidate.attempt_id, JobStatus.OUTCOME_UNKNOWN):
             return Recheck.MATCHED_NOTHING
         # One listing: a partner still silent is asked again after the interval, not now.
         verdict = await self._decide_from_evidence(job, run_id, tries=1)

@@ -91,6 +91,7 @@ from observability.metrics import StopPath, get_metrics
 from observability.statements import observe_statement, record_transition
 from observability.tracing import current_traceparent
 from rules.cutoff import authorization_from
+from rules.ownership import held_by
 
 log = logging.getLogger(__name__)
 
@@ -546,7 +547,7 @@ class JobStore:
             return FinishResult.UNKNOWN
         # A repeated call after a lost response finds its own terminal state; anything else is not ours.
         lost = written is None
-        if lost and state is not None and state.status == expect and state.attempt_id == attempt_id:
+        if lost and held_by(state, attempt_id, expect):
             return FinishResult.WRITTEN
         return FinishResult.NOT_OWNER
 
@@ -1354,7 +1355,7 @@ class _NothingMatched(Exception):
 
 def fence_result(found: FenceAnswer, attempt_id: UUID) -> FenceResult:
     """The fence's answer from the row it left: Fenced when this attempt's fence is written."""
-    if found.attempt_id != attempt_id or found.status != JobStatus.DELIVERING:
+    if not held_by(found, attempt_id, JobStatus.DELIVERING):
         return FenceResult.NOT_OWNER
     if found.matched or found.fenced:
         return FenceResult.FENCED

@@ -5,6 +5,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from domain.models import AuthorizationResult, JobStatus, OwnershipState
+from rules.ownership import held_by
 
 
 def authorization_from(
@@ -23,11 +24,9 @@ def authorization_from(
     them under its own locks; a lost-response re-read does not know them and says LeaseLapsed, whose retry
     answers again); anything else is LeaseLapsed, which gets one renewal and retry.
     """
-    if state is None or state.attempt_id != attempt_id:
-        return AuthorizationResult.NOT_OWNER
-    if state.status == JobStatus.DELIVERING:
+    if held_by(state, attempt_id, JobStatus.DELIVERING):
         return AuthorizationResult.AUTHORIZED
-    if state.status != JobStatus.RUNNING:
+    if not held_by(state, attempt_id, JobStatus.RUNNING):
         return AuthorizationResult.NOT_OWNER
     if state.stop_request_id is not None:
         return AuthorizationResult.STOP_RECORDED
