@@ -3,6 +3,17 @@
 --   python -m db.schema --write  (or: make schema)
 -- tests/db/test_schema_file.py fails when a freshly migrated database differs from this file.
 
+CREATE FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce((SELECT s.enabled FROM delivery_switches s WHERE s.scope = 'global'), false)
+           AND coalesce((SELECT s.enabled FROM delivery_switches s
+                         WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id), false)
+           AND coalesce((SELECT s.enabled FROM delivery_switches s
+                         WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id
+                           AND s.destination_id = p_destination_id), false)
+$$;
+
 CREATE FUNCTION public.delivery_switch_changes_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -125,6 +136,27 @@ CREATE FUNCTION public.export_jobs_no_delete() RETURNS trigger
 BEGIN
     RAISE EXCEPTION 'exports are never deleted' USING ERRCODE = 'insufficient_privilege';
 END $$;
+
+CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    global_enabled boolean;
+    tenant_enabled boolean;
+    destination_enabled boolean;
+BEGIN
+    -- each found through uq_delivery_switches_scope; no row leaves its variable null
+    SELECT s.enabled INTO global_enabled FROM delivery_switches s WHERE s.scope = 'global' FOR SHARE;
+    SELECT s.enabled INTO tenant_enabled FROM delivery_switches s
+    WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id FOR SHARE;
+    SELECT s.enabled INTO destination_enabled FROM delivery_switches s
+    WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id AND s.destination_id = p_destination_id
+    FOR SHARE;
+    -- a missing row is a paused scope
+    RETURN coalesce(global_enabled, false) AND coalesce(tenant_enabled, false)
+           AND coalesce(destination_enabled, false);
+END
+$$;
 
 CREATE FUNCTION public.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
@@ -593,6 +625,13 @@ ALTER TABLE ONLY public.outcome_corrections
 
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT principals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+REVOKE ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
+GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_api;
+
+REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
 
 GRANT SELECT ON TABLE public.api_tokens TO exports_api;
 
