@@ -45,7 +45,7 @@ from uuid import UUID
 
 import httpx
 
-from db.store import JobStore
+from db.stores.api import ApiStore
 from service.views import TERMINAL_STATUSES
 from settings import Settings
 
@@ -516,7 +516,7 @@ async def _run_pause_and_resume(
 
 
 async def _report(
-    progress: Progress, number: int, scenario: Scenario, store: JobStore, partner_root: Path
+    progress: Progress, number: int, scenario: Scenario, store: ApiStore, partner_root: Path
 ) -> None:
     assert scenario.job_id is not None
     job = await store.get_job(scenario.job_id)

@@ -40,7 +40,11 @@ from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from db.errors import StoreError
 from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
-from db.store import REREAD_TIMEOUT_SECONDS, JobStore
+from db.stores.api import ApiStore
+from db.stores.base import REREAD_TIMEOUT_SECONDS
+from db.stores.outbox import DispatcherStore
+from db.stores.protocol import WorkerStore
+from db.stores.recovery import RecoveryStore
 from observability.metrics import get_metrics
 from observability.setup import busy_metrics_ports, configure_process, start_worker_endpoints, worker_runtime
 from observability.temporal import LogContextInterceptor, workflow_runner
@@ -113,12 +117,12 @@ async def open_export_activities(
     api_pool = await open_pool(settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}")
     stack.push_async_callback(api_pool.close)
     export = ExportActivities(
-        JobStore(worker_pool, lease_seconds=settings.lease_seconds, reread_timeout=reread_timeout),
+        WorkerStore(worker_pool, lease_seconds=settings.lease_seconds, reread_timeout=reread_timeout),
         build_pool,
         settings,
         worker_id,
         own_task_queue(settings.task_queue, worker_id),
-        cancellation_store=JobStore(api_pool, lease_seconds=settings.lease_seconds),
+        cancellation_store=ApiStore(api_pool, lease_seconds=settings.lease_seconds),
         search_attributes=search_attributes,
         max_concurrent_deliveries=settings.max_concurrent_deliveries,
     )
@@ -277,11 +281,11 @@ async def run_worker(
             client,
             settings,
             export,
-            recovery=RecoveryActivities(JobStore(recovery_pool), settings),
+            recovery=RecoveryActivities(RecoveryStore(recovery_pool), settings),
             sweeper=SweeperActivities(export.store, settings),
         )
         dispatcher = OutboxDispatcher(
-            JobStore(dispatcher_pool), client, settings, listen_url=settings.database_url
+            DispatcherStore(dispatcher_pool), client, settings, listen_url=settings.database_url
         )
         log.info(
             "worker %s: shared queue %s, own queue %s", worker_id, settings.task_queue, export.own_task_queue

@@ -49,7 +49,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
 from db.errors import StoreError, TransientStoreError
-from db.store import JobStore
+from db.stores.ledger import LedgerStatements
+from db.stores.protocol import WorkerStore
 from domain.destination import Destination
 from domain.models import (
     AuthorizationResult,
@@ -176,11 +177,11 @@ async def keep_heartbeating(
 class ExportActivities:
     """The export's activities on one worker host.
 
-    ``store`` is a ``JobStore`` over an ``exports_worker`` pool whose ``lease_seconds`` is the lease each
+    ``store`` is a ``WorkerStore`` over an ``exports_worker`` pool whose ``lease_seconds`` is the lease each
     claim and renewal sets: it serves the protocol's statements (renewals, cutoff 2, fences, evidence,
     terminal writes). ``build_pool`` (same role) feeds the builder's COPY only, so builds can never hold
     the connections renewals need; at most ``settings.max_concurrent_builds`` builds run at once.
-    ``own_task_queue`` is this host's queue, returned by the claim. ``cancellation_store`` is a ``JobStore``
+    ``own_task_queue`` is this host's queue, returned by the claim. ``cancellation_store`` is a ledger store (``ApiStore``)
     over an ``exports_api`` pool for recording a cancellation from Temporal (the worker role may not write
     cancellation requests). Uploads run on this object's own ``max_concurrent_deliveries`` threads; more
     wait their turn. ``search_attributes`` says whether the server has the export search attributes
@@ -192,13 +193,13 @@ class ExportActivities:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerStore,
         build_pool: AsyncConnectionPool[Any],
         settings: Settings,
         worker_id: str,
         own_task_queue: str,
         *,
-        cancellation_store: JobStore,
+        cancellation_store: LedgerStatements,
         search_attributes: bool | None = None,
         max_concurrent_deliveries: int = 8,
     ) -> None:
@@ -922,7 +923,7 @@ class _EvidenceRecorder:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerStore,
         job_id: UUID,
         attempt_id: UUID,
         observed_by: str,

@@ -40,7 +40,7 @@ from temporalio import activity
 
 from activities.export import keep_heartbeating
 from db.errors import StoreError
-from db.store import JobStore
+from db.stores.recovery import RecoveryStore
 from domain.destination import Destination
 from domain.evidence import Observation, SetAside
 from domain.models import ExpiredLease, ExportJob, JobStatus, UnknownToRecheck
@@ -108,7 +108,7 @@ class RecoveryActivities:
 
     def __init__(
         self,
-        store: JobStore,
+        store: RecoveryStore,
         settings: Settings,
         *,
         observe: Observe | None = None,

@@ -13,7 +13,7 @@ from typing import Any
 
 from temporalio import activity
 
-from db.store import JobStore
+from db.stores.protocol import WorkerStore
 from settings import Settings
 from workflows.models import SweepBatchInput, SweepBatchResult
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class SweeperActivities:
     """The sweeper's activity over a worker store."""
 
-    def __init__(self, store: JobStore, settings: Settings) -> None:
+    def __init__(self, store: WorkerStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
 

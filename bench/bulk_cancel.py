@@ -31,7 +31,7 @@ from psycopg.rows import dict_row
 from db.embedded import EmbeddedPostgres
 from db.migrate import ensure_app_login, migrate
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
 from service.auth import Caller
 from service.bulk import BulkCancels
 from service.commands import BulkCancel
@@ -97,7 +97,7 @@ async def one_run(
 
     pool = await open_pool(app_url, "exports_api", min_size=lanes, max_size=lanes + 1, name="bench-bulk")
     try:
-        bulk = BulkCancels(JobStore(pool), NoSignaller(), lock_timeout="2s", lanes=lanes)
+        bulk = BulkCancels(ApiStore(pool), NoSignaller(), lock_timeout="2s", lanes=lanes)
         caller = Caller(tenant_id=tenant_id, principal="bench.ops", role="operator")
         body = BulkCancel(
             batch_id=uuid.uuid4(), destination_id=destination_id, reason="bench: contract ended"

@@ -34,7 +34,8 @@ from psycopg.rows import dict_row
 from db.embedded import EmbeddedPostgres
 from db.migrate import ensure_app_login, migrate
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.protocol import WorkerStore
 from domain.models import CancellationOutcome, ClaimResult
 
 APP_LOGIN = "exports_app"
@@ -74,7 +75,7 @@ async def admin_rows(url: str, query: Any, params: dict[str, Any]) -> list[dict[
             return await cur.fetchall()
 
 
-async def create_jobs(admin_url: str, api: JobStore, count: int) -> tuple[UUID, list[UUID]]:
+async def create_jobs(admin_url: str, api: ApiStore, count: int) -> tuple[UUID, list[UUID]]:
     """A tenant with one destination and ``count`` queued exports, created through the creation statement."""
     tenant_id, destination_id = uuid.uuid4(), uuid.uuid4()
     await admin_rows(
@@ -108,7 +109,7 @@ async def create_jobs(admin_url: str, api: JobStore, count: int) -> tuple[UUID, 
 
 
 async def claimer(
-    store: JobStore,
+    store: WorkerStore,
     jobs: list[UUID],
     tally: Tally,
     start: asyncio.Event,
@@ -129,7 +130,7 @@ async def claimer(
 
 
 async def canceler(
-    store: JobStore,
+    store: WorkerStore,
     tenant_id: UUID,
     jobs: list[UUID],
     tally: Tally,
@@ -240,7 +241,7 @@ async def race(pg: EmbeddedPostgres, database: str, jobs: int, connections: int,
     worker_pool = await open_pool(app_url, "exports_worker", min_size=connections, max_size=connections)
     api_pool = await open_pool(app_url, "exports_api", min_size=connections, max_size=connections)
     try:
-        worker, api = JobStore(worker_pool), JobStore(api_pool)
+        worker, api = WorkerStore(worker_pool), ApiStore(api_pool)
         tenant_id, job_ids = await create_jobs(admin_url, api, jobs)
         tally, start = Tally(), asyncio.Event()
         step = asyncio.Barrier(2 * connections) if mode == "lockstep" else None

@@ -31,7 +31,8 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.outbox import DispatcherStore
 from domain.models import OutboxMessage
 from runtime.dispatcher import OutboxDispatcher, export_input
 from settings import Settings
@@ -59,7 +60,7 @@ async def create_jobs(database: TestDatabase, count: int) -> list[UUID]:
         {"t": tenant_id, "d": destination_id},
     )
     pool = await open_pool(database.app_url, "exports_api", max_size=4)
-    api = JobStore(pool)
+    api = ApiStore(pool)
     created: list[UUID] = []
 
     async def create(n: int) -> None:
@@ -152,7 +153,12 @@ async def main(wakeups: int, concurrency: int, batch: int, passes: int, rounds: 
             # The creations' own wake-ups are not part of the comparison.
             await admin(database.admin_url, "UPDATE outbox SET published_at = clock_timestamp()")
             dispatcher = OutboxDispatcher(
-                JobStore(pool), env.client, settings, listen_url=None, concurrency=concurrency, passes=passes
+                DispatcherStore(pool),
+                env.client,
+                settings,
+                listen_url=None,
+                concurrency=concurrency,
+                passes=passes,
             )
             # Warm both paths (connections, the server's namespace caches).
             await dispatched(dispatcher, database, jobs[:200])

@@ -40,7 +40,8 @@ from temporalio.worker import Worker
 from activities.export import ExportActivities, keep_heartbeating
 from db.builder import build_export, remove_export_file
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.protocol import WorkerStore
 from domain.models import CancellationOutcome, ExportJob, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver
 from partner.local_server import LocalSftpServer
@@ -72,7 +73,7 @@ BATCH_TIMEOUT_SECONDS = 300.0  # a batch that has not ended by then is a hang, r
 class UnfencedActivities:
     """The export's activities with every database write removed (reads and the builder's COPY stay)."""
 
-    def __init__(self, store: JobStore, worker_pool: Any, work_dir: Path, own_task_queue: str) -> None:
+    def __init__(self, store: WorkerStore, worker_pool: Any, work_dir: Path, own_task_queue: str) -> None:
         self.store = store
         self.pool = worker_pool
         self.work_dir = work_dir
@@ -170,7 +171,7 @@ class Bench:
         self.run_id = uuid.uuid4().hex[:6]
         self.closers: list[Callable[[], Awaitable[Any]]] = []
         self.fenced: ExportActivities | None = None
-        self.api: JobStore | None = None
+        self.api: ApiStore | None = None
 
     async def start(self, renew_every: float) -> None:
         worker_pool = await open_pool(
@@ -178,8 +179,8 @@ class Bench:
         )
         api_pool = await open_pool(self.database.app_url, "exports_api", max_size=4, name="bench-api")
         self.closers += [worker_pool.close, api_pool.close]
-        store = JobStore(worker_pool, lease_seconds=60)
-        self.api = JobStore(api_pool)
+        store = WorkerStore(worker_pool, lease_seconds=60)
+        self.api = ApiStore(api_pool)
         settings = Settings(
             database_url=self.database.app_url,
             work_dir=self.work_root / "fenced",

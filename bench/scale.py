@@ -17,14 +17,14 @@
    (Completed, Failed, Canceled, Stopped, Rejected, over 4 tenants, each with its deliveries row, its
    Claimed and terminal events and its published wake-up) and 100,000 Queued ones, against a freshly
    migrated database on the same server with the same tenants. Both then get the same probe exports
-   (created through ``JobStore.create_original``), and the same statements run on both, alternating,
+   (created through ``ApiStore.create_original``), and the same statements run on both, alternating,
    each on a row that can take it: the claim (``claim_if_queued``) on a fresh Queued probe per
    iteration, cutoff 2 (``authorize_delivery_if_running``) on that probe's Running attempt, recovery's
    scan (``find_expired_leases``, the recovery batch) once the probes' leases have expired, the
    sweeper's batch (``sweep_stale_queued``, the sweep batch of stale Queued jobs, in a transaction rolled
    back each time so the data stays the same size), and the API's list page (``page_tenant_jobs`` with
    the service's limit, the first page and a keyset page from the middle of the tenant's history). The
-   claim, cutoff 2, the scan and the pages go through the real ``JobStore`` methods on one-connection
+   claim, cutoff 2, the scan and the pages go through the real store methods on one-connection
    pools of their roles; the sweep runs the named statement from ``db/queries.py`` with the parameters
    the store binds. Printed per statement: the median ms on each side, their ratio (target within 2x),
    the server's own execution time on each side (one EXPLAIN ANALYZE), and the top nodes of the loaded side's ``EXPLAIN (ANALYZE, BUFFERS)`` (in a rolled-back transaction),
@@ -73,7 +73,11 @@ from db.admin import seed_tenant
 from db.pool import Role, open_pool
 from db.queries import fetch, q
 from db.rows import JobIdRow
-from db.store import _NO_BOUND_ID, _NO_BOUND_TIME, JobStore
+from db.stores.api import ApiStore
+from db.stores.base import StoreBase
+from db.stores.protocol import WorkerStore
+from db.stores.reads import NO_BOUND_ID, NO_BOUND_TIME
+from db.stores.recovery import RecoveryStore
 from domain.models import AuthorizationResult, ClaimResult, ExportJob, final_name_for
 from settings import Settings
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
@@ -467,7 +471,7 @@ def load(admin_url: str, scopes: Sequence[Scope], *, finished: int, queued: int)
 
 
 def claim_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float, worker_id: str) -> dict[str, Any]:
-    """``claim_if_queued`` as ``JobStore.claim_if_queued`` binds it (the workflow ID as the dispatcher names it)."""
+    """``claim_if_queued`` as ``WorkerStore.claim_if_queued`` binds it (the workflow ID as the dispatcher names it)."""
     return {
         "job_id": job.id,
         "checked_version": job.version,
@@ -479,7 +483,7 @@ def claim_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float, work
 
 
 def cutoff2_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float) -> dict[str, Any]:
-    """``authorize_delivery_if_running`` as ``JobStore.authorize_delivery_if_running`` binds it."""
+    """``authorize_delivery_if_running`` as ``WorkerStore.authorize_delivery_if_running`` binds it."""
     return {
         "tenant_id": job.tenant_id,
         "job_id": job.id,
@@ -494,12 +498,12 @@ def cutoff2_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float) ->
 
 
 def recovery_params(settings: Settings) -> dict[str, Any]:
-    """``find_expired_leases`` as recovery runs it: ``JobStore.find_expired_leases(limit=recovery_batch)``."""
+    """``find_expired_leases`` as recovery runs it: ``RecoveryStore.find_expired_leases(limit=recovery_batch)``."""
     return {"limit": settings.recovery_batch}
 
 
 def sweep_params(settings: Settings) -> dict[str, Any]:
-    """``sweep_stale_queued`` as ``JobStore.sweep_stale_queued`` binds it with the sweeper's settings."""
+    """``sweep_stale_queued`` as ``WorkerStore.sweep_stale_queued`` binds it with the sweeper's settings."""
     return {
         "older_than_seconds": settings.sweep_after_seconds,
         "batch": settings.sweep_batch,
@@ -509,8 +513,8 @@ def sweep_params(settings: Settings) -> dict[str, Any]:
 
 def page_params(tenant_id: UUID, before: tuple[datetime, UUID] | None = None) -> dict[str, Any]:
     """``page_tenant_jobs`` as the list route calls it (``ExportOperations.page``: the default limit plus one,
-    no filters) through ``JobStore.page_tenant_jobs``."""
-    created_at, last_id = before or (_NO_BOUND_TIME, _NO_BOUND_ID)
+    no filters) through ``ApiStore.page_tenant_jobs``."""
+    created_at, last_id = before or (NO_BOUND_TIME, NO_BOUND_ID)
     return {
         "tenant_id": tenant_id,
         "before_created_at": created_at,
@@ -624,9 +628,9 @@ class Side:
     database: TestDatabase
     scopes: list[Scope]
     settings: Settings
-    api: JobStore | None = None
-    worker: JobStore | None = None
-    recovery: JobStore | None = None
+    api: ApiStore | None = None
+    worker: WorkerStore | None = None
+    recovery: RecoveryStore | None = None
     probes: list[ExportJob] = field(default_factory=list)
     attempts: dict[UUID, UUID] = field(default_factory=dict)
     mid_bound: tuple[datetime, UUID] | None = None
@@ -639,14 +643,15 @@ class Side:
     async def opened(self) -> AsyncIterator[Side]:
         pools = []
         try:
-            for attr, role in (
-                ("api", "exports_api"),
-                ("worker", "exports_worker"),
-                ("recovery", "exports_recovery"),
-            ):
+            stores: tuple[tuple[str, str, type[StoreBase]], ...] = (
+                ("api", "exports_api", ApiStore),
+                ("worker", "exports_worker", WorkerStore),
+                ("recovery", "exports_recovery", RecoveryStore),
+            )
+            for attr, role, store in stores:
                 pool = await open_pool(self.database.app_url, cast(Role, role), min_size=1, max_size=1)
                 pools.append(pool)
-                setattr(self, attr, JobStore(pool, lease_seconds=self.settings.lease_seconds))
+                setattr(self, attr, store(pool, lease_seconds=self.settings.lease_seconds))
             yield self
         finally:
             for pool in pools:

@@ -38,7 +38,7 @@ class IdempotencyConflict(StoreError):
         self.job_id = job_id
 
 
-class UnknownReference(StoreError):
+class UnknownReference(ConstraintRefused):
     """A referenced row (destination, original job) does not exist in this tenant."""
 
 
@@ -52,6 +52,28 @@ class DestinationNotFound(StoreError):
 
 class InvariantViolation(StoreError):
     """Something changed under a row lock; the outcome computed under it is not true, so nothing is recorded."""
+
+
+# The one table from a refused constraint to the domain error it means, whichever statement hit it. A
+# constraint whose refusal needs the statement's context (an idempotency key's or a request ID's replay)
+# stays a ConstraintRefused for that statement to read.
+_NO_DESTINATION = "no such destination in this tenant"
+CONSTRAINT_MEANINGS: dict[str, tuple[type[ConstraintRefused], str]] = {
+    "fk_export_jobs_destination": (UnknownReference, _NO_DESTINATION),
+    "export_jobs_tenant_id_fkey": (UnknownReference, _NO_DESTINATION),
+    "fk_delivery_switches_destination": (UnknownReference, _NO_DESTINATION),
+    "delivery_switches_tenant_id_fkey": (UnknownReference, _NO_DESTINATION),
+    "fk_cancellation_batches_destination": (UnknownReference, _NO_DESTINATION),
+}
+
+
+def refused(constraint: str | None, message: str) -> ConstraintRefused:
+    """The typed refusal of ``constraint``: what :data:`CONSTRAINT_MEANINGS` says it means, else itself."""
+    meaning = CONSTRAINT_MEANINGS.get(constraint or "")
+    if meaning is None:
+        return ConstraintRefused(constraint, message)
+    kind, text = meaning
+    return kind(constraint, text)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -90,7 +112,7 @@ def translate(exc: psycopg.Error) -> StoreError:
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return NotPermitted(str(exc.diag.message_primary or "permission denied"))
     if isinstance(exc, pg_errors.IntegrityError | pg_errors.CheckViolation):
-        return ConstraintRefused(diag_constraint, str(exc.diag.message_primary or exc))
+        return refused(diag_constraint, str(exc.diag.message_primary or exc))
     if is_transient(exc):
         return TransientStoreError(type(exc).__name__)
     return StoreError(f"{type(exc).__name__}: {exc.diag.message_primary if exc.diag else exc}")

@@ -1,6 +1,6 @@
 """A partner's SFTP endpoint and the contract agreed with it: the value of one ``destinations`` row.
 
-The store reads it (``db.store.JobStore.load_destination``); the partner client is handed the value and
+The store reads it (``load_destination`` of ``db/stores/reads.py``); the partner client is handed the value and
 never a pool.
 """
 

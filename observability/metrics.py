@@ -302,7 +302,7 @@ class ExportMetrics:
     ) -> None:
         """Count one transition statement's answer.
 
-        Called by ``JobStore`` once per call of a transition method (claim_if_queued, cutoff 2, the
+        Called by a store (``db/stores/``) once per call of a transition method (claim_if_queued, cutoff 2, the
         terminal writes, recovery's takeovers, reconcile, correct, reject, and inside the cancellation
         transaction's cancel_and_record when it changed the job), after the lost-response re-read has
         decided; ``transition_result()`` maps the store's answer.
@@ -316,7 +316,7 @@ class ExportMetrics:
         child.inc()
 
     def observe_statement_duration(self, statement: str, seconds: float) -> None:
-        """Record one statement round trip; called by ``JobStore._all`` for every named statement."""
+        """Record one statement round trip; called by the stores' ``StoreBase`` for every named statement."""
         child = self._statement_children.get(statement)
         if child is None:  # checked and looked up once per name: this runs around every statement
             if not _STATEMENT_NAME.match(statement):

@@ -4,14 +4,14 @@ a transition, the counter and a log line with the statement and its result.
 The store calls it at two points:
 
 - ``db/queries.fetch`` and ``execute``, where every named statement of a running process goes (and
-  ``db/store._observed`` around a pipeline's round trip)::
+  ``db/stores/ledger._observed`` around a pipeline's round trip)::
 
       with observe_statement(name, params):
           ...execute the statement...
 
   gives every statement a span (IDs from its parameters) and its latency;
 
-- each transition method of ``JobStore`` (``@transition(Statement.CLAIM_IF_QUEUED)``), once its
+- each transition method of a store (``db/stores/``) (``@transition(Statement.CLAIM_IF_QUEUED)``), once its
   lost-response re-read has decided, calls ``record_transition`` with the answer it returns
   (``ClaimResult``, ``AuthorizationResult``, ``FinishResult``, ``FenceResult`` or the bool of a
   conditional write), which counts it and logs it; the cancellation ledger records ``cancel_and_record``

@@ -227,7 +227,7 @@ class _CurrentSpan:
 def statement_span(statement: str, **values: Any) -> Iterator[Span]:
     """One span named after a protocol statement (``claim_if_queued``), around its round trip.
 
-    Called by ``JobStore._all`` (every named statement; pass ``**fields.from_params(params)``).
+    Called by the stores' ``StoreBase`` (every named statement; pass ``**fields.from_params(params)``).
     ``values`` are IDs, sizes and codes (``observability.fields``, checked when tracing is on); set the
     answer afterwards with ``set_attributes(span, result=...)``. Off, it yields a non-recording span and
     does nothing else.

@@ -3,7 +3,7 @@
 Every observation becomes one JSON-able dict, handed to ``on_evidence`` at once, so a crash loses at most
 the observation in flight. Each dict carries ``observation`` (its kind), ``at`` (UTC, when it was seen),
 ``attempt_id`` and ``destination_id``; the caller adds who observed it when it stores the dict
-(``JobStore.append_delivery_evidence``). Only names, sizes, mtimes, hashes (hex), SFTP status codes and
+(``append_delivery_evidence`` of the worker's and recovery's stores). Only names, sizes, mtimes, hashes (hex), SFTP status codes and
 error type names appear: never file contents, contact data or credentials. The values themselves are in
 :mod:`domain.evidence`.
 

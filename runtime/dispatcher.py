@@ -4,7 +4,7 @@ It runs inside ``worker.py`` beside the Temporal workers, not as an activity. It
 NOTIFY (the insert trigger sends one) and polls as a fallback, so a lost notification only delays a
 wake-up. Each pass, as ``exports_dispatcher``:
 
-1. takes a batch of unpublished rows with a short publishing lease (``JobStore.take_unpublished``: one
+1. takes a batch of unpublished rows with a short publishing lease (``DispatcherStore.take_unpublished``: one
    conditional ``UPDATE ... FOR UPDATE SKIP LOCKED`` that sets ``publishing_until``), and commits: no
    transaction and no row lock is held while Temporal answers;
 2. starts their workflows concurrently, at most ``concurrency`` starts in flight in this dispatcher;
@@ -39,7 +39,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from db.errors import StoreError
 from db.notify import outbox_wakeups
-from db.store import JobStore
+from db.stores.outbox import DispatcherStore
 from domain.models import OutboxMessage
 from observability.metrics import get_metrics
 from observability.tracing import continue_trace
@@ -68,7 +68,7 @@ class PassResult:
 class OutboxDispatcher:
     """Publishes outbox rows to Temporal; ``run`` until ``stop`` is set.
 
-    ``store`` must be a ``JobStore`` over an ``exports_dispatcher`` pool. ``listen_url`` is the login URL
+    ``store`` must be a ``DispatcherStore`` over an ``exports_dispatcher`` pool. ``listen_url`` is the login URL
     for the dedicated LISTEN connection (``None`` polls only). ``lease_seconds`` is a taken row's
     publishing lease, ``concurrency`` the starts in flight at once, ``passes`` the batches in flight at
     once (a second batch is taken while the first one's last starts finish; they share ``concurrency``).
@@ -79,7 +79,7 @@ class OutboxDispatcher:
 
     def __init__(
         self,
-        store: JobStore,
+        store: DispatcherStore,
         client: Client,
         settings: Settings,
         *,

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from db.errors import StoreError
-from db.store import JobStore
+from db.stores.protocol import WorkerStore
 from domain.models import Renewal
 from observability.metrics import RenewalResult, get_metrics
 
@@ -43,7 +43,7 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: JobStore,
+        store: WorkerStore,
         job_id: UUID,
         attempt_id: UUID,
         *,

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from db.builder import build_dirs
 from db.errors import StoreError
-from db.store import JobStore
+from db.stores.protocol import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ async def scavenge_export_files(
     return cleaned
 
 
-async def scavenge_periodically(store: JobStore, work_dir: Path, every_seconds: float) -> None:
+async def scavenge_periodically(store: WorkerStore, work_dir: Path, every_seconds: float) -> None:
     """Remove the local export files of ended attempts (a killed worker's contact data), now and every
     ``every_seconds``; a failed pass is logged and tried again next time."""
     while True:

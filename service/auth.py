@@ -9,7 +9,7 @@ from typing import Literal
 from uuid import UUID
 
 from db.admin import insert_token
-from db.store import JobStore
+from db.stores.api import ApiStore
 
 Role = Literal["operator", "reconciler"]
 ROLES: tuple[Role, ...] = ("operator", "reconciler")
@@ -43,7 +43,7 @@ async def mint_token(admin_url: str, *, tenant_id: UUID, principal: str, role: R
     return token
 
 
-async def caller_for_token(store: JobStore, token: str) -> Caller | None:
+async def caller_for_token(store: ApiStore, token: str) -> Caller | None:
     """The caller a token is bound to, or ``None`` for an unknown or malformed token.
 
     Raises ``TransientStoreError`` when the database does not answer (the API answers 503).
@@ -72,7 +72,7 @@ def csrf_token_for(session_id: str) -> str:
     return hashlib.sha256(b"csrf:" + session_id.encode("ascii")).hexdigest()
 
 
-async def open_session(store: JobStore, token: str) -> tuple[str, Caller] | None:
+async def open_session(store: ApiStore, token: str) -> tuple[str, Caller] | None:
     """Sign a console in with a token: a new random session ID bound to the token's hash (only the
     session ID's hash is stored), or ``None`` for an unknown token. The ID goes in the cookie; the token
     never does."""
@@ -88,7 +88,7 @@ def _plausible_session(session_id: str) -> bool:
     return len(session_id) == _SESSION_ID_LENGTH and session_id.isascii()
 
 
-async def caller_for_session(store: JobStore, session_id: str) -> Caller | None:
+async def caller_for_session(store: ApiStore, session_id: str) -> Caller | None:
     """The caller a live console session is bound to, or ``None`` (unknown, expired, signed out, or its
     token gone)."""
     if not _plausible_session(session_id):
@@ -100,7 +100,7 @@ async def caller_for_session(store: JobStore, session_id: str) -> Caller | None:
     return Caller(tenant_id=row.tenant_id, principal=row.principal, role=role)
 
 
-async def close_session(store: JobStore, session_id: str) -> bool:
+async def close_session(store: ApiStore, session_id: str) -> bool:
     """Sign a console session out: its row is deleted. Whether there was one."""
     if not _plausible_session(session_id):
         return False

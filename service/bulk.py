@@ -16,7 +16,7 @@ from uuid import UUID
 
 from db.errors import UnknownReference
 from db.rows import CancellationBatch
-from db.store import JobStore
+from db.stores.api import ApiStore
 from domain.models import CancellationOutcome, CancellationResult, JobStatus
 from observability.metrics import CancellationSource, get_metrics
 from service.auth import Caller
@@ -74,7 +74,7 @@ def _batch_json(batch: CancellationBatch) -> dict[str, Any]:
 class BulkCancels:
     """Bulk cancel over an ``exports_api`` store, signalling each attempt it asked to stop."""
 
-    def __init__(self, store: JobStore, signaller: StopSignaller, *, lock_timeout: str, lanes: int = LANES):
+    def __init__(self, store: ApiStore, signaller: StopSignaller, *, lock_timeout: str, lanes: int = LANES):
         self.store = store
         self.signaller = signaller
         self.lock_timeout = lock_timeout

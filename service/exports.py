@@ -22,7 +22,8 @@ from uuid import UUID
 
 from db.errors import ConstraintRefused, IdempotencyConflict, UnknownReference
 from db.pool import START_RETRY_SECONDS, open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.reconciler import ReconcilerStore
 from domain.models import (
     AttemptEvent,
     CancellationOutcome,
@@ -180,8 +181,8 @@ class Exports:
 
     def __init__(
         self,
-        api_store: JobStore,
-        reconciler_store: JobStore | None = None,
+        api_store: ApiStore,
+        reconciler_store: ReconcilerStore | None = None,
         signaller: StopSignaller | None = None,
         *,
         temporal_ui_url: str = "http://localhost:8233",
@@ -672,9 +673,9 @@ async def open_exports(
                 settings.database_url, "exports_reconciler", max_size=2, checkout_timeout=API_CHECKOUT_SECONDS
             )
             stack.push_async_callback(reconciler_pool.close)
-            reconciler_store = JobStore(reconciler_pool)
+            reconciler_store = ReconcilerStore(reconciler_pool)
         yield Exports(
-            JobStore(api_pool),
+            ApiStore(api_pool),
             reconciler_store,
             signaller or TemporalStopSignaller(settings),
             temporal_ui_url=settings.temporal_ui_url,

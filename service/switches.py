@@ -25,7 +25,7 @@ from pydantic import Field, TypeAdapter
 
 from db.errors import StoreError, UnknownReference
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
 from domain.controls import DeliverySwitch, SwitchChange, SwitchScope
 from service.commands import Body, Reason
 from service.outcomes import Answer, Kind, refusal
@@ -136,7 +136,7 @@ def banner_lines(switches: list[DeliverySwitch]) -> list[str]:
 class Switches:
     """The switch operations over an ``exports_api`` store."""
 
-    def __init__(self, store: JobStore, *, wake_batch: int = WAKE_BATCH) -> None:
+    def __init__(self, store: ApiStore, *, wake_batch: int = WAKE_BATCH) -> None:
         self.store = store
         self.wake_batch = wake_batch
 
@@ -303,6 +303,6 @@ async def open_switches(settings: Settings) -> AsyncIterator[Switches]:
         raise ValueError("EXPORTS_DATABASE_URL is not set")
     pool = await open_pool(settings.database_url, "exports_api", max_size=2, name="switches")
     try:
-        yield Switches(JobStore(pool))
+        yield Switches(ApiStore(pool))
     finally:
         await pool.close()

@@ -8,7 +8,11 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.outbox import DispatcherStore
+from db.stores.protocol import WorkerStore
+from db.stores.reconciler import ReconcilerStore
+from db.stores.recovery import RecoveryStore
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
 from tests.support.factories import Factory
 
@@ -47,48 +51,48 @@ def database(pg_server: str, pg_template: str) -> TestDatabase:
 
 
 @pytest.fixture(scope="module")
-async def worker_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+async def worker_store(database: TestDatabase) -> AsyncIterator[WorkerStore]:
     pool = await open_pool(database.app_url, "exports_worker", max_size=10)
-    yield JobStore(pool, lease_seconds=60)
+    yield WorkerStore(pool, lease_seconds=60)
     await pool.close()
 
 
 @pytest.fixture(scope="module")
-async def recovery_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+async def recovery_store(database: TestDatabase) -> AsyncIterator[RecoveryStore]:
     """Recovery's takeovers, as their own role."""
     pool = await open_pool(database.app_url, "exports_recovery", max_size=4)
-    yield JobStore(pool, lease_seconds=60)
+    yield RecoveryStore(pool, lease_seconds=60)
     await pool.close()
 
 
 @pytest.fixture(scope="module")
-async def api_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+async def api_store(database: TestDatabase) -> AsyncIterator[ApiStore]:
     pool = await open_pool(database.app_url, "exports_api", max_size=10)
-    yield JobStore(pool)
+    yield ApiStore(pool)
     await pool.close()
 
 
 @pytest.fixture(scope="module")
-async def reconciler_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+async def reconciler_store(database: TestDatabase) -> AsyncIterator[ReconcilerStore]:
     pool = await open_pool(database.app_url, "exports_reconciler", max_size=4)
-    yield JobStore(pool)
+    yield ReconcilerStore(pool)
     await pool.close()
 
 
 @pytest.fixture(scope="module")
-async def dispatcher_store(database: TestDatabase) -> AsyncIterator[JobStore]:
+async def dispatcher_store(database: TestDatabase) -> AsyncIterator[DispatcherStore]:
     pool = await open_pool(database.app_url, "exports_dispatcher", max_size=4)
-    yield JobStore(pool)
+    yield DispatcherStore(pool)
     await pool.close()
 
 
 @pytest.fixture(scope="module")
 async def factory(
     database: TestDatabase,
-    api_store: JobStore,
-    worker_store: JobStore,
-    recovery_store: JobStore,
-    reconciler_store: JobStore,
+    api_store: ApiStore,
+    worker_store: WorkerStore,
+    recovery_store: RecoveryStore,
+    reconciler_store: ReconcilerStore,
 ) -> Factory:
     """Puts a job in any state through the protocol's own statements; clock helpers act as superuser."""
     return Factory(

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 
 from api.app import create_app
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.reconciler import ReconcilerStore
 from service.auth import mint_token
 from service.exports import Exports
 from service.signals import StopSignaller, TemporalStopSignaller
@@ -67,7 +68,7 @@ async def globex(factory: Factory, database: TestDatabase) -> TenantKeys:
 
 
 @pytest.fixture(scope="module")
-def make_app(api_store: JobStore, reconciler_store: JobStore) -> Callable[..., FastAPI]:
+def make_app(api_store: ApiStore, reconciler_store: ReconcilerStore) -> Callable[..., FastAPI]:
     def build(signaller: StopSignaller | Client | None = None, lock_timeout: str = "300ms") -> FastAPI:
         settings = Settings(temporal_ui_url="http://ui.test:8233")
         exports = Exports(

@@ -21,8 +21,10 @@ from psycopg.rows import dict_row
 
 from db.pool import Role, open_pool
 from db.queries import q
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.protocol import WorkerStore
 from domain.models import AuthorizationResult, CancellationResult, ExportJob, final_name_for
+from tests.support.stores import store_for
 
 BLOCKING_WAIT_SECONDS = 5.0
 
@@ -69,14 +71,14 @@ class HeldTransaction:
 
 @dataclass(frozen=True)
 class SoloWriter:
-    """A ``JobStore`` over a one-connection pool, so the test knows which backend its statements run on."""
+    """A store over a one-connection pool, so the test knows which backend its statements run on."""
 
-    store: JobStore
+    store: Any  # the store of the role it was opened as (tests.support.stores)
     pid: int
 
 
 class Gate:
-    """A ``before_commit`` hook for ``JobStore.request_cancellation``: holds the cancellation's transaction
+    """A ``before_commit`` hook for ``ApiStore.request_cancellation``: holds the cancellation's transaction
     (row lock taken, decision written) until released; ``abort()`` makes it roll back instead."""
 
     def __init__(self) -> None:
@@ -127,7 +129,7 @@ class RaceKit:
         self._pools.append(pool)
         async with pool.connection() as conn:
             pid = conn.info.backend_pid
-        return SoloWriter(JobStore(pool, **store_kw), pid)
+        return SoloWriter(store_for(role, pool, **store_kw), pid)
 
     async def wait_until_blocked_by(
         self, waiter_pid: int, holder_pid: int, within: float = BLOCKING_WAIT_SECONDS
@@ -175,7 +177,7 @@ async def still_waiting(task: asyncio.Task[Any]) -> None:
 def claim_params(
     job: ExportJob, attempt_id: UUID, worker_id: str = "worker-held", lease_seconds: float = 60.0
 ) -> dict[str, Any]:
-    """Parameters of ``claim_if_queued`` as ``JobStore.claim_if_queued`` binds them."""
+    """Parameters of ``claim_if_queued`` as ``WorkerStore.claim_if_queued`` binds them."""
     return {
         "job_id": job.id,
         "checked_version": job.version,
@@ -192,7 +194,7 @@ def matched(rows: list[dict[str, Any]]) -> bool:
 
 
 def authorize_params(job: ExportJob, attempt_id: UUID, length: int = 1234) -> dict[str, Any]:
-    """Parameters of ``authorize_delivery_if_running`` as ``JobStore.authorize_delivery_if_running`` binds them."""
+    """Parameters of ``authorize_delivery_if_running`` as ``WorkerStore.authorize_delivery_if_running`` binds them."""
     return {
         "tenant_id": job.tenant_id,
         "job_id": job.id,
@@ -206,7 +208,7 @@ def authorize_params(job: ExportJob, attempt_id: UUID, length: int = 1234) -> di
     }
 
 
-async def authorize(store: JobStore, job: ExportJob, attempt_id: UUID) -> AuthorizationResult:
+async def authorize(store: WorkerStore, job: ExportJob, attempt_id: UUID) -> AuthorizationResult:
     """Cutoff 2 through the store for ``job``'s own final name."""
     params = authorize_params(job, attempt_id)
     del params["lease_seconds"]  # the store binds its own
@@ -214,7 +216,7 @@ async def authorize(store: JobStore, job: ExportJob, attempt_id: UUID) -> Author
 
 
 async def cancel(
-    store: JobStore,
+    store: ApiStore,
     job: ExportJob,
     *,
     request_id: UUID | None = None,

@@ -361,7 +361,7 @@ async def test_one_cancellation_is_one_round_trip(factory, database):
     from urllib.parse import urlsplit, urlunsplit
 
     from db.pool import open_pool
-    from db.store import JobStore
+    from db.stores.api import ApiStore
 
     job = await factory.queued()
     url = urlsplit(database.app_url)
@@ -375,7 +375,7 @@ async def test_one_cancellation_is_one_round_trip(factory, database):
         proxied + ("&" if "?" in proxied else "?") + "sslmode=disable", "exports_api", max_size=1
     )
     try:
-        store = JobStore(pool)
+        store = ApiStore(pool)
         started = asyncio.get_running_loop().time()
         result = await cancel(store, job)
         elapsed = asyncio.get_running_loop().time() - started

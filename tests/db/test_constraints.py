@@ -62,7 +62,7 @@ async def replaceable(factory, status: JobStatus, code: FailureCode = FailureCod
     if code == FailureCode.ATTEMPTS_EXHAUSTED:
         job, attempt = await factory.running()
         await factory.expire_lease(job.id)
-        assert await factory.worker.exhaust_expired_attempt(job.id, attempt, 1, "recovery-1")
+        assert await factory.recovery.exhaust_expired_attempt(job.id, attempt, 1, "recovery-1")
         return await factory.job(job.id)
     job, _ = await factory.in_status(status, code=code)
     return job

@@ -16,7 +16,7 @@ from tests.db.race import authorize, authorize_params, claim_params, matched, st
 
 
 def switch_params(job, *, scope: str, enabled: bool, was_enabled: bool | None = True) -> dict[str, Any]:
-    """The parameters ``JobStore.set_delivery_switch`` binds to its two statements."""
+    """The parameters ``ApiStore.set_delivery_switch`` binds to its two statements."""
     return {
         "scope": scope,
         "tenant_id": None if scope == "global" else job.tenant_id,

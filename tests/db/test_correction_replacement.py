@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from db.errors import ConstraintRefused, NotPermitted, translate
+from db.stores.reconciler import ReconcilerStore
 from domain.models import (
     AuthorizationResult,
     EventKind,
@@ -204,7 +205,7 @@ async def test_replacement_creation_succeeds_when_the_held_correction_rolls_back
 async def unknown_after_recovery(factory) -> tuple[ExportJob, UUID]:
     job, attempt = await factory.delivering()
     await factory.expire_lease(job.id)
-    assert await factory.worker.resolve_expired_delivery(
+    assert await factory.recovery.resolve_expired_delivery(
         job.id, attempt, JobStatus.OUTCOME_UNKNOWN, "recovery-1", "final name absent, temp present"
     )
     return await factory.job(job.id), attempt
@@ -239,7 +240,9 @@ async def test_reconciliation_is_one_shot_and_keeps_the_recovery_event(
     assert refused.value.constraint == "uq_attempt_transition"
     assert (await factory.job(job.id)).status == resolution
     # Evidence that arrives afterwards is still appended, and changes nothing.
-    assert await api_store.append_delivery_evidence(job.id, attempt, "recovery-2", {"observation": "late"})
+    assert await factory.recovery.append_delivery_evidence(
+        job.id, attempt, "recovery-2", {"observation": "late"}
+    )
     assert (await factory.job(job.id)).status == resolution
 
 
@@ -294,7 +297,8 @@ async def test_correction_is_recorded_once_with_who_and_why(factory, reconciler_
 @pytest.mark.parametrize("store_name", ["api", "worker"])
 async def test_correction_is_refused_for_the_api_and_worker_roles(factory, store_name):
     original, attempt = await failed_original(factory)
-    store = factory.api if store_name == "api" else factory.worker
+    # The reconciler's statement, sent over the API's or the worker's pool: the database refuses the role.
+    store = ReconcilerStore((factory.api if store_name == "api" else factory.worker).pool)
 
     with pytest.raises(NotPermitted):
         await correct_to_completed(store, original, attempt)

@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from db.embedded import EmbeddedPostgres, free_port
 from db.errors import StoreError, TransientStoreError
 from db.pool import is_stale, open_pool, wait_for_postgres
-from db.store import JobStore
+from db.stores.protocol import WorkerStore
 from tests.support.pg_restart import StopMode, app_url, own_postgres, start, stop
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ async def _warm(pool: AsyncConnectionPool, connections: int) -> None:
 @pytest.mark.parametrize("mode", ["immediate", "fast"])
 async def test_after_a_restart_every_checkout_gets_a_live_connection_at_once(postgres, mode: StopMode):
     pool = await open_pool(app_url(postgres), "exports_worker", min_size=4, max_size=4)
-    store = JobStore(pool)
+    store = WorkerStore(pool)
     try:
         await _warm(pool, 4)
         stop(postgres, mode)
@@ -95,7 +95,7 @@ async def test_a_pool_without_the_check_hands_out_the_dead_connection(postgres):
 
 async def test_while_the_server_is_down_a_checkout_is_a_transient_error_within_its_timeout(postgres):
     pool = await open_pool(app_url(postgres), "exports_worker", min_size=1, max_size=2, checkout_timeout=1.0)
-    store = JobStore(pool)
+    store = WorkerStore(pool)
     try:
         stop(postgres, "fast")
         try:
@@ -132,7 +132,7 @@ async def test_a_process_starting_while_the_server_is_down_waits_for_it(postgres
         start(postgres)
     pool = await asyncio.wait_for(opening, 60)
     try:
-        assert await JobStore(pool).get_job(uuid.uuid4()) is None
+        assert await WorkerStore(pool).get_job(uuid.uuid4()) is None
     finally:
         await pool.close()
     assert all(postgres.url not in r.getMessage() for r in caplog.records)

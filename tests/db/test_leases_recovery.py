@@ -16,7 +16,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from db.store import JobStore
+from db.stores.recovery import RecoveryStore
 from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
@@ -34,35 +34,35 @@ MAX_ATTEMPTS = 3
 RUN = "recovery-run-1"
 
 
-async def lease_current(store: JobStore, job_id: UUID) -> bool:
+async def lease_current(store: RecoveryStore, job_id: UUID) -> bool:
     state = await store.read_ownership(job_id)
     assert state is not None
     return state.lease_current
 
 
-async def events_of(store: JobStore, job_id: UUID, kind: EventKind):
+async def events_of(store: RecoveryStore, job_id: UUID, kind: EventKind):
     return [e for e in await store.job_events(job_id) if e.kind == kind]
 
 
 # The four takeovers, each as recovery would call it for the case it nominated.
-Takeover = Callable[[JobStore, ExportJob, UUID], Awaitable[bool]]
+Takeover = Callable[[RecoveryStore, ExportJob, UUID], Awaitable[bool]]
 
 
-async def requeue(store: JobStore, job: ExportJob, attempt: UUID) -> bool:
+async def requeue(store: RecoveryStore, job: ExportJob, attempt: UUID) -> bool:
     return await store.requeue_expired_attempt(job.id, attempt, MAX_ATTEMPTS, RUN)
 
 
-async def stop(store: JobStore, job: ExportJob, attempt: UUID) -> bool:
+async def stop(store: RecoveryStore, job: ExportJob, attempt: UUID) -> bool:
     return await store.stop_expired_attempt(job.id, attempt, RUN)
 
 
-async def exhaust(store: JobStore, job: ExportJob, attempt: UUID) -> bool:
+async def exhaust(store: RecoveryStore, job: ExportJob, attempt: UUID) -> bool:
     return await store.exhaust_expired_attempt(
         job.id, attempt, 1, RUN
     )  # a cap of 1: this attempt is the last
 
 
-async def resolve(store: JobStore, job: ExportJob, attempt: UUID) -> bool:
+async def resolve(store: RecoveryStore, job: ExportJob, attempt: UUID) -> bool:
     return await store.resolve_expired_delivery(
         job.id, attempt, JobStatus.OUTCOME_UNKNOWN, RUN, "no evidence"
     )
@@ -391,10 +391,12 @@ async def test_worker_resuming_after_a_takeover_writes_nothing_to_the_row(
     assert before.attempt_id == new_attempt
 
 
-async def test_superseded_delivery_keeps_its_late_receipt_as_evidence_only(factory, worker_store):
+async def test_superseded_delivery_keeps_its_late_receipt_as_evidence_only(
+    factory, worker_store, recovery_store
+):
     job, attempt = await factory.delivering()
     await factory.expire_lease(job.id)
-    assert await resolve(worker_store, job, attempt)
+    assert await resolve(recovery_store, job, attempt)
 
     # The original worker finishes its upload after recovery resolved the attempt.
     assert await worker_store.append_delivery_evidence(

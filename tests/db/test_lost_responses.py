@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -19,10 +20,11 @@ import pytest
 
 from db.pool import Role, open_pool
 from db.queries import q
-from db.store import JobStore
+from db.stores.base import StoreBase
 from domain.models import AuthorizationResult, ClaimResult, DeliveryOutcome, FinishResult, JobStatus
 from testbed.tcp_proxy import TcpProxy
 from tests.db.race import authorize
+from tests.support.stores import store_for
 
 CLAIM = b"'Claimed'"  # only claim_if_queued's text carries these fragments
 CUTOFF_2 = b"'DeliveryAuthorized'"
@@ -48,7 +50,7 @@ def proxy(database) -> AsyncIterator[TcpProxy]:
     proxy.stop()
 
 
-StoreFactory = Callable[..., Awaitable[JobStore]]
+StoreFactory = Callable[..., Awaitable[Any]]
 
 
 @pytest.fixture
@@ -56,12 +58,12 @@ async def proxied(database, proxy) -> AsyncIterator[StoreFactory]:
     """Stores over a one-connection pool whose every connection goes through the proxy."""
     pools = []
 
-    async def make(role: Role = "exports_worker", reread_timeout: float = 5.0) -> JobStore:
+    async def make(role: Role = "exports_worker", reread_timeout: float = 5.0) -> Any:
         pool = await open_pool(
             through_proxy(database.app_url, proxy.port), role, min_size=1, max_size=1, name=f"proxied-{role}"
         )
         pools.append(pool)
-        return JobStore(pool, reread_timeout=reread_timeout)
+        return store_for(role, pool, reread_timeout=reread_timeout)
 
     yield make
     for pool in pools:
@@ -69,7 +71,7 @@ async def proxied(database, proxy) -> AsyncIterator[StoreFactory]:
 
 
 def assert_fault_fired_and_connection_replaced(
-    proxy: TcpProxy, store: JobStore, *, reconnected: bool
+    proxy: TcpProxy, store: StoreBase, *, reconnected: bool
 ) -> None:
     assert proxy.fired.is_set(), "the fault never fired: the test would prove nothing"
     stats = store.pool.get_stats()
@@ -118,7 +120,7 @@ async def test_claim_whose_reply_is_lost_after_commit_re_reads_and_finds_itself_
 
 
 async def test_claim_whose_reply_and_re_read_are_lost_is_unknown_and_recovery_takes_over(
-    factory, proxy, proxied, worker_store
+    factory, proxy, proxied, worker_store, recovery_store
 ):
     store = await proxied(reread_timeout=FAILING_REREAD_SECONDS)
     job = await factory.queued()
@@ -136,12 +138,12 @@ async def test_claim_whose_reply_and_re_read_are_lost_is_unknown_and_recovery_ta
     )
     # and recovery takes the attempt over when its lease expires.
     await factory.expire_lease(job.id)
-    assert await worker_store.requeue_expired_attempt(job.id, attempt, 3, "recovery-1")
+    assert await recovery_store.requeue_expired_attempt(job.id, attempt, 3, "recovery-1")
     assert (await factory.job(job.id)).status == JobStatus.QUEUED
 
 
 async def test_claim_cut_before_it_reaches_the_server_with_a_failing_re_read_is_unknown_and_runs_once_later(
-    factory, proxy, proxied, worker_store
+    factory, proxy, proxied, worker_store, recovery_store
 ):
     store = await proxied(reread_timeout=FAILING_REREAD_SECONDS)
     job = await factory.queued()

@@ -32,12 +32,14 @@ async def test_a_running_or_delivering_attempts_files_are_kept(factory, worker_s
     assert all(d.exists() for d in kept)
 
 
-async def test_an_ended_or_taken_over_attempts_files_are_removed(factory, worker_store, tmp_path):
+async def test_an_ended_or_taken_over_attempts_files_are_removed(
+    factory, worker_store, recovery_store, tmp_path
+):
     _, stopped_attempt = await factory.in_status(JobStatus.STOPPED)
     _, unknown_attempt = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
     requeued, requeued_attempt = await factory.running()
     await factory.expire_lease(requeued.id)
-    assert await worker_store.requeue_expired_attempt(requeued.id, requeued_attempt, 3, "recovery-test")
+    assert await recovery_store.requeue_expired_attempt(requeued.id, requeued_attempt, 3, "recovery-test")
     never_claimed = uuid.uuid4()
     gone = [
         leftover(tmp_path, a) for a in (stopped_attempt, unknown_attempt, requeued_attempt, never_claimed)

@@ -57,7 +57,7 @@ async def reconciled_events(factory, job_id: UUID) -> list[Any]:
 def settle_params(
     job: ExportJob, attempt: UUID, resolution: JobStatus = JobStatus.COMPLETED
 ) -> dict[str, Any]:
-    """``settle_unknown_by_evidence``'s parameters as ``JobStore.settle_unknown_by_evidence`` binds them."""
+    """``settle_unknown_by_evidence``'s parameters as ``RecoveryStore.settle_unknown_by_evidence`` binds them."""
     return {
         "job_id": job.id,
         "attempt_id": attempt,

@@ -33,7 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.recovery import RecoveryActivities
 from db.builder import build_dirs
-from db.store import JobStore
+from db.stores.recovery import RecoveryStore
 from domain.evidence import set_aside_name_for, temp_name_for
 from domain.models import ExportJob, FailureCode, JobStatus
 from partner.local_server import LocalSftpServer
@@ -214,7 +214,7 @@ async def healthy_worker(
         await asyncio.wait_for(task, WAIT)
 
 
-async def recover(recovery_store: JobStore, job_id: UUID) -> Takeover:
+async def recover(recovery_store: RecoveryStore, job_id: UUID) -> Takeover:
     """Recovery's takeover of this job's expired lease, as its scheduled batch would run it."""
     candidates = [c for c in await recovery_store.find_expired_leases(limit=1000) if c.id == job_id]
     assert len(candidates) == 1, f"job {job_id} has no expired lease to take over"
@@ -312,7 +312,7 @@ async def test_killed_while_building_is_requeued_by_recovery_and_delivered_once_
 
 
 async def taken_over_as_not_delivered(
-    factory: Factory, recovery_store: JobStore, job: ExportJob, attempt_id: UUID | None
+    factory: Factory, recovery_store: RecoveryStore, job: ExportJob, attempt_id: UUID | None
 ) -> list[str]:
     """Expire the killed attempt's lease and run recovery's takeover: Failed NotDelivered for that attempt,
     and no terminal write of its own. Returns the job's event kinds."""

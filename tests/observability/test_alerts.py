@@ -26,7 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from db.embedded import free_port
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.protocol import WorkerStore
 from domain.models import JobStatus
 from observability.db_gauges import DatabaseGauges
 from observability.metrics import ExportMetrics
@@ -124,13 +125,13 @@ def wake_up_ages(scrape: str) -> list[float]:
 
 
 @pytest.fixture
-async def fresh(pg_server, pg_template) -> AsyncIterator[tuple[Factory, JobStore, str]]:
+async def fresh(pg_server, pg_template) -> AsyncIterator[tuple[Factory, WorkerStore, str]]:
     """A fresh database for one scenario: (factory, worker store, the application login's URL)."""
     database = clone_database(pg_server, pg_template)
     api_pool = await open_pool(database.app_url, "exports_api", max_size=2)
     worker_pool = await open_pool(database.app_url, "exports_worker", max_size=2)
-    worker = JobStore(worker_pool, lease_seconds=60)
-    yield Factory(database, api=JobStore(api_pool), worker=worker), worker, database.app_url
+    worker = WorkerStore(worker_pool, lease_seconds=60)
+    yield Factory(database, api=ApiStore(api_pool), worker=worker), worker, database.app_url
     await api_pool.close()
     await worker_pool.close()
 

@@ -32,7 +32,9 @@ from db.errors import StoreError, TransientStoreError
 from db.migrate import APP_ROLES
 from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
 from db.queries import q
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.outbox import DispatcherStore
+from db.stores.protocol import WorkerStore
 from runtime.dispatcher import OutboxDispatcher
 from settings import Settings
 from testbed import pg
@@ -75,7 +77,7 @@ def tls_database(tls_server: TlsPostgres) -> pg.TestDatabase:
 async def tls_factory(tls_database: pg.TestDatabase) -> AsyncIterator[Factory]:
     api = await open_pool(tls_database.app_url, "exports_api", max_size=2)
     worker = await open_pool(tls_database.app_url, "exports_worker", max_size=4)
-    yield Factory(tls_database, api=JobStore(api), worker=JobStore(worker, lease_seconds=60))
+    yield Factory(tls_database, api=ApiStore(api), worker=WorkerStore(worker, lease_seconds=60))
     await api.close()
     await worker.close()
 
@@ -189,7 +191,11 @@ async def test_the_dispatcher_listens_over_verified_tls(tls_database: pg.TestDat
     pool = await open_pool(tls_database.app_url, "exports_dispatcher", max_size=2)
     # No outbox rows are written, so nothing is published and no Temporal client is needed.
     dispatcher = CountingDispatcher(
-        JobStore(pool), client=None, settings=Settings(), listen_url=tls_database.app_url, poll_seconds=60
+        DispatcherStore(pool),
+        client=None,
+        settings=Settings(),
+        listen_url=tls_database.app_url,
+        poll_seconds=60,
     )  # type: ignore[arg-type]
     stop = asyncio.Event()
     running = asyncio.create_task(dispatcher.run(stop))

@@ -17,7 +17,8 @@ import pytest
 
 from db.embedded import free_port
 from db.errors import DestinationNotFound
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.protocol import WorkerStore
 from domain.destination import Destination
 from domain.models import DeliveryOutcome, EventKind, FailureCode, JobStatus
 from partner.client import ConnectRefused, connect, parse_pinned_key, upload_exclusive
@@ -260,7 +261,7 @@ async def test_recovery_observes_what_the_contract_offers(sftp_target: SftpTarge
     assert missing.present is False
 
 
-async def test_load_destination_reads_the_tenants_row(factory: Factory, worker_store: JobStore):
+async def test_load_destination_reads_the_tenants_row(factory: Factory, worker_store: WorkerStore):
     tenant_id = await factory.tenant()
     destination_id = await factory.destination(
         tenant_id, hash_evidence="ack_file", ack_suffix=".done", max_write_request=261120
@@ -280,7 +281,7 @@ async def test_load_destination_reads_the_tenants_row(factory: Factory, worker_s
 
 
 async def test_a_replacements_evidence_is_stored_and_the_originals_outcome_is_untouched(
-    sftp_target: SftpTarget, factory: Factory, api_store: JobStore, worker_store: JobStore, tmp_path
+    sftp_target: SftpTarget, factory: Factory, api_store: ApiStore, worker_store: WorkerStore, tmp_path
 ):
     original_job, original_attempt = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
     created = await api_store.create_replacement(

@@ -14,7 +14,8 @@ from temporalio.worker import Worker
 
 from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
-from db.store import JobStore
+from db.stores.protocol import WorkerStore
+from db.stores.recovery import RecoveryStore
 from runtime.search_attributes import register_search_attributes
 from settings import Settings
 from testbed.pg import TestDatabase
@@ -70,7 +71,7 @@ def settings(database: TestDatabase) -> Settings:
 
 @pytest.fixture(scope="module")
 async def recovery_worker(
-    ts_env: WorkflowEnvironment, worker_store: JobStore, recovery_store: JobStore, settings: Settings
+    ts_env: WorkflowEnvironment, worker_store: WorkerStore, recovery_store: RecoveryStore, settings: Settings
 ) -> AsyncIterator[RecoveryActivities]:
     """A worker for RecoveryWorkflow and SweeperWorkflow on the module's shared queue (time-skipping server)."""
     recovery = RecoveryActivities(recovery_store, settings)

@@ -17,7 +17,7 @@ from uuid import UUID
 from temporalio.client import Client
 
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.outbox import DispatcherStore
 from domain.models import OutboxMessage
 from runtime.dispatcher import OutboxDispatcher
 from service.temporal import DATA_CONVERTER
@@ -38,7 +38,7 @@ async def main(job_id: UUID, marker: Path, temporal: str) -> None:
             await asyncio.Event().wait()  # the process is killed here, its row leased and committed
 
     dispatcher = OutboxDispatcher(
-        JobStore(pool), client, settings, listen_url=None, before_publish=hold_forever
+        DispatcherStore(pool), client, settings, listen_url=None, before_publish=hold_forever
     )
     await dispatcher.dispatch_once()
 

@@ -25,7 +25,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.outbox import DispatcherStore
 from domain.models import OutboxMessage
 from observability import tracing
 from observability.metrics import ExportMetrics, get_metrics, set_metrics
@@ -201,7 +201,7 @@ async def test_two_dispatchers_at_once_publish_each_row_once(
         after_start=recorder("a"),
     )
     b = OutboxDispatcher(
-        JobStore(second_pool),
+        DispatcherStore(second_pool),
         client,
         Settings(task_queue=task_queue),
         listen_url=None,
@@ -455,7 +455,7 @@ async def test_a_stalled_dispatcher_whose_lease_passed_reaches_the_same_workflow
         after_start=run_id_as("a"),
     )
     b = OutboxDispatcher(
-        JobStore(second_pool),
+        DispatcherStore(second_pool),
         client,
         Settings(task_queue=task_queue),
         listen_url=None,

@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.recovery import RecoveryActivities
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.recovery import RecoveryStore
 from domain.destination import Destination
 from domain.evidence import Observation
 from domain.models import JobStatus
@@ -38,17 +38,17 @@ pytestmark = pytest.mark.parametrize("sftp_server", ["asyncssh"])
 
 
 @pytest.fixture
-async def proxied_store(database) -> AsyncIterator[tuple[TcpProxy, JobStore]]:
+async def proxied_store(database) -> AsyncIterator[tuple[TcpProxy, RecoveryStore]]:
     target = urlsplit(database.app_url)
     proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432).start()
     pool = await open_pool(through_proxy(database.app_url, proxy.port), "exports_recovery", max_size=1)
-    yield proxy, JobStore(pool)
+    yield proxy, RecoveryStore(pool)
     await pool.close()
     proxy.stop()
 
 
 async def test_a_driver_error_on_one_job_is_counted_and_the_rest_of_the_batch_is_taken_over(
-    factory, sftp_target: SftpTarget, proxied_store: tuple[TcpProxy, JobStore]
+    factory, sftp_target: SftpTarget, proxied_store: tuple[TcpProxy, RecoveryStore]
 ) -> None:
     proxy, store = proxied_store
     first, _ = await delivering_to(factory, sftp_target, os.urandom(1000))
@@ -102,7 +102,7 @@ async def a_contract_this_version_cannot_read(factory, destination_id) -> AsyncI
 
 
 async def test_a_destination_row_recovery_cannot_read_is_counted_and_the_next_job_is_still_requeued(
-    factory, sftp_target: SftpTarget, recovery_store: JobStore, caplog: pytest.LogCaptureFixture
+    factory, sftp_target: SftpTarget, recovery_store: RecoveryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     unreadable, _ = await delivering_to(factory, sftp_target, os.urandom(1000))
     running, _ = await factory.running()
@@ -133,7 +133,7 @@ async def test_a_destination_row_recovery_cannot_read_is_counted_and_the_next_jo
 
 
 async def test_a_listing_step_that_fails_unexpectedly_for_one_job_leaves_the_others_takeover_intact(
-    factory, sftp_target: SftpTarget, recovery_store: JobStore, caplog: pytest.LogCaptureFixture
+    factory, sftp_target: SftpTarget, recovery_store: RecoveryStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A listing that raises is "not observed" (OutcomeUnknown) by design; what must not escape the batch
     # is a listing step that fails in a way nobody classified: here the seam hands back the server's raw

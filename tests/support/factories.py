@@ -18,7 +18,10 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
-from db.store import JobStore
+from db.stores.api import ApiStore
+from db.stores.protocol import WorkerStore
+from db.stores.reconciler import ReconcilerStore
+from db.stores.recovery import RecoveryStore
 from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
@@ -46,10 +49,10 @@ class Factory:
         self,
         database: TestDatabase,
         *,
-        api: JobStore,
-        worker: JobStore,
-        recovery: JobStore | None = None,
-        reconciler: JobStore | None = None,
+        api: ApiStore,
+        worker: WorkerStore,
+        recovery: RecoveryStore | None = None,
+        reconciler: ReconcilerStore | None = None,
     ) -> None:
         self.db = database
         self.api = api

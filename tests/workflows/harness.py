@@ -19,7 +19,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from activities.export import ExportActivities
-from db.store import JobStore
+from db.stores.protocol import WorkerStore
 from domain.models import ExportJob, JobStatus
 from service.temporal import connect_client
 from settings import Settings
@@ -65,7 +65,7 @@ class Host:
 
     name: str
     activities: ExportActivities
-    store: JobStore
+    store: WorkerStore
     resources: contextlib.AsyncExitStack
     client: Client
     shared_queue: str

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from db.errors import TransientStoreError
 from db.pool import open_pool
-from db.store import JobStore
+from db.stores.protocol import WorkerStore
 from domain.models import CancellationOutcome, FailureCode, FinishResult, JobStatus
 from observability.metrics import ExportMetrics, RenewalResult, get_metrics, set_metrics
 from runtime.lease import LeaseKeeper
@@ -21,9 +21,9 @@ from tests.support.factories import Factory
 
 
 @pytest.fixture(scope="module")
-async def keeper_store(database: pg.TestDatabase) -> AsyncIterator[JobStore]:
+async def keeper_store(database: pg.TestDatabase) -> AsyncIterator[WorkerStore]:
     pool = await open_pool(database.app_url, "exports_worker", max_size=6)
-    yield JobStore(pool, lease_seconds=120)  # longer than the claim's 60 s, so a renewal shows
+    yield WorkerStore(pool, lease_seconds=120)  # longer than the claim's 60 s, so a renewal shows
     await pool.close()
 
 
@@ -83,7 +83,7 @@ class Gate:
 
 
 async def test_keeper_renews_the_lease_on_the_database_clock(
-    factory: Factory, keeper_store: JobStore
+    factory: Factory, keeper_store: WorkerStore
 ) -> None:
     job, attempt = await factory.running()
     before = await lease_of(factory, job.id)
@@ -98,7 +98,7 @@ async def test_keeper_renews_the_lease_on_the_database_clock(
 
 
 async def test_a_renewal_that_throws_is_retried_at_the_next_interval(
-    factory: Factory, keeper_store: JobStore
+    factory: Factory, keeper_store: WorkerStore
 ) -> None:
     job, attempt = await factory.running()
     lost: list[bool] = []
@@ -115,7 +115,7 @@ async def test_a_renewal_that_throws_is_retried_at_the_next_interval(
 
 
 async def test_on_demand_renewal_is_serialized_with_the_timer(
-    factory: Factory, keeper_store: JobStore
+    factory: Factory, keeper_store: WorkerStore
 ) -> None:
     job, attempt = await factory.running()
     gate = Gate(hold=2)  # the first timer renewal is held open
@@ -133,7 +133,7 @@ async def test_on_demand_renewal_is_serialized_with_the_timer(
 
 
 async def test_finish_waits_for_a_renewal_in_flight_and_ignores_its_missing_row(
-    factory: Factory, keeper_store: JobStore
+    factory: Factory, keeper_store: WorkerStore
 ) -> None:
     job, attempt = await factory.running()
     lost: list[bool] = []
@@ -157,7 +157,7 @@ async def test_finish_waits_for_a_renewal_in_flight_and_ignores_its_missing_row(
 
 
 async def test_a_renewal_after_a_takeover_reports_lost_ownership_once(
-    factory: Factory, keeper_store: JobStore
+    factory: Factory, keeper_store: WorkerStore
 ) -> None:
     job, attempt = await factory.running()
     lost: list[bool] = []
@@ -176,7 +176,7 @@ async def test_a_renewal_after_a_takeover_reports_lost_ownership_once(
 
 
 async def test_an_expired_lease_can_still_be_renewed_until_a_takeover_commits(
-    factory: Factory, keeper_store: JobStore
+    factory: Factory, keeper_store: WorkerStore
 ) -> None:
     for status in (JobStatus.RUNNING, JobStatus.DELIVERING):
         job, attempt = await factory.in_status(status)
@@ -189,7 +189,9 @@ async def test_an_expired_lease_can_still_be_renewed_until_a_takeover_commits(
         assert (await factory.worker.read_ownership(job.id)).lease_current
 
 
-async def test_the_renewal_reports_a_recorded_stop_request(factory: Factory, keeper_store: JobStore) -> None:
+async def test_the_renewal_reports_a_recorded_stop_request(
+    factory: Factory, keeper_store: WorkerStore
+) -> None:
     job, attempt = await factory.running()
     stops: list[bool] = []
     keeper = LeaseKeeper(
@@ -209,7 +211,7 @@ async def test_the_renewal_reports_a_recorded_stop_request(factory: Factory, kee
 
 
 async def test_each_renewal_is_counted_by_its_result_and_timed(
-    registry: CollectorRegistry, factory: Factory, keeper_store: JobStore
+    registry: CollectorRegistry, factory: Factory, keeper_store: WorkerStore
 ) -> None:
     # FencedExportsWorkerWithoutRenewals reads these series: the keeper itself must record them.
     job, attempt = await factory.running()

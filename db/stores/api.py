@@ -1,0 +1,12 @@
+"""The API's store (role ``exports_api``): the rooms its grants allow, composed."""
+
+from __future__ import annotations
+
+from db.stores.ledger import LedgerStatements
+from db.stores.requests import RequestStatements
+from db.stores.sessions import SessionStatements
+from db.stores.switches import SwitchStatements
+
+
+class ApiStore(RequestStatements, LedgerStatements, SwitchStatements, SessionStatements):
+    """The API's store: creation, edits, the cancellation ledger, switches, sessions, and the reads."""

@@ -1,0 +1,125 @@
+"""The plumbing every store shares: one pool (its role decides what the database allows), typed rows,
+the one error boundary (:func:`db.errors.translated`), the lost-response re-read of 000, and the
+``transition`` decorator that counts and logs a transition's answer once it has decided."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+from uuid import UUID
+
+from psycopg_pool import AsyncConnectionPool
+
+from db.errors import (
+    StoreError,
+    TransientStoreError,
+    translated,
+)
+from db.queries import execute, fetch
+from db.rows import (
+    StoppedRow,
+)
+from domain.models import (
+    OwnershipState,
+    Statement,
+)
+from observability.metrics import StopPath, get_metrics
+from observability.statements import record_transition
+
+log = logging.getLogger(__name__)
+
+Row = TypeVar("Row")
+P = ParamSpec("P")
+Answer = TypeVar("Answer")
+
+# Bounded: a worker must not hang in a re-read during shutdown with the database unreachable.
+REREAD_TIMEOUT_SECONDS = 5.0
+
+
+def transition(
+    statement: Statement,
+) -> Callable[[Callable[P, Awaitable[Answer]]], Callable[P, Awaitable[Answer]]]:
+    """Count and log a transition method's answer once it has decided (after any lost-response re-read):
+    ``fenced_exports_transitions_total{statement, result}`` and one log line with the IDs it was called
+    with. A method that raises a ``StoreError`` is counted ``unknown`` (an exception is not a "no")."""
+
+    def decorate(method: Callable[P, Awaitable[Answer]]) -> Callable[P, Awaitable[Answer]]:
+        signature = inspect.signature(method)
+
+        def record(answer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            called = signature.bind(*args, **kwargs).arguments
+            record_transition(
+                statement,
+                answer,
+                tenant_id=called.get("tenant_id"),
+                job_id=called.get("job_id"),
+                attempt_id=called.get("attempt_id", called.get("expired_attempt_id")),
+            )
+
+        @functools.wraps(method)
+        async def recorded(*args: P.args, **kwargs: P.kwargs) -> Answer:
+            try:
+                answer = await method(*args, **kwargs)
+            except StoreError:
+                record(None, args, kwargs)
+                raise
+            record(answer, args, kwargs)
+            return answer
+
+        return recorded
+
+    return decorate
+
+
+class StoreBase:
+    """The statements of one role over one pool; the pool's role decides what the database allows."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        lease_seconds: float = 60.0,
+        reread_timeout: float = REREAD_TIMEOUT_SECONDS,
+    ) -> None:
+        self.pool = pool
+        self.lease_seconds = lease_seconds
+        self.reread_timeout = reread_timeout
+
+    async def _rows(self, name: str, params: dict[str, Any], row: type[Row]) -> list[Row]:
+        async with translated(), self.pool.connection() as conn:
+            return await fetch(conn, name, params, row)
+
+    async def _row(self, name: str, params: dict[str, Any], row: type[Row]) -> Row | None:
+        rows = await self._rows(name, params, row)
+        return rows[0] if rows else None
+
+    async def _matched(self, name: str, **params: Any) -> bool:
+        """Run a conditional write; True when it matched a row (and so wrote its event)."""
+        async with translated(), self.pool.connection() as conn:
+            return await execute(conn, name, params) > 0
+
+    async def _unless_lost(self, name: str, params: dict[str, Any], row: type[Row]) -> list[Row] | None:
+        """Run a write; its rows, or ``None`` when its answer was lost (it may or may not have committed)."""
+        try:
+            return await self._rows(name, params, row)
+        except TransientStoreError as exc:
+            log.warning("%s: no answer (%s); re-reading the row", name, exc)
+            return None
+
+    async def _reread(self, job_id: UUID) -> OwnershipState | None:
+        """State and ownership together; raises ``TransientStoreError`` when the re-read fails too."""
+        try:
+            return await asyncio.wait_for(
+                self._row("read_ownership", {"job_id": job_id}, OwnershipState), self.reread_timeout
+            )
+        except TimeoutError as exc:
+            raise TransientStoreError("the re-read timed out") from exc
+
+
+def observe_stop(row: StoppedRow, path: StopPath) -> None:
+    if row.stop_latency_seconds is not None:
+        get_metrics().observe_stop_latency(row.stop_latency_seconds, path=path)

@@ -1,0 +1,31 @@
+"""The append-only evidence of an attempt, written by the worker that holds it and by recovery
+(roles ``exports_worker`` and ``exports_recovery``: INSERT on ``export_attempt_events``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+from uuid import UUID
+
+from db.stores.base import StoreBase
+
+log = logging.getLogger(__name__)
+
+
+class EvidenceStatements(StoreBase):
+    """Appends an attempt's delivery evidence as one event."""
+
+    async def append_delivery_evidence(
+        self, job_id: UUID, attempt_id: UUID, observed_by: str, evidence: dict[str, Any]
+    ) -> bool:
+        """Append one observation with its provenance; never touches the job's status."""
+        detail = json.dumps(evidence, sort_keys=True, default=str)
+        return await self._matched(
+            "append_delivery_evidence",
+            job_id=job_id,
+            attempt_id=attempt_id,
+            observed_by=observed_by,
+            detail=detail,
+        )

@@ -1,0 +1,373 @@
+"""The worker's protocol (role ``exports_worker``): the policy facts and rejection, cutoff 1 (the
+claim), cutoff 2 (the authorization), lease renewal, the give-back, the fences, the terminal writes, and
+the sweeper's re-wake of stale queued jobs. Every write repeats its conditions; the claim and cutoff 2
+answer with the row, and a lost answer is re-read with state and ownership together (000).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+from db.errors import (
+    TransientStoreError,
+)
+from db.rows import (
+    ClaimAnswer,
+    CutoffAnswer,
+    EventIdRow,
+    FenceAnswer,
+    JobIdRow,
+    RenewalRow,
+    StoppedRow,
+)
+from db.stores.base import observe_stop, transition
+from db.stores.evidence import EvidenceStatements
+from db.stores.reads import Reads
+from domain.controls import PolicyFacts
+from domain.models import (
+    AuthorizationResult,
+    ClaimResult,
+    DeliveryOutcome,
+    EventKind,
+    FailureCode,
+    FenceResult,
+    FinishResult,
+    JobStatus,
+    OwnershipState,
+    RejectionCode,
+    Renewal,
+    Statement,
+    StopPoint,
+)
+from observability.metrics import StopPath
+from observability.tracing import current_traceparent
+from rules.cutoff import authorization_from
+from rules.ownership import held_by
+
+log = logging.getLogger(__name__)
+
+_DELIVERY_FAILURE_CODES = {
+    FailureCode.NOT_DELIVERED,
+    FailureCode.FINAL_NAME_OCCUPIED,
+    FailureCode.ORIGINAL_DELIVERED,
+}
+# The cancellation outcomes whose ledger transaction changed the job row (Canceled, or a stop request).
+_RUNNING_FAILURE_CODES = {
+    FailureCode.BUILD_FAILED,
+    FailureCode.FINAL_NAME_OCCUPIED,
+    FailureCode.ORIGINAL_DELIVERED,
+}
+
+
+class ProtocolStatements(Reads):
+    """The worker's row protocol: claim, cutoff 2, renewal, give-back, fences, terminal writes, sweep."""
+
+    async def read_policy_facts(self, job_id: UUID) -> PolicyFacts | None:
+        """What the policy check evaluates, read in one statement; ``None`` when there is no such job."""
+        return await self._row("read_policy_facts", {"job_id": job_id}, PolicyFacts)
+
+    @transition(Statement.REJECT_IF_QUEUED)
+    async def reject_if_queued(
+        self, job_id: UUID, checked_version: int, code: RejectionCode, message: str
+    ) -> bool:
+        """Queued -> Rejected for the evaluated version only, with its reason code and message."""
+        return await self._matched(
+            "reject_if_queued",
+            job_id=job_id,
+            checked_version=checked_version,
+            code=code.value,
+            message=message,
+        )
+
+    @transition(Statement.CLAIM_IF_QUEUED)
+    async def claim_if_queued(
+        self,
+        job_id: UUID,
+        checked_version: int,
+        attempt_id: UUID,
+        worker_id: str,
+        workflow_id: str | None = None,
+    ) -> ClaimResult:
+        """Cutoff 1. Claimed only if the row is Running with this attempt: from the statement's own
+        answer, or, when that answer was lost, from a re-read of state and ownership. Paused when the
+        claim matched nothing only because a delivery switch of the job's scope is paused (the job is
+        still Queued at the version checked)."""
+        answers = await self._unless_lost(
+            "claim_if_queued",
+            {
+                "job_id": job_id,
+                "checked_version": checked_version,
+                "attempt_id": attempt_id,
+                "worker_id": worker_id,
+                "workflow_id": workflow_id,
+                "lease_seconds": self.lease_seconds,
+            },
+            ClaimAnswer,
+        )
+        if answers is not None:
+            found = answers[0] if answers else None
+            if found is not None and found.matched:
+                return ClaimResult.CLAIMED
+            if (
+                found is not None
+                and found.status == JobStatus.QUEUED
+                and found.version == checked_version
+                and not found.deliveries_open
+            ):
+                return ClaimResult.PAUSED
+            status, owner = (found.status, found.attempt_id) if found else (None, None)
+        else:
+            try:
+                state = await self._reread(job_id)
+            except TransientStoreError:
+                return ClaimResult.UNKNOWN
+            status, owner = (state.status, state.attempt_id) if state else (None, None)
+        # State and ownership together: Running with this attempt's ID, and nothing else, means claimed
+        # (a retry of a claim whose first answer was lost finds its own claim).
+        if status == JobStatus.RUNNING and owner == attempt_id:
+            return ClaimResult.CLAIMED
+        return ClaimResult.LOST
+
+    @transition(Statement.AUTHORIZE_DELIVERY_IF_RUNNING)
+    async def authorize_delivery_if_running(
+        self,
+        *,
+        tenant_id: UUID,
+        job_id: UUID,
+        attempt_id: UUID,
+        replaces_job_id: UUID | None,
+        final_name: str,
+        length: int,
+        sha256: bytes,
+        rows: int | None = None,
+    ) -> AuthorizationResult:
+        """Cutoff 2, reporting why delivery was refused from the statement's own answer (or, when that
+        answer was lost, from a re-read)."""
+        answers = await self._unless_lost(
+            "authorize_delivery_if_running",
+            {
+                "tenant_id": tenant_id,
+                "job_id": job_id,
+                "attempt_id": attempt_id,
+                "replaces_job_id": replaces_job_id,
+                "final_name": final_name,
+                "length": length,
+                "sha256": sha256,
+                "rows": rows,
+                "lease_seconds": self.lease_seconds,
+            },
+            CutoffAnswer,
+        )
+        if answers is None:
+            try:
+                return authorization_from(await self._reread(job_id), attempt_id)
+            except TransientStoreError:
+                return AuthorizationResult.UNKNOWN
+        if not answers:
+            return AuthorizationResult.NOT_OWNER  # no such job
+        found = answers[0]
+        if found.matched:
+            return AuthorizationResult.AUTHORIZED
+        return authorization_from(
+            OwnershipState(
+                status=found.status,
+                attempt_id=found.attempt_id,
+                stop_request_id=found.stop_request_id,
+                lease_current=found.lease_current,
+                original_status=found.original_status,
+            ),
+            attempt_id,
+            destination_usable=found.destination_usable,
+            deliveries_open=found.deliveries_open,
+        )
+
+    async def renew_lease(self, job_id: UUID, attempt_id: UUID) -> Renewal:
+        """Renew this attempt's lease; ``owned=False`` means a takeover or terminal write has ended it.
+
+        Raises ``TransientStoreError`` when the database did not answer: the keeper retries next interval.
+        """
+        row = await self._row(
+            "renew_lease",
+            {"job_id": job_id, "attempt_id": attempt_id, "lease_seconds": self.lease_seconds},
+            RenewalRow,
+        )
+        if row is None:
+            return Renewal(owned=False, stop_requested=False)
+        return Renewal(owned=True, stop_requested=row.stop_requested, status=row.status)
+
+    @transition(Statement.RELEASE_ATTEMPT_IF_RUNNING)
+    async def release_attempt_if_running(
+        self, job_id: UUID, attempt_id: UUID, worker_id: str, reason: str
+    ) -> FinishResult:
+        """Running -> Queued by the owning worker (a drain or a pause), without using up an attempt.
+
+        Written, NotOwner (the row is no longer this attempt's, or it has a stop request to honor instead),
+        or Unknown (the answer and its re-read were lost).
+        """
+        params = {
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "worker_id": worker_id,
+            "reason": reason,
+            "traceparent": current_traceparent(),
+        }
+        written = await self._unless_lost("release_attempt_if_running", params, JobIdRow)
+        if written:
+            return FinishResult.WRITTEN
+        if written is not None:
+            return FinishResult.NOT_OWNER
+        try:
+            state = await self._reread(job_id)
+        except TransientStoreError:
+            return FinishResult.UNKNOWN
+        # A lost answer: released if the row is Queued again and this attempt's Released event exists.
+        if (
+            state is not None
+            and state.status == JobStatus.QUEUED
+            and await self._released(job_id, attempt_id)
+        ):
+            return FinishResult.WRITTEN
+        return FinishResult.NOT_OWNER
+
+    async def _released(self, job_id: UUID, attempt_id: UUID) -> bool:
+        events = await self.job_events(job_id)
+        return any(e.kind == EventKind.RELEASED and e.attempt_id == attempt_id for e in events)
+
+    @transition(Statement.FENCE_UPLOAD_IF_DELIVERING)
+    async def fence_upload_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
+        """The upload fence: Fenced only if this attempt, Delivering with a current lease, wrote it (or,
+        after a lost answer, the re-read shows its own fence). Nothing may be sent to the partner otherwise."""
+        return await self._fence("fence_upload_if_delivering", job_id, attempt_id, rename=False)
+
+    @transition(Statement.FENCE_RENAME_IF_DELIVERING)
+    async def fence_rename_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
+        """The rename fence, after the upload and before the rename request: the rename is never sent
+        unless this is Fenced."""
+        return await self._fence("fence_rename_if_delivering", job_id, attempt_id, rename=True)
+
+    async def _fence(self, name: str, job_id: UUID, attempt_id: UUID, *, rename: bool) -> FenceResult:
+        answers = await self._unless_lost(name, {"job_id": job_id, "attempt_id": attempt_id}, FenceAnswer)
+        if answers is None:
+            try:
+                state = await self._reread(job_id)
+            except TransientStoreError:
+                return FenceResult.UNKNOWN
+            if state is None:
+                return FenceResult.NOT_OWNER
+            found = FenceAnswer(
+                matched=False,
+                status=state.status,
+                attempt_id=state.attempt_id,
+                fenced=state.rename_fenced if rename else state.upload_fenced,
+                lease_current=state.lease_current,
+            )
+        elif not answers:
+            return FenceResult.NOT_OWNER
+        else:
+            found = answers[0]
+        return fence_result(found, attempt_id)
+
+    async def _finish(
+        self,
+        name: str,
+        params: dict[str, Any],
+        job_id: UUID,
+        attempt_id: UUID,
+        expect: JobStatus,
+        row: type[EventIdRow] = EventIdRow,
+    ) -> FinishResult:
+        written = await self._unless_lost(name, params, row)
+        if written:
+            if isinstance(written[0], StoppedRow):
+                observe_stop(written[0], StopPath.WORKER)
+            return FinishResult.WRITTEN
+        try:
+            state = await self._reread(job_id)
+        except TransientStoreError:
+            return FinishResult.UNKNOWN
+        # A repeated call after a lost response finds its own terminal state; anything else is not ours.
+        lost = written is None
+        if lost and held_by(state, attempt_id, expect):
+            return FinishResult.WRITTEN
+        return FinishResult.NOT_OWNER
+
+    @transition(Statement.FINISH_STOPPED)
+    async def finish_stopped(
+        self, job_id: UUID, attempt_id: UUID, stop_point: StopPoint, note: str = ""
+    ) -> FinishResult:
+        """Running -> Stopped for this attempt, only with a recorded stop request."""
+        return await self._finish(
+            "finish_stopped",
+            {"job_id": job_id, "attempt_id": attempt_id, "stop_point": stop_point.value, "note": note},
+            job_id,
+            attempt_id,
+            JobStatus.STOPPED,
+            StoppedRow,
+        )
+
+    @transition(Statement.FINISH_FAILED)
+    async def finish_failed(
+        self, job_id: UUID, attempt_id: UUID, code: FailureCode, cause: str | None
+    ) -> FinishResult:
+        """Running -> Failed(code) for this attempt; ``cause`` is an error type or code, never data."""
+        if code not in _RUNNING_FAILURE_CODES:
+            raise ValueError(f"{code} is not a failure a Running attempt can record")
+        return await self._finish(
+            "finish_failed",
+            {"job_id": job_id, "attempt_id": attempt_id, "code": code.value, "cause": cause},
+            job_id,
+            attempt_id,
+            JobStatus.FAILED,
+        )
+
+    @transition(Statement.FINISH_DELIVERY)
+    async def finish_delivery(
+        self,
+        job_id: UUID,
+        attempt_id: UUID,
+        outcome: DeliveryOutcome,
+        code: FailureCode | None = None,
+        summary: str | None = None,
+    ) -> FinishResult:
+        """Delivering -> Completed / Failed(code) / OutcomeUnknown: the attempt's terminal write."""
+        if (outcome == DeliveryOutcome.FAILED) != (code is not None):
+            raise ValueError("a Failed delivery needs exactly one failure code, and only Failed has one")
+        if code is not None and code not in _DELIVERY_FAILURE_CODES:
+            raise ValueError(f"{code} is not a delivery failure")
+        return await self._finish(
+            "finish_delivery",
+            {
+                "job_id": job_id,
+                "attempt_id": attempt_id,
+                "outcome": outcome.value,
+                "code": code.value if code else None,
+                "summary": summary,
+            },
+            job_id,
+            attempt_id,
+            JobStatus(outcome.value),
+        )
+
+    async def sweep_stale_queued(self, older_than_seconds: float, batch: int = 500) -> list[UUID]:
+        """Republish a bounded batch of stale Queued jobs; returns the jobs swept."""
+        rows = await self._rows(
+            "sweep_stale_queued",
+            {"older_than_seconds": older_than_seconds, "batch": batch, "traceparent": current_traceparent()},
+            JobIdRow,
+        )
+        return [r.job_id for r in rows]
+
+
+def fence_result(found: FenceAnswer, attempt_id: UUID) -> FenceResult:
+    """The fence's answer from the row it left: Fenced when this attempt's fence is written."""
+    if not held_by(found, attempt_id, JobStatus.DELIVERING):
+        return FenceResult.NOT_OWNER
+    if found.matched or found.fenced:
+        return FenceResult.FENCED
+    return FenceResult.LEASE_LAPSED if not found.lease_current else FenceResult.NOT_OWNER
+
+
+class WorkerStore(ProtocolStatements, EvidenceStatements):
+    """The worker's store (role ``exports_worker``): the row protocol of the attempts it claims."""
