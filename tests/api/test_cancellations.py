@@ -30,11 +30,11 @@ async def test_cancel_of_a_queued_export_is_200_canceled_while_queued_and_no_att
 
 
 async def test_cancel_after_recovery_requeued_says_no_further_attempt_will_start(
-    client, factory, worker_store, acme
+    client, factory, recovery_store, acme
 ):
     job, attempt = await factory.running(await factory.queued(acme.id, acme.destination_id))
     await factory.expire_lease(job.id)
-    assert await worker_store.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
+    assert await recovery_store.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
 
     r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
 

@@ -8,10 +8,10 @@ from domain.models import FailureCode, FinishResult, JobStatus, StopPoint
 from tests.api.conftest import cancel_body
 
 
-async def test_a_job_that_gave_up_says_so_not_build_failed(client, factory, worker_store, acme):
+async def test_a_job_that_gave_up_says_so_not_build_failed(client, factory, recovery_store, acme):
     job, attempt = await factory.running(await factory.queued(acme.id, acme.destination_id))
     await factory.expire_lease(job.id)
-    assert await worker_store.exhaust_expired_attempt(job.id, attempt, 1, "recovery-test")
+    assert await recovery_store.exhaust_expired_attempt(job.id, attempt, 1, "recovery-test")
 
     r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
 

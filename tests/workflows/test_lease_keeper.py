@@ -166,7 +166,7 @@ async def test_a_renewal_after_a_takeover_reports_lost_ownership_once(
     )
     assert (await keeper.start()).owned
     await factory.expire_lease(job.id)
-    assert await factory.worker.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
+    assert await factory.recovery.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
     first = await keeper.renew_now()
     second = await keeper.renew_now()
     await keeper.finish()
@@ -224,7 +224,7 @@ async def test_each_renewal_is_counted_by_its_result_and_timed(
     assert renewed["lost"] == before["lost"]
 
     await factory.expire_lease(job.id)
-    assert await factory.worker.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
+    assert await factory.recovery.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
     answer = await keeper.renew_now()
     await keeper.finish()
     assert answer is not None and not answer.owned
