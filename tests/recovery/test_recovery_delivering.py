@@ -346,7 +346,7 @@ async def test_a_renewal_during_recoverys_lookup_prevents_the_takeover(
     data = os.urandom(SIZE)
     job, attempt = await delivering_to(factory, sftp_target, data)
     await factory.expire_lease(job.id)
-    [candidate] = [c for c in await worker_store.find_expired_leases(500) if c.id == job.id]
+    [candidate] = [c for c in await factory.recovery.find_expired_leases(500) if c.id == job.id]
     loop = asyncio.get_running_loop()
 
     def observe_while_the_worker_renews(destination, name):

@@ -95,7 +95,7 @@ async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_attem
 async def test_a_lease_renewed_after_the_scan_prevents_the_takeover(settings, recovery_worker, factory):
     job, attempt = await factory.running()
     await factory.expire_lease(job.id)
-    [candidate] = [c for c in await factory.worker.find_expired_leases(500) if c.id == job.id]
+    [candidate] = [c for c in await factory.recovery.find_expired_leases(500) if c.id == job.id]
 
     renewal = await factory.worker.renew_lease(job.id, attempt)  # the slow worker wakes up and renews
     assert renewal.owned
@@ -111,7 +111,7 @@ async def test_a_stop_request_recorded_after_the_scan_makes_the_requeue_match_no
 ):
     job, _ = await factory.running()
     await factory.expire_lease(job.id)
-    [candidate] = [c for c in await factory.worker.find_expired_leases(500) if c.id == job.id]
+    [candidate] = [c for c in await factory.recovery.find_expired_leases(500) if c.id == job.id]
     assert (await factory.cancel(job)).outcome == CancellationOutcome.STOP_REQUESTED
 
     assert await recovery_worker.take_over(candidate, "recovery:test") == Takeover.MATCHED_NOTHING
@@ -124,7 +124,7 @@ async def test_a_stop_request_recorded_after_the_scan_makes_the_requeue_match_no
 async def test_requeue_and_a_late_authorization_cannot_both_commit(settings, recovery_worker, factory):
     job, attempt = await factory.running()
     await factory.expire_lease(job.id)
-    [candidate] = [c for c in await factory.worker.find_expired_leases(500) if c.id == job.id]
+    [candidate] = [c for c in await factory.recovery.find_expired_leases(500) if c.id == job.id]
     assert await recovery_worker.take_over(candidate, "recovery:test") == Takeover.REQUEUED
 
     late = await factory.worker.authorize_delivery_if_running(
