@@ -1,7 +1,7 @@
-"""A dispatcher process for tests/recovery/test_dispatcher.py that takes its batch and then stops for good
+"""A dispatcher process for tests/runtime/test_dispatcher.py that takes its batch and then stops for good
 before it starts the workflow of one job's wake-up, so the test can SIGKILL it exactly there.
 
-``python -m tests.recovery.dying_dispatcher --job JOB_ID --marker PATH --temporal HOST:PORT`` (from the
+``python -m tests.runtime.dying_dispatcher --job JOB_ID --marker PATH --temporal HOST:PORT`` (from the
 project root), with ``EXPORTS_DATABASE_URL`` and ``EXPORTS_TASK_QUEUE``. When the leased row of JOB_ID
 reaches the start, the hook writes PATH (the message ID) and waits forever; only a signal ends it.
 """

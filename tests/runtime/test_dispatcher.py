@@ -379,7 +379,7 @@ async def test_a_dispatcher_killed_after_taking_its_batch_leaves_it_to_another_o
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.recovery.dying_dispatcher",
+        "tests.runtime.dying_dispatcher",
         "--job",
         str(job.id),
         "--marker",

@@ -20,7 +20,7 @@ from db.builder import PRIVATE_DIR_PREFIX
 from domain.models import FailureCode, JobStatus
 from settings import Settings
 from testbed.tcp_proxy import TcpProxy
-from tests.recovery.conftest import MAX_ATTEMPTS
+from tests.runtime.conftest import MAX_ATTEMPTS
 from worker import POLL_RELEASE_SECONDS, run_worker
 from workflows.models import RecoveryBatchResult, RecoveryInput
 from workflows.recovery import RecoveryWorkflow
