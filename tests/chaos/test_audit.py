@@ -17,6 +17,7 @@ from chaos.client import HttpRecord
 from chaos.driver import Answer, CancelRecord, ExportRecord
 from chaos.stack import Exit
 from testbed.partner_watch import PartnerWatch, WatchEvent, final_writes
+from tests.support.eventually import eventually_sync
 
 NOW = datetime.now(UTC)
 
@@ -259,9 +260,7 @@ def test_the_watch_attributes_link_and_rename_publications_to_the_attempt_in_the
                 temp.unlink()
             else:  # posix-rename@openssh.com
                 os.rename(temp, tmp_path / final)
-        deadline = time.monotonic() + 5
-        while len(final_writes(watch.snapshot())) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually_sync(lambda: len(final_writes(watch.snapshot())) >= 2, "both final writes seen", within=5)
     finally:
         watch.stop()
     writes = {w.name: (w.how, w.attempt_id) for w in final_writes(watch.snapshot())}

@@ -17,6 +17,7 @@ import pytest
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
 from db.pool import open_pool
 from testbed import pg
+from tests.support.eventually import eventually
 from tests.support.factories import Factory
 
 CONTACTS = [
@@ -78,12 +79,13 @@ async def blocked_backends(factory: Factory, holder_pid: int) -> list[int]:
 
 async def wait_for_blocked(factory: Factory, holder_pid: int) -> int:
     """Wait until a backend is waiting on the holder's lock (a condition, not a guess at timing)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if pids := await blocked_backends(factory, holder_pid):
-            return pids[0]
-        await asyncio.sleep(0.02)
-    raise AssertionError("the build never waited on the held lock")
+    pids = await eventually(
+        lambda: blocked_backends(factory, holder_pid),
+        "the build waiting on the held lock",
+        within=10,
+        interval=0.02,
+    )
+    return pids[0]
 
 
 async def build_ended_by(

@@ -20,6 +20,7 @@ from db.embedded import EmbeddedPostgres, free_port
 from db.errors import StoreError, TransientStoreError
 from db.pool import is_stale, open_pool, wait_for_postgres
 from db.stores.protocol import WorkerStore
+from tests.support.eventually import eventually
 from tests.support.pg_restart import StopMode, app_url, own_postgres, start, stop
 
 pytestmark = pytest.mark.slow
@@ -70,10 +71,10 @@ async def test_an_idle_connection_the_server_ended_is_seen_as_stale_without_a_ro
         assert not is_stale(conn)
         async with await psycopg.AsyncConnection.connect(postgres.url, autocommit=True) as admin:
             await admin.execute("SELECT pg_terminate_backend(%(pid)s)", {"pid": conn.pgconn.backend_pid})
-        for _ in range(100):  # the termination message reaches the socket
-            if is_stale(conn):
-                break
-            await asyncio.sleep(0.02)
+        # the termination message reaches the socket
+        await eventually(
+            lambda: is_stale(conn), "the terminated connection seen stale", within=2, interval=0.02
+        )
         assert is_stale(conn)
 
 

@@ -9,7 +9,6 @@ Lease ages are set on the row (the database clock decides), never with sleeps.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from uuid import UUID
 
@@ -29,6 +28,7 @@ from domain.models import (
     StopPoint,
 )
 from tests.db.race import authorize, authorize_params, cancel, matched, still_waiting
+from tests.support.eventually import eventually
 
 MAX_ATTEMPTS = 3
 RUN = "recovery-run-1"
@@ -302,17 +302,16 @@ async def test_late_worker_waits_for_a_requeue_then_can_neither_renew_nor_author
 
 async def wait_for_database_clock_to_pass_lease(factory, job_id: UUID, within: float = 10.0) -> None:
     """Poll until the database clock is past the row's lease (a condition, bounded; not a race sleep)."""
-    deadline = time.monotonic() + within
     async with await psycopg.AsyncConnection.connect(factory.db.admin_url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
+
+        async def expired() -> bool:
             cur = await conn.execute(
                 "SELECT lease_expires_at < clock_timestamp() FROM export_jobs WHERE id = %(id)s",
                 {"id": job_id},
             )
-            if (await cur.fetchone())[0]:
-                return
-            await asyncio.sleep(0.05)
-    pytest.fail("the lease did not expire on the database clock")
+            return bool((await cur.fetchone())[0])
+
+        await eventually(expired, "the lease expired on the database clock", within=within)
 
 
 async def test_requeue_waits_for_an_authorization_committed_first_then_matches_nothing(factory, kit):

@@ -42,6 +42,7 @@ from testbed.pg_tls import TlsPostgres, can_run
 from testbed.tls import Pki
 from tests.conftest import require
 from tests.ops.conftest import one_line, upstream_of
+from tests.support.eventually import eventually
 from tests.support.factories import Factory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,12 +162,12 @@ async def test_a_cancelled_build_cancels_its_query_over_tls(
                 )
             )
             blocked = "SELECT pid FROM pg_stat_activity WHERE %(h)s = ANY(pg_blocking_pids(pid))"
-            for _ in range(200):
-                if await tls_factory.admin(blocked, {"h": holder_pid}):
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                pytest.fail("the build's COPY never waited on the lock")
+            await eventually(
+                lambda: tls_factory.admin(blocked, {"h": holder_pid}),
+                "the build's COPY waiting on the lock",
+                within=4,
+                interval=0.02,
+            )
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -212,10 +213,10 @@ async def test_the_dispatcher_listens_over_verified_tls(tls_database: pg.TestDat
             assert listener == [(True, pg.APP_LOGIN)]
             passes = dispatcher.passes
             await admin.execute("NOTIFY outbox")
-            for _ in range(200):  # the poll is 60 s away: only the NOTIFY can cause another pass
-                if dispatcher.passes > passes:
-                    break
-                await asyncio.sleep(0.02)
+            # the poll is 60 s away: only the NOTIFY can cause another pass
+            await eventually(
+                lambda: dispatcher.passes > passes, "a pass after the NOTIFY", within=4, interval=0.02
+            )
             assert dispatcher.passes > passes
     finally:
         stop.set()

@@ -16,6 +16,7 @@ from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from domain.models import JobStatus
 from runtime.schedules import RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules
+from tests.support.eventually import eventually
 from worker import run_worker
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
@@ -26,18 +27,6 @@ WAIT = 30  # a bound on waiting for an outcome, never a delay that decides one
 @pytest.fixture(scope="module")
 def dev_client(dev_env) -> Client:
     return dev_env.client
-
-
-async def _eventually(check, what: str):
-    """Visibility and schedule actions are eventually consistent: re-ask until ``check`` answers."""
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while True:
-        answer = await check()
-        if answer:
-            return answer
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what} not seen within {WAIT} s")
-        await asyncio.sleep(0.2)
 
 
 async def test_ensure_schedules_creates_both_idempotently_with_overlap_skip(dev_client, settings):
@@ -98,7 +87,7 @@ async def test_the_recovery_schedule_runs_recovery_on_a_worker(
             info = (await handle.describe()).info
             return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
 
-        action = await _eventually(a_new_action, "the triggered recovery run")
+        action = await eventually(a_new_action, "the triggered recovery run", within=WAIT, interval=0.2)
         run = dev_client.get_workflow_handle(action.action.workflow_id)
         await asyncio.wait_for(run.result(), WAIT)
         # The schedule's own interval can fire beside the trigger and take the job first (CI saw it):
@@ -141,7 +130,9 @@ async def test_an_exports_workflow_is_found_by_its_export_job_id(dev_client, set
             found = [wf async for wf in dev_client.list_workflows(f'ExportJobId = "{job.id}"')]
             return found or None
 
-        [found] = await _eventually(by_job_id, "the export's workflow by ExportJobId")
+        [found] = await eventually(
+            by_job_id, "the export's workflow by ExportJobId", within=WAIT, interval=0.2
+        )
         assert found.id.startswith(f"export-{job.id}-")
         by_tenant = [wf.id async for wf in dev_client.list_workflows(f'ExportTenantId = "{tenant}"')]
         assert found.id in by_tenant

@@ -21,6 +21,7 @@ from domain.models import FailureCode, JobStatus
 from settings import Settings
 from testbed.tcp_proxy import TcpProxy
 from tests.runtime.conftest import MAX_ATTEMPTS
+from tests.support.eventually import eventually
 from worker import POLL_RELEASE_SECONDS, run_worker
 from workflows.models import RecoveryBatchResult, RecoveryInput
 from workflows.recovery import RecoveryWorkflow
@@ -255,10 +256,8 @@ async def test_the_worker_removes_local_files_of_ended_attempts_and_keeps_live_o
 
     stop, task = await start_host(client, host_settings.model_copy(update={"work_dir": tmp_path}))
     try:
-        for _ in range(int(WAIT / 0.05)):  # a condition, bounded; the first pass runs at start
-            if not dirs[ended].exists():
-                break
-            await asyncio.sleep(0.05)
+        # a condition, bounded; the first pass runs at start
+        await eventually(lambda: not dirs[ended].exists(), "the ended attempt's files removed", within=WAIT)
         assert not dirs[ended].exists()
         assert dirs[live_attempt].exists()
     finally:
