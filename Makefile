@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint format bench soak schema clean
+.PHONY: test test-fast demo lint format bench soak schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,12 @@ format: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest
+
+# The suite without the soak, the browser, schemathesis and sshd tests, nor the other heavy ones marked slow
+# (server restarts, the demo, worker starts): a check in under 3 minutes. `make test` runs them all.
+FAST_MARKERS := not (soak or browser or schemathesis or sshd or slow)
+test-fast: $(STAMP) lint
+	$(BIN)/python -m pytest -m "$(FAST_MARKERS)"
 
 demo: $(STAMP)
 	$(BIN)/python starter.py demo

@@ -35,7 +35,7 @@ expected-statuses = ["400", "401", "403", "406", "415", "422", "428"]
 expected-statuses = ["2xx", "3xx", "4xx", "503"]
 """
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.schemathesis]
 
 
 async def test_schemathesis_finds_nothing_against_the_served_schema(make_app, acme, tmp_path):

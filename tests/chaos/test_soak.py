@@ -38,6 +38,7 @@ WORKFLOW_FAULTS = {"workflow_terminate", "workflow_cancel"}  # skipped when no e
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(420)
 def test_short_soak_holds_every_invariant_under_every_fault_kind(tmp_path: Path) -> None:
     require(sshd_available(), "OpenSSH sshd (/usr/sbin/sshd, run as root)")

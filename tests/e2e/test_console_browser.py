@@ -40,7 +40,7 @@ CHROMIUM_FLAGS = [
 # Set to a path (docs/console.png) to refresh the README's screenshot of the list page.
 SCREENSHOT = os.environ.get("FENCED_CONSOLE_SCREENSHOT")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 @dataclass(frozen=True)

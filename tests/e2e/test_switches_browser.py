@@ -8,7 +8,7 @@ import pytest
 
 from tests.e2e.test_console_browser import browser, page, site  # noqa: F401 - fixtures, by name
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
 async def test_pause_from_the_switches_page_shows_the_banner_and_resume_removes_it(page, site, factory):  # noqa: F811
