@@ -8,6 +8,7 @@ import json
 import uuid
 
 import psycopg
+import pytest
 
 from domain.models import JobStatus
 from service.bulk import request_id_for
@@ -159,6 +160,7 @@ async def test_another_tenants_destination_or_batch_looks_missing(client, factor
     assert (await factory.job(theirs.id)).status == JobStatus.CANCELED  # by acme's own batch only
 
 
+@pytest.mark.slow
 async def test_bulk_cancel_from_the_command_line(database, factory):
     tenant = await factory.tenant("cli-bulk")
     destination = await factory.destination(tenant, name="partner-old")

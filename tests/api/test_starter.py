@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from domain.models import JobStatus
 
@@ -40,6 +41,7 @@ async def starter(database, *args: str, tenant=None, principal: str = "sam.ops")
     return proc.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.slow
 async def test_create_then_cancel_from_the_command_line(database, factory):
     tenant = await factory.tenant()
     destination = await factory.destination(tenant)
@@ -79,6 +81,7 @@ async def test_a_running_export_is_a_stop_request_and_after_cutoff_2_a_refusal(d
     assert json.loads(out)["outcome_kind"] == "refused"  # the CLI speaks outcomes, not HTTP statuses
 
 
+@pytest.mark.slow
 async def test_busy_exits_75_and_the_retry_with_the_same_request_id_decides(database, factory):
     job = await factory.queued()
     request_id = str(uuid.uuid4())

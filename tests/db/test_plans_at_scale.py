@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+import pytest
 
 from bench.scale import (
     claim_params,
@@ -46,6 +47,7 @@ TENANTS = 4
 WORKER_ID = "worker-1"
 
 
+@pytest.mark.slow
 async def test_the_statements_read_export_jobs_through_indexes_at_scale(database, api_store, worker_store):
     settings = Settings()
     scopes = await seed_scopes(database.admin_url, TENANTS)

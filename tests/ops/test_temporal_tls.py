@@ -324,6 +324,7 @@ def test_worker_main_prints_one_line_naming_the_setting(pki: Pki, mtls: TlsTermi
     assert lines == [lines[0]] and lines[0].startswith("worker.py: EXPORTS_TEMPORAL_TLS_CA: "), done.stderr
 
 
+@pytest.mark.slow
 def test_worker_main_gives_up_on_a_silent_server_with_one_line(pki: Pki) -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts TCP, never speaks
         env = {

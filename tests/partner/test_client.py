@@ -123,6 +123,7 @@ async def test_a_session_lost_at_the_baseline_listing_is_opened_again_and_delive
     assert sftp_target.files() == {file.final_name: data}
 
 
+@pytest.mark.slow
 async def test_connects_not_answered_and_a_session_lost_at_the_baseline_have_budgets_of_their_own(
     sftp_target: SftpTarget, tmp_path
 ):

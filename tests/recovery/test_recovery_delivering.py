@@ -189,6 +189,7 @@ async def test_a_wrong_size_is_not_evidence(client, settings, recovery_worker, f
 
 
 @asyncssh_only
+@pytest.mark.slow
 async def test_the_attempts_own_receipt_completes_it_when_the_destination_cannot_be_asked(
     client, settings, recovery_worker, factory, worker_store, sftp_target: SftpTarget, tmp_path: Path
 ):
@@ -225,6 +226,7 @@ async def test_the_attempts_own_receipt_completes_it_when_the_destination_cannot
 
 
 @asyncssh_only
+@pytest.mark.slow
 async def test_no_receipt_and_no_destination_answer_is_outcome_unknown(
     client, settings, recovery_worker, factory, sftp_target: SftpTarget
 ):

@@ -266,6 +266,7 @@ async def test_the_worker_removes_local_files_of_ended_attempts_and_keeps_live_o
 
 
 @pytest.mark.parametrize("outage", ["refused", "partitioned"])
+@pytest.mark.slow
 async def test_python_worker_py_drains_within_the_grace_window_while_temporal_is_unreachable(
     client, host_settings, outage
 ):

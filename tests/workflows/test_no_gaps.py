@@ -184,6 +184,7 @@ async def test_cutoff_2_leaves_the_upload_a_full_lease(harness: Harness) -> None
 # -- 5. leases never wait behind builds -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_builds_stuck_on_their_copy_never_starve_the_renewals(
     harness: Harness, temporal_env: WorkflowEnvironment, database: pg.TestDatabase, work_root: Path
 ) -> None:
