@@ -53,12 +53,14 @@ SELECT id AS job_id FROM created;
 
 -- name: edit_terms_if_queued
 -- Changes a queued export's terms for the version the editor read: increments version (the claim's
--- version condition depends on it) and writes a new wake-up, so the edited job is never stranded.
+-- version condition depends on it) and writes a new wake-up, so the edited job is never stranded. A
+-- replacement's terms are its original's and never change (0015's trigger refuses it for every writer).
 WITH edited AS (
     UPDATE export_jobs
     SET destination_id = %(destination_id)s, list_name = %(list_name)s, version = version + 1,
         woken_at = clock_timestamp()
     WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND status = 'Queued' AND version = %(expected_version)s
+      AND replaces_job_id IS NULL
     RETURNING id, version),
 woke AS (
     INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)

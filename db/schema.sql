@@ -137,6 +137,15 @@ BEGIN
     RAISE EXCEPTION 'exports are never deleted' USING ERRCODE = 'insufficient_privilege';
 END $$;
 
+CREATE FUNCTION public.export_jobs_replacement_terms_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'export % replaces export %: its list and destination are the original''s and never change',
+            OLD.id, OLD.replaces_job_id
+        USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_replacement_terms';
+END $$;
+
 CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -560,6 +569,8 @@ CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH
 CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_insert_guard();
 
 CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_no_delete();
+
+CREATE TRIGGER tr_export_jobs_replacement_terms BEFORE UPDATE OF destination_id, list_name ON public.export_jobs FOR EACH ROW WHEN (((old.replaces_job_id IS NOT NULL) AND ((new.destination_id IS DISTINCT FROM old.destination_id) OR (new.list_name IS DISTINCT FROM old.list_name)))) EXECUTE FUNCTION public.export_jobs_replacement_terms_guard();
 
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
 

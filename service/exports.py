@@ -61,6 +61,11 @@ log = logging.getLogger(__name__)
 CREATE_OPERATION = "create_export"
 FINGERPRINT_VERSION = 1
 RETRY_AFTER_SECONDS = 2
+# A replacement delivers its original's list to its original's partner under the original's key (0015).
+REPLACEMENT_TERMS_FIXED = (
+    "this export replaces {original} and delivers its list to its destination under its delivery key;"
+    " its terms cannot change: cancel it, and create a new export with the terms you want"
+)
 API_CHECKOUT_SECONDS = 5.0  # a request waits this long for a database connection, then answers 503
 IDEMPOTENCY_KEY_PATTERN = r"^[!-~]{1,200}$"  # 1-200 visible ASCII characters
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
@@ -368,6 +373,8 @@ class Exports:
                 version=job.version,
             )
         expected = job.version
+        if job.replaces_job_id is not None:
+            return refusal(Kind.REFUSED, REPLACEMENT_TERMS_FIXED.format(original=job.replaces_job_id))
         if job.status != JobStatus.QUEUED:
             return refusal(
                 Kind.REFUSED, f"the export is {job.status.value}; only a queued export's terms can change"

@@ -161,6 +161,29 @@ async def test_edit_of_a_running_export_is_409(client, factory, acme):
     assert "Running" in r.json()["detail"]
 
 
+async def test_a_replacements_terms_cannot_be_edited_and_the_answer_says_why(client, factory, acme):
+    original, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)
+    )
+    created = await client.post(
+        f"/exports/{original.id}/replacements",
+        json={"reason": "partner lost the file"},
+        headers=acme.operator,
+    )
+    replacement = created.json()["export"]
+    before = await snapshot(factory, uuid.UUID(replacement["id"]))
+
+    r = await client.patch(
+        f"/exports/{replacement['id']}",
+        json={"list_name": "someone-elses-list"},
+        headers={**acme.operator, "If-Match": f'"{replacement["version"]}"'},
+    )
+
+    assert r.status_code == 409
+    assert f"replaces {original.id}" in r.json()["detail"] and "cannot change" in r.json()["detail"]
+    assert await snapshot(factory, uuid.UUID(replacement["id"])) == before
+
+
 async def test_a_replacement_is_created_by_the_named_caller_with_its_reason(client, factory, acme):
     original, _ = await factory.in_status(
         JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)

@@ -382,3 +382,64 @@ async def test_correction_matches_nothing_unless_it_names_the_recorded_outcome(
         is False
     )
     assert await factory.job(job.id) == job
+
+
+# -- a replacement's terms are its original's (0015) ---------------------------------------------------
+
+
+async def queued_replacement(factory) -> tuple[ExportJob, ExportJob]:
+    original, _ = await failed_original(factory)
+    return original, await replacement_of(factory, original)
+
+
+async def test_a_queued_replacements_terms_edit_matches_nothing_and_changes_nothing(factory):
+    original, replacement = await queued_replacement(factory)
+    assert replacement.status == JobStatus.QUEUED
+    wakeups = await factory.outbox_count(replacement.id)
+
+    version = await factory.api.edit_terms_if_queued(
+        tenant_id=replacement.tenant_id,
+        job_id=replacement.id,
+        expected_version=replacement.version,
+        destination_id=replacement.destination_id,
+        list_name="another-list",
+    )
+
+    assert version is None
+    assert await factory.job(replacement.id) == replacement
+    assert await factory.outbox_count(replacement.id) == wakeups
+    assert (replacement.list_name, replacement.destination_id) == (
+        original.list_name,
+        original.destination_id,
+    )
+
+
+@pytest.mark.parametrize("assignment", ["list_name = 'another-list'", "destination_id = gen_random_uuid()"])
+async def test_the_trigger_refuses_a_replacements_new_terms_even_for_a_superuser(factory, assignment):
+    _, replacement = await queued_replacement(factory)
+
+    async with await psycopg.AsyncConnection.connect(factory.db.admin_url, autocommit=True) as admin:
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            await admin.execute(
+                psycopg.sql.SQL("UPDATE export_jobs SET {a} WHERE id = %(id)s").format(
+                    a=psycopg.sql.SQL(assignment)
+                ),
+                {"id": replacement.id},
+            )
+
+    assert refused.value.diag.constraint_name == "ck_export_jobs_replacement_terms"
+    assert await factory.job(replacement.id) == replacement
+
+
+async def test_the_trigger_lets_a_replacement_keep_its_terms_and_an_original_change_them(factory):
+    _, replacement = await queued_replacement(factory)
+    original = await factory.queued()
+
+    async with await psycopg.AsyncConnection.connect(factory.db.admin_url, autocommit=True) as admin:
+        # The same terms written again are no change; an original's new list is an edit like any other.
+        await admin.execute(
+            "UPDATE export_jobs SET list_name = list_name WHERE id = %(id)s", {"id": replacement.id}
+        )
+        await admin.execute("UPDATE export_jobs SET list_name = 'vip' WHERE id = %(id)s", {"id": original.id})
+
+    assert (await factory.job(original.id)).list_name == "vip"
