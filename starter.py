@@ -301,7 +301,7 @@ def cmd_replace(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
-    """Resolve an OutcomeUnknown export to Completed or Failed from evidence."""
+    """Resolve an OutcomeUnknown export to Completed or Failed from evidence (as a reconciler)."""
     from service.commands import ReconcileExport
 
     async def call(ops: Any, caller: Any) -> Any:
@@ -313,7 +313,7 @@ def cmd_reconcile(args: argparse.Namespace, settings: Settings) -> int:
     def render(answer: Any) -> str:
         return f"export {answer.body['export']['id']} reconciled to {answer.body['export']['status']}"
 
-    return _run_operation(args, settings, call, render)
+    return _run_operation(args, settings, call, render, role="reconciler")
 
 
 def cmd_correct(args: argparse.Namespace, settings: Settings) -> int:

@@ -578,7 +578,16 @@ class Exports:
         )
 
     async def reconcile(self, caller: Caller, job_id: UUID, body: ReconcileExport) -> Answer:
-        """Resolve an OutcomeUnknown attempt to Completed or Failed(NotDelivered) from evidence, once."""
+        """Resolve an OutcomeUnknown attempt to Completed or Failed(NotDelivered) from evidence, once;
+        reconcilers only (403 for others, and nothing is recorded)."""
+        if caller.role != "reconciler":
+            # 000 "Reconciliation": a person with the reconciler's duty records what evidence cannot settle;
+            # an operator's "Completed" would let the same contacts reach the partner twice by a replacement.
+            return refusal(
+                Kind.FORBIDDEN,
+                "reconciliation needs the reconciler role: an operator may cancel or replace an export, "
+                "not record its outcome",
+            )
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
             return refusal(Kind.NOT_FOUND, "no such export")
@@ -590,7 +599,7 @@ class Exports:
         if self.reconciler_store is None:
             return refusal(Kind.FORBIDDEN, "reconciliation needs the exports_reconciler database role")
         try:
-            done = await self.reconciler_store.reconcile_unknown(
+            done = await self._reconciler_for(caller).reconcile_unknown(
                 tenant_id=caller.tenant_id,
                 job_id=job_id,
                 attempt_id=attempt_id,
@@ -611,6 +620,14 @@ class Exports:
         assert now is not None
         return Answer(Kind.DONE, {"export": export_json(now)})
 
+    def _reconciler_for(self, caller: Caller) -> ReconcilerStore:
+        """The reconciler's statements over the database role this process uses for ``caller``: the
+        ``exports_reconciler`` pool for a reconciler, the caller's own ``exports_api`` pool for anyone else, so
+        the database refuses a non-reconciler's reconciliation even if a service check were missing."""
+        if caller.role == "reconciler" and self.reconciler_store is not None:
+            return self.reconciler_store
+        return ReconcilerStore(self.store.pool)
+
     async def correct(self, caller: Caller, job_id: UUID, body: CorrectExport) -> Answer:
         """Correct a recorded Completed/Failed once, with who and why; reconcilers only (403 for others)."""
         if caller.role != "reconciler" or self.reconciler_store is None:
@@ -622,7 +639,7 @@ class Exports:
         if attempt_id is None:
             return refusal(Kind.REFUSED, f"the export is {job.status.value} and has no attempt to correct")
         try:
-            done = await self.reconciler_store.correct_outcome(
+            done = await self._reconciler_for(caller).correct_outcome(
                 tenant_id=caller.tenant_id,
                 job_id=job_id,
                 attempt_id=attempt_id,

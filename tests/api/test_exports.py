@@ -252,15 +252,32 @@ async def test_reconciliation_resolves_an_unknown_outcome_once(client, factory, 
     )
     body = {"resolution": "Completed", "evidence_summary": "partner ack ACK-1 matches size and hash"}
 
-    r = await client.post(f"/exports/{job.id}/reconciliation", json=body, headers=acme.operator)
-    again = await client.post(f"/exports/{job.id}/reconciliation", json=body, headers=acme.operator)
+    r = await client.post(f"/exports/{job.id}/reconciliation", json=body, headers=acme.reconciler)
+    again = await client.post(f"/exports/{job.id}/reconciliation", json=body, headers=acme.reconciler)
 
     assert r.status_code == 200 and r.json()["export"]["status"] == "Completed"
     assert again.status_code == 409
     events = await factory.worker.job_events(job.id)
     reconciled = [e for e in events if e.kind.value == "Reconciled"]
     assert len(reconciled) == 1
-    assert reconciled[0].observed_by == acme.operator_name and reconciled[0].attempt_id == attempt
+    assert reconciled[0].observed_by == acme.reconciler_name and reconciled[0].attempt_id == attempt
+
+
+async def test_an_operators_reconciliation_is_403_and_records_nothing(client, factory, acme):
+    job, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)
+    )
+    before = await snapshot(factory, job.id)
+
+    r = await client.post(
+        f"/exports/{job.id}/reconciliation",
+        json={"resolution": "Failed", "evidence_summary": "looked fine to me"},
+        headers=acme.operator,
+    )
+
+    assert r.status_code == 403
+    assert "reconciler role" in r.json()["detail"]
+    assert await snapshot(factory, job.id) == before
 
 
 async def test_reconciliation_of_a_queued_export_is_409(client, factory, acme):
@@ -269,7 +286,7 @@ async def test_reconciliation_of_a_queued_export_is_409(client, factory, acme):
     r = await client.post(
         f"/exports/{job.id}/reconciliation",
         json={"resolution": "Failed", "evidence_summary": "x"},
-        headers=acme.operator,
+        headers=acme.reconciler,
     )
 
     assert r.status_code == 409

@@ -308,6 +308,26 @@ async def test_correction_is_refused_for_the_api_and_worker_roles(factory, store
     assert EventKind.CORRECTED.value not in await factory.event_kinds(original.id)
 
 
+@pytest.mark.parametrize("store_name", ["api", "worker"])
+async def test_reconciliation_is_refused_for_the_api_and_worker_roles(factory, store_name):
+    job, attempt = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
+    # The reconciler's statement, sent over the API's or the worker's pool: the database refuses the role.
+    store = ReconcilerStore((factory.api if store_name == "api" else factory.worker).pool)
+
+    with pytest.raises(NotPermitted):
+        await store.reconcile_unknown(
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            attempt_id=attempt,
+            resolution=JobStatus.COMPLETED,
+            reconciled_by="oscar.operator",
+            evidence_summary="looked fine to me",
+        )
+
+    assert await factory.job(job.id) == job
+    assert EventKind.RECONCILED.value not in await factory.event_kinds(job.id)
+
+
 async def test_correction_to_failed_needs_a_code_and_to_completed_drops_it(factory, reconciler_store, kit):
     completed, attempt = await factory.in_status(JobStatus.COMPLETED)
     assert attempt is not None
