@@ -243,7 +243,7 @@ class Auditor:
     def _attempt_evidence(self, job_id: str, attempt_id: Any) -> list[dict[str, Any]]:
         found = []
         for event in self._job_events(job_id, attempt_id, "DeliveryEvidence"):
-            if (event["observed_by"] or "").startswith("recovery"):
+            if (event["observed_by"] or "").startswith("recovery:"):
                 continue
             try:
                 detail = json.loads(event["detail"] or "{}")
@@ -810,7 +810,7 @@ class Auditor:
             return "rename sent, answer lost", info
         after = [
             e for e in self._job_events(job_id, attempt, "DeliveryEvidence")
-            if end is not None and e["id"] > end["id"] and not (e["observed_by"] or "").startswith("recovery")
+            if end is not None and e["id"] > end["id"] and not (e["observed_by"] or "").startswith("recovery:")
         ]  # fmt: skip
         if after:
             seen = ", ".join(sorted({_evidence_word(e) for e in after}))

@@ -34,13 +34,22 @@ class Verdict(BaseModel):
 RECOVERY_OBSERVER_PREFIX = "recovery"
 
 
+def observed_by_recovery(observed_by: str | None) -> bool:
+    """Whether an event was written by a recovery run (``recovery:<workflow>/<run>``), not by a worker.
+
+    The separator decides: a worker's ID is its host name and process (``socket.gethostname()``, which has
+    no colon), so a worker on a host named ``recovery-7`` keeps its own receipts as the attempt's evidence.
+    """
+    return (observed_by or "").startswith(f"{RECOVERY_OBSERVER_PREFIX}:")
+
+
 def attempt_evidence(events: list[AttemptEvent], attempt_id: UUID) -> list[dict[str, Any]]:
     """The attempt's own DeliveryEvidence observations (not recovery's), oldest first."""
     found: list[dict[str, Any]] = []
     for event in events:
         if event.kind != EventKind.DELIVERY_EVIDENCE or event.attempt_id != attempt_id:
             continue
-        if (event.observed_by or "").startswith(RECOVERY_OBSERVER_PREFIX):
+        if observed_by_recovery(event.observed_by):
             continue
         try:
             detail = json.loads(event.detail or "{}")

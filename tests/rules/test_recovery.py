@@ -141,6 +141,16 @@ def test_attempt_evidence_is_this_attempts_own_not_recoverys_nor_another_attempt
     assert attempt_evidence(events, ATTEMPT) == [{"observation": "baseline", "present": False}]
 
 
+def test_a_worker_whose_host_name_starts_with_recovery_keeps_its_own_evidence() -> None:
+    mine = json.dumps({"observation": "receipt", "size": 12})
+    events = [
+        _event(EventKind.DELIVERY_EVIDENCE, ATTEMPT, "recovery-7-4242-a1b2c3", mine),
+        _event(EventKind.DELIVERY_EVIDENCE, ATTEMPT, "recoveryhost-1", mine),
+        _event(EventKind.DELIVERY_EVIDENCE, ATTEMPT, "recovery:recovery-schedule/run-9", mine),
+    ]
+    assert attempt_evidence(events, ATTEMPT) == [{"observation": "receipt", "size": 12}] * 2
+
+
 # -- after recovery set the temporary file aside (decide_after_set_aside) -------------------------------
 
 ABSENT = Observation(present=False)
