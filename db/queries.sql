@@ -716,6 +716,14 @@ SELECT * FROM export_jobs WHERE tenant_id = %(tenant_id)s ORDER BY created_at DE
 -- An export's attempt history, in the order it was recorded.
 SELECT * FROM export_attempt_events WHERE job_id = %(job_id)s ORDER BY id;
 
+-- name: tenant_job_events
+-- An export's attempt history as its tenant may read it: nothing for another tenant's export, whatever
+-- the caller checked before (the events carry no tenant; the job row decides).
+SELECT e.* FROM export_attempt_events e
+JOIN export_jobs j ON j.id = e.job_id
+WHERE j.tenant_id = %(tenant_id)s AND e.job_id = %(job_id)s
+ORDER BY e.id;
+
 -- name: job_cancellation_requests
 -- Every cancellation request recorded for an export, oldest first.
 SELECT * FROM cancellation_requests WHERE tenant_id = %(tenant_id)s AND job_id = %(job_id)s

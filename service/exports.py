@@ -222,7 +222,7 @@ class Exports:
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
             return None
-        events = await self.store.job_events(job.id)
+        events = await self.store.tenant_job_events(caller.tenant_id, job.id)
         requests = await self.store.job_cancellation_requests(caller.tenant_id, job.id)
         destinations = await self.destination_names(caller.tenant_id)
         destination = destinations.get(job.destination_id, str(job.destination_id))

@@ -52,6 +52,10 @@ class Reads(StoreBase):
         """An export's attempt history, in the order it was recorded."""
         return await self._rows("job_events", {"job_id": job_id}, AttemptEvent)
 
+    async def tenant_job_events(self, tenant_id: UUID, job_id: UUID) -> list[AttemptEvent]:
+        """An export's attempt history, only if it is ``tenant_id``'s export (else empty)."""
+        return await self._rows("tenant_job_events", {"tenant_id": tenant_id, "job_id": job_id}, AttemptEvent)
+
     async def job_cancellation_requests(self, tenant_id: UUID, job_id: UUID) -> list[CancellationRequest]:
         """Every cancellation request recorded for an export, oldest first."""
         return await self._rows(

@@ -494,3 +494,14 @@ async def test_a_replacement_that_delivered_nothing_frees_the_slot_and_any_other
         with pytest.raises(ConstraintRefused) as refused:
             await create_replacement(factory, original)
         assert refused.value.constraint == "uq_export_jobs_one_replacement"
+
+
+async def test_an_exports_events_read_for_another_tenant_are_empty(factory, api_store):
+    job, _ = await factory.in_status(JobStatus.COMPLETED)
+    intruder = await factory.tenant("globex")
+
+    own = await api_store.tenant_job_events(job.tenant_id, job.id)
+    theirs = await api_store.tenant_job_events(intruder, job.id)
+
+    assert [e.kind for e in own] == [e.kind for e in await api_store.job_events(job.id)]
+    assert own and theirs == []

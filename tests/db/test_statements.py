@@ -239,6 +239,7 @@ _RETURNED_ROWS: list[tuple[str, type[BaseModel]]] = [
     ("read_ownership", OwnershipState),
     ("find_expired_leases", ExpiredLease),
     ("job_events", AttemptEvent),
+    ("tenant_job_events", AttemptEvent),
     ("job_cancellation_requests", CancellationRequest),
     ("find_cancellation_request", CancellationRequest),
     ("record_cancellation_batch", CancellationBatch),
