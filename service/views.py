@@ -52,6 +52,28 @@ def _event(events: Iterable[AttemptEvent], attempt_id: UUID | None, *kinds: Even
     return None
 
 
+# How an earlier attempt of a job that is Queued again ended, in the words of its event.
+_RETURNED_TO_THE_QUEUE = {
+    EventKind.REQUEUED_BY_RECOVERY: "its lease expired and recovery returned the export to the queue",
+    EventKind.RELEASED: "its worker gave it back to the queue without using it up",
+}
+
+
+def _earlier_ending(events: list[AttemptEvent], request: CancellationRequest) -> str:
+    """`` The earlier attempt 1a2b3c4d… ended at 14:02:07.412 UTC: ...`` for the last attempt returned to the
+    queue before ``request`` was recorded, or nothing when the events show none."""
+    returned = [
+        e for e in events if e.kind in _RETURNED_TO_THE_QUEUE and e.recorded_at <= request.recorded_at
+    ]
+    if not returned:
+        return ""
+    last = returned[-1]
+    return (
+        f" The earlier attempt {short(last.attempt_id)} ended at {clock(last.recorded_at)}: "
+        f"{_RETURNED_TO_THE_QUEUE[last.kind]}."
+    )
+
+
 def _code(job: ExportJob) -> str:
     return f" ({job.failure_reason.value})" if job.failure_reason else ""
 
@@ -103,7 +125,9 @@ def cancellation_message(
     if outcome == CancellationOutcome.CANCELED_WHILE_QUEUED:
         if request.found_attempt_count == 0:
             return "Canceled while queued. No attempt had started, and none will."
-        return "Canceled while queued. No further attempt will start."
+        # 001: after recovery or a give-back returned the job to the queue, the earlier attempt's ending
+        # stands beside the outcome; "no attempt had started" is only for a job that never had one.
+        return "Canceled while queued. No further attempt will start." + _earlier_ending(events, request)
 
     if outcome == CancellationOutcome.ALREADY_CANCELED:
         return (

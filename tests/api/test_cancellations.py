@@ -7,6 +7,7 @@ import uuid
 import psycopg
 
 from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus, StopPoint
+from service.views import clock
 from tests.api.conftest import cancel_body, counted, increase, recorded_requests, snapshot
 
 
@@ -40,7 +41,38 @@ async def test_cancel_after_recovery_requeued_says_no_further_attempt_will_start
 
     assert r.status_code == 200
     assert r.json()["any_attempt_started"] is True
-    assert r.json()["message"] == "Canceled while queued. No further attempt will start."
+    message = r.json()["message"]
+    assert message.startswith("Canceled while queued. No further attempt will start. ")
+    requeued = [e for e in await recovery_store.job_events(job.id) if e.kind.value == "RequeuedByRecovery"]
+    assert message.endswith(
+        f"The earlier attempt {str(attempt)[:8]}… ended at {clock(requeued[0].recorded_at)}: "
+        "its lease expired and recovery returned the export to the queue."
+    )
+
+
+async def test_cancel_after_a_give_back_names_how_the_earlier_attempt_ended(
+    client, factory, worker_store, acme
+):
+    job, attempt = await factory.running(await factory.queued(acme.id, acme.destination_id))
+    assert (
+        await worker_store.release_attempt_if_running(job.id, attempt, "worker-3", "drain")
+        == FinishResult.WRITTEN
+    )
+
+    r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
+
+    assert r.status_code == 200
+    assert r.json()["message"].startswith("Canceled while queued. No further attempt will start. ")
+    assert f"The earlier attempt {str(attempt)[:8]}… ended at " in r.json()["message"]
+    assert r.json()["message"].endswith("its worker gave it back to the queue without using it up.")
+
+
+async def test_cancel_of_a_job_that_never_started_names_no_earlier_attempt(client, factory, acme):
+    job = await factory.queued(acme.id, acme.destination_id)
+
+    r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
+
+    assert r.json()["message"] == "Canceled while queued. No attempt had started, and none will."
 
 
 async def test_a_second_request_is_200_already_canceled_by_the_first_and_changes_nothing(
