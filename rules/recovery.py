@@ -32,6 +32,8 @@ class Verdict(BaseModel):
 
 
 RECOVERY_OBSERVER_PREFIX = "recovery"
+# The rename evidence's form of the overwriting rename (partner/delivery.py records "rename" or this).
+OVERWRITING_RENAME = "posix_rename"
 
 
 def observed_by_recovery(observed_by: str | None) -> bool:
@@ -125,7 +127,12 @@ def decide_delivery(
     assert attempt_id is not None
     baseline_item = _last(evidence, "baseline")
     baseline = _observation_from(baseline_item) if baseline_item is not None else None
-    overwrite = baseline is not None and baseline.present
+    # An overwrite is what the attempt did, not only what its baseline showed: a posix_rename (the overwriting
+    # form, sent only under an overwrite agreement) whose baseline append was lost is an overwrite still, and
+    # name and size never prove one (rules.delivery.confirm_delivery).
+    renamed = _last(evidence, "rename")
+    overwrote = renamed is not None and renamed.get("form") == OVERWRITING_RENAME
+    overwrite = (baseline is not None and baseline.present) or overwrote
 
     receipt = _receipt_verdict(evidence, expected, destination, overwrite=overwrite)
     if receipt is not None:

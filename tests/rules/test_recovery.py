@@ -70,6 +70,28 @@ def test_a_receipt_this_attempt_appended_after_its_confirmed_rename_is_completed
     assert verdict.summary.startswith("receipt of this attempt")
 
 
+def test_an_overwriting_rename_whose_baseline_was_lost_is_not_proven_by_name_and_size() -> None:
+    # A replacement under an overwrite agreement: its posix_rename and read-back were recorded, its baseline
+    # append was lost when the worker was killed. Name and size cannot tell its file from the original's.
+    evidence = [
+        {"observation": "rename", "form": "posix_rename", "result": "ok"},
+        {"observation": "read_back", "present": True, "size": len(DATA)},
+    ]
+    replacement = delivering(replaces_job_id=uuid.uuid4(), overwrite_agreement_ref="AGR-7")
+    verdict = decide_delivery(replacement, evidence, None, destination())
+    assert verdict.resolution == JobStatus.OUTCOME_UNKNOWN
+
+
+def test_an_overwriting_rename_whose_baseline_was_lost_is_proven_by_its_read_back_hash() -> None:
+    evidence = [
+        {"observation": "rename", "form": "posix_rename", "result": "ok"},
+        {"observation": "read_back", "present": True, "size": len(DATA), "sha256": SHA.hex()},
+    ]
+    replacement = delivering(replaces_job_id=uuid.uuid4(), overwrite_agreement_ref="AGR-7")
+    verdict = decide_delivery(replacement, evidence, None, destination(hash_evidence="read_back"))
+    assert verdict.resolution == JobStatus.COMPLETED
+
+
 def test_a_read_back_without_a_confirmed_rename_is_no_receipt() -> None:
     evidence = [
         ABSENT_BASELINE,
