@@ -65,6 +65,7 @@ class Child:
         """Start the process (it must not be running) and its log pump."""
         if self.running():
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        self._release()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.starts += 1
         self.process = subprocess.Popen(
@@ -83,6 +84,13 @@ class Child:
             target=_pump, args=(self.process, self.log_path), name=f"log-{self.name}", daemon=True
         )
         self._pump.start()
+
+    def _release(self) -> None:
+        """Let the previous run's log pump finish and close its pipe (before a restart)."""
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+        if self.process is not None and self.process.stdout is not None and not self.running():
+            self.process.stdout.close()
 
     def send(self, sig: int) -> bool:
         """Send ``sig`` to this child's PID; False when it is not running."""
@@ -106,6 +114,7 @@ class Child:
     def stop(self, timeout: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
         """``sig`` (after SIGCONT, in case it is stopped), then SIGKILL after ``timeout``; returns the code."""
         if not self.running():
+            self._release()
             return self.returncode()
         self.send(signal.SIGCONT)
         self.send(sig)
@@ -113,8 +122,7 @@ class Child:
         if code is None:
             self.send(signal.SIGKILL)
             code = self.wait(10)
-        if self._pump is not None:
-            self._pump.join(timeout=5)
+        self._release()
         return code
 
     def log_tail(self, lines: int = 40) -> str:
