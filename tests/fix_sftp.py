@@ -1,4 +1,5 @@
-"""SFTP fixtures for tests: the session's servers from :mod:`testbed.sftp`, one fresh directory per test.
+"""SFTP fixtures for every test (a plugin of ``tests/conftest.py``): the session's servers from
+:mod:`testbed.sftp`, one fresh directory per test.
 
 Fixtures: ``local_sftp_server`` and ``sshd_server`` (session), ``sftp_server`` (parametrized over
 both; the sshd case carries the ``sshd`` marker) and ``sftp_target`` (a fresh upload directory on

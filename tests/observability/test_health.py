@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,8 +28,6 @@ from service.exports import open_exports
 from service.signals import TemporalStopSignaller
 from settings import Settings
 from testbed.pg import APP_LOGIN
-from testbed.temporal import start_time_skipping, venv_binary
-from tests.conftest import require
 from worker import run_worker
 
 pytestmark = pytest.mark.slow
@@ -47,11 +45,9 @@ def postgres() -> Iterator[EmbeddedPostgres]:
 
 
 @pytest.fixture(scope="module")
-async def temporal() -> AsyncIterator[WorkflowEnvironment]:
-    require(venv_binary("temporal-test-server") is not None, "temporal-test-server")
-    env = await start_time_skipping()
-    yield env
-    await env.shutdown()
+def temporal(ts_env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The session's time-skipping test server (tests/fix_temporal.py)."""
+    return ts_env
 
 
 async def ready_within(http: httpx.AsyncClient, status: int, seconds: float) -> dict:

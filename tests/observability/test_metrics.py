@@ -11,7 +11,6 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from db.embedded import free_port
@@ -24,8 +23,7 @@ from observability.metrics import (
     transition_result,
 )
 from observability.temporal import temporal_runtime
-from service.temporal import DATA_CONVERTER
-from testbed.temporal import venv_binary
+from testbed.temporal import start_time_skipping, venv_binary
 from tests.conftest import require
 from tests.observability.test_dashboard import TEMPORAL_METRICS
 from tests.observability.traced_workflow import StepInput, TracedWorkflow, traced_step
@@ -196,11 +194,8 @@ async def test_the_runtime_helper_serves_the_sdks_worker_metrics():
     path = venv_binary("temporal-test-server")
     require(path is not None, "temporal-test-server")
     port = free_port()
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=path,
-        data_converter=DATA_CONVERTER,
-        runtime=temporal_runtime(f"127.0.0.1:{port}"),
-    )
+    # Its own server: the SDK's metrics come from the runtime the server's client is built on.
+    env = await start_time_skipping(runtime=temporal_runtime(f"127.0.0.1:{port}"))
     async with env:
         queue = f"q-{uuid.uuid4()}"
         async with Worker(env.client, task_queue=queue, workflows=[TracedWorkflow], activities=[traced_step]):

