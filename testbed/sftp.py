@@ -349,7 +349,8 @@ class TcpProxy:
 
 @dataclass
 class SftpTarget:
-    """One test's place on one real server: an empty upload directory, reached through a proxy."""
+    """One test's (or one module's) place on one real server: an empty upload directory, reached through
+    a proxy or directly (``host``, ``port``)."""
 
     kind: ServerKind
     host_key_line: str
@@ -360,6 +361,24 @@ class SftpTarget:
     server_port: int
     username: str = PARTNER_USER
     extra: dict[str, Any] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    chrooted: bool = False  # the SFTP root is local_dir's parent, so a sibling is "/<name>"
+
+    @property
+    def port(self) -> int:
+        """The server's own port (not the proxy's)."""
+        return self.server_port
+
+    @property
+    def host_key(self) -> str:
+        return self.host_key_line
+
+    def sibling(self, name: str) -> tuple[str, Path]:
+        """Another upload directory on the same server: (remote_dir, local_dir)."""
+        assert self.chrooted, "siblings are made on the chrooted in-process server"
+        local = self.local_dir.parent / name
+        local.mkdir(exist_ok=True)
+        return f"/{name}", local
 
     def destination(self, *, direct: bool = False, **contract: Any) -> Destination:
         """A destination pointing at this directory (through the proxy unless ``direct``)."""

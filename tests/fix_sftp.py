@@ -53,16 +53,24 @@ def sftp_server(request: pytest.FixtureRequest) -> ServerKind:
 @pytest.fixture
 def sftp_target(request: pytest.FixtureRequest, sftp_server: ServerKind) -> Iterator[SftpTarget]:
     """A fresh upload directory on the chosen server, behind a fresh TCP proxy."""
-    yield from _target(request, sftp_server)
+    yield from target_on(request, sftp_server)
+
+
+@pytest.fixture(scope="module")
+def module_sftp_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
+    """A fresh upload directory for a whole test module on the in-process asyncssh server (the workflow
+    harness's; a module overrides it with ``yield from target_on(request, "sshd")`` for the real sshd)."""
+    yield from target_on(request, "asyncssh")
 
 
 @pytest.fixture
 def sshd_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
     """A fresh upload directory on the real sshd only (race and performance tests)."""
-    yield from _target(request, "sshd")
+    yield from target_on(request, "sshd")
 
 
-def _target(request: pytest.FixtureRequest, kind: ServerKind) -> Iterator[SftpTarget]:
+def target_on(request: pytest.FixtureRequest, kind: ServerKind) -> Iterator[SftpTarget]:
+    """A fresh upload directory on the session's server of ``kind``, behind a fresh TCP proxy."""
     if kind == "sshd":
         sshd: Sshd = request.getfixturevalue("sshd_server")
         local_dir = sshd.make_upload_dir()
@@ -90,6 +98,7 @@ def _target(request: pytest.FixtureRequest, kind: ServerKind) -> Iterator[SftpTa
             local_dir=local_dir,
             proxy=proxy,
             server_port=local.port,
+            chrooted=True,
         )
     try:
         yield target

@@ -1,10 +1,9 @@
 """Fixtures for workflow tests: one time-skipping Temporal test server for the session (with the export
 search attributes registered), the module's fresh PostgreSQL database, a real SFTP server (the session's
-servers from tests/support/sftp.py), and worker hosts on per-module task queues."""
+servers from tests/fix_sftp.py: ``module_sftp_target``), and worker hosts on per-module task queues."""
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from partner.local_server import LocalSftpServer
 from testbed import pg
 from tests.support.factories import Factory
 from tests.workflows.harness import Harness, Host, SftpTarget, history_leaks, make_host
@@ -29,26 +27,6 @@ def temporal_env(ts_env: WorkflowEnvironment) -> WorkflowEnvironment:
 def work_root() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="fenced-workflows-") as root:
         yield Path(root)
-
-
-@pytest.fixture(scope="module")
-def sftp_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
-    """A fresh directory on the session's in-process asyncssh server (loopback, its own host key)."""
-    server: LocalSftpServer = request.getfixturevalue("local_sftp_server")
-    name = uuid.uuid4().hex
-    local_dir = server.root / name
-    local_dir.mkdir()
-    yield SftpTarget(
-        host=server.host,
-        port=server.port,
-        host_key=server.host_key_line,
-        client_key_path=str(server.client_key_path),
-        username="partner",
-        remote_dir=f"/{name}",
-        local_dir=local_dir,
-        chrooted=True,
-    )
-    shutil.rmtree(local_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +54,18 @@ async def host(
 async def harness(
     temporal_env: WorkflowEnvironment,
     factory: Factory,
-    sftp_target: SftpTarget,
+    module_sftp_target: SftpTarget,
     shared_queue: str,
     host: Host,
 ) -> AsyncIterator[Harness]:
     """The module's harness. When the module ends, every history of a workflow it started is searched for
     contact data (DESIGN "Things that are easy to get wrong"; 004: payloads carry IDs only)."""
     harness = Harness(
-        client=temporal_env.client, factory=factory, sftp=sftp_target, shared_queue=shared_queue, hosts=[host]
+        client=temporal_env.client,
+        factory=factory,
+        sftp=module_sftp_target,
+        shared_queue=shared_queue,
+        hosts=[host],
     )
     yield harness
     leaks = await history_leaks(harness.started)

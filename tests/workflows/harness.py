@@ -24,6 +24,7 @@ from domain.models import ExportJob, JobStatus
 from service.temporal import connect_client
 from settings import Settings
 from testbed.pg import TestDatabase
+from testbed.sftp import SftpTarget  # one type for every SFTP target (tests/fix_sftp.py)
 from tests.support.factories import Factory
 from worker import HostWorkers, build_workers, open_export_activities
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
@@ -36,27 +37,6 @@ LEAK = re.compile(
     + re.escape(CONTACT_DOMAIN.encode())
     + rb"|email,first_name"
 )
-
-
-@dataclass
-class SftpTarget:
-    """Where the destination rows of a test module point, and the local directory behind it."""
-
-    host: str
-    port: int
-    host_key: str
-    client_key_path: str
-    username: str
-    remote_dir: str
-    local_dir: Path
-    chrooted: bool = False  # the SFTP root is local_dir's parent, so a sibling is "/<name>"
-
-    def sibling(self, name: str) -> tuple[str, Path]:
-        """Another upload directory on the same server: (remote_dir, local_dir)."""
-        assert self.chrooted, "siblings are made on the chrooted in-process server"
-        local = self.local_dir.parent / name
-        local.mkdir(exist_ok=True)
-        return f"/{name}", local
 
 
 @dataclass
@@ -231,7 +211,7 @@ class Harness:
             "port": self.sftp.port,
             "username": self.sftp.username,
             "host_key": self.sftp.host_key,
-            "credential_ref": self.sftp.client_key_path,
+            "credential_ref": str(self.sftp.client_key_path),
             "remote_dir": self.sftp.remote_dir,
         }
         row.update(fields)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from testbed.sftp import Sshd
+from tests.fix_sftp import target_on
 from tests.workflows.harness import Harness, SftpTarget
 from tests.workflows.test_leases import (  # noqa: F401 - collected here too, against sshd
     test_a_long_upload_that_outlasts_the_initial_lease_finishes_completed,
@@ -32,19 +32,9 @@ pytestmark = pytest.mark.sshd
 
 
 @pytest.fixture(scope="module")
-def sftp_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
+def module_sftp_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
     """A fresh upload directory, owned by the partner account, on the session's real sshd."""
-    sshd: Sshd = request.getfixturevalue("sshd_server")
-    local_dir = sshd.make_upload_dir()
-    yield SftpTarget(
-        host=sshd.host,
-        port=sshd.port,
-        host_key=sshd.host_key_line,
-        client_key_path=str(sshd.client_key_path),
-        username=sshd.user.pw_name,
-        remote_dir=str(local_dir),
-        local_dir=local_dir,
-    )
+    yield from target_on(request, "sshd")
 
 
 async def test_an_export_delivered_to_openssh_is_the_file_that_was_built(harness: Harness) -> None:
