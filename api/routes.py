@@ -259,8 +259,9 @@ async def replace_export(
 @router.post(
     "/{export_id}/reconciliation",
     operation_id="reconcile_export",
-    summary="Resolve an OutcomeUnknown to Completed or Failed from evidence (once per attempt)",
+    summary="Resolve an OutcomeUnknown to Completed or Failed from evidence (once per attempt; reconciler role only)",
     responses={
+        403: {"description": "Not a reconciler"},
         409: {"description": "Not OutcomeUnknown, or already reconciled"},
         **_NOT_FOUND,
         **BODY_ERRORS,
