@@ -50,6 +50,7 @@ from observability.setup import busy_metrics_ports, configure_process, start_wor
 from observability.temporal import LogContextInterceptor, workflow_runner
 from observability.tracing import shutdown_tracing
 from partner.client import passphrase_from, set_key_passphrase
+from partner.kinds import partner_for
 from runtime.dispatcher import OutboxDispatcher
 from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
@@ -125,6 +126,7 @@ async def open_export_activities(
         cancellation_store=ApiStore(api_pool, lease_seconds=settings.lease_seconds),
         search_attributes=search_attributes,
         max_concurrent_deliveries=settings.max_concurrent_deliveries,
+        partners=partner_for,
     )
     stack.push_async_callback(export.aclose)
     return export
@@ -281,7 +283,7 @@ async def run_worker(
             client,
             settings,
             export,
-            recovery=RecoveryActivities(RecoveryStore(recovery_pool), settings),
+            recovery=RecoveryActivities(RecoveryStore(recovery_pool), settings, partners=partner_for),
             sweeper=SweeperActivities(export.store, settings),
         )
         dispatcher = OutboxDispatcher(

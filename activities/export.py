@@ -66,14 +66,7 @@ from domain.models import (
 )
 from observability import logs
 from observability.metrics import CancellationSource, get_metrics
-from partner.delivery import (
-    DeliveryHooks,
-    DeliveryReport,
-    FileToDeliver,
-    OriginalFile,
-    deliver,
-    remove_temporary_files,
-)
+from partner.protocol import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile, PartnerFor
 from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.ownership import held_by
 from rules.policy import evaluate_policy
@@ -183,7 +176,8 @@ class ExportActivities:
     the connections renewals need; at most ``settings.max_concurrent_builds`` builds run at once.
     ``own_task_queue`` is this host's queue, returned by the claim. ``cancellation_store`` is a ledger store (``ApiStore``)
     over an ``exports_api`` pool for recording a cancellation from Temporal (the worker role may not write
-    cancellation requests). Uploads run on this object's own ``max_concurrent_deliveries`` threads; more
+    cancellation requests). ``partners`` picks each destination's partner (``partner.kinds.partner_for``,
+    injected so activities never import a partner kind). Uploads run on this object's own ``max_concurrent_deliveries`` threads; more
     wait their turn. ``search_attributes`` says whether the server has the export search attributes
     registered; ``None`` asks the server (ListSearchAttributes, which the time-skipping test server does
     not implement, so it then counts as not registered).
@@ -200,6 +194,7 @@ class ExportActivities:
         own_task_queue: str,
         *,
         cancellation_store: LedgerStatements,
+        partners: PartnerFor,
         search_attributes: bool | None = None,
         max_concurrent_deliveries: int = 8,
     ) -> None:
@@ -209,6 +204,7 @@ class ExportActivities:
         self.worker_id = worker_id
         self.own_task_queue = own_task_queue
         self.cancellation_store = cancellation_store
+        self.partners = partners
         self._search_attributes = search_attributes
         self._attempts: dict[UUID, _Attempt] = {}
         self._builds = asyncio.Semaphore(max(1, settings.max_concurrent_builds))
@@ -808,7 +804,7 @@ class ExportActivities:
                 self._delivery_threads,
                 functools.partial(
                     contextvars.copy_context().run,
-                    deliver,
+                    self.partners(destination).deliver,
                     destination,
                     file,
                     inp.attempt_id,
@@ -865,7 +861,7 @@ class ExportActivities:
             self._delivery_threads,
             functools.partial(
                 contextvars.copy_context().run,
-                remove_temporary_files,
+                self.partners(destination).remove_temporary_files,
                 destination,
                 attempt_id,
                 job.expected_file_name or job.final_name,

@@ -45,7 +45,7 @@ from domain.destination import Destination
 from domain.evidence import Observation, SetAside
 from domain.models import ExpiredLease, ExportJob, JobStatus, UnknownToRecheck
 from observability import logs
-from partner.delivery import observe_final_name, remove_temporary_files, set_aside_for_recovery
+from partner.protocol import PartnerFor
 from rules.ownership import held_by
 from rules.recovery import (
     RECOVERY_OBSERVER_PREFIX,
@@ -101,9 +101,10 @@ SetAsideAt = Callable[[Destination, UUID, str], tuple[SetAside, Observation]]
 
 
 class RecoveryActivities:
-    """Recovery's activities over a worker store. ``observe`` lists the final name on the destination
-    (default ``partner.delivery.observe_final_name``) and ``set_aside`` moves an attempt's temporary file
-    aside (default ``partner.delivery.set_aside_for_recovery``): test seams, never replacements for the
+    """Recovery's activities over a worker store. ``partners`` picks each destination's partner
+    (``partner.kinds.partner_for``, injected). ``observe`` lists the final name on the destination
+    (default the partner's ``observe_final_name``) and ``set_aside`` moves an attempt's temporary file
+    aside (default the partner's ``set_aside_for_recovery``): test seams, never replacements for the
     server."""
 
     def __init__(
@@ -111,13 +112,17 @@ class RecoveryActivities:
         store: RecoveryStore,
         settings: Settings,
         *,
+        partners: PartnerFor,
         observe: Observe | None = None,
         set_aside: SetAsideAt | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
-        self._observe = observe or observe_final_name
-        self._set_aside_at = set_aside or set_aside_for_recovery
+        self.partners = partners
+        self._observe: Observe = observe or (lambda d, name: partners(d).observe_final_name(d, name))
+        self._set_aside_at: SetAsideAt = set_aside or (
+            lambda d, attempt_id, name: partners(d).set_aside_for_recovery(d, attempt_id, name)
+        )
         # Test seam: while true, the batch sends no heartbeat (a stalled, e.g. SIGSTOPped, worker).
         self.heartbeats_paused: Callable[[], bool] = lambda: False
 
@@ -355,7 +360,7 @@ class RecoveryActivities:
     async def _clean_up(self, job_id: UUID, attempt_id: UUID, run_id: str) -> None:
         """After recovery recorded Failed NotDelivered, and only under the partner's cleanup agreement
         (``temporary_files = 'remove'``): remove the attempt's temporary and set-aside files, and keep what
-        that found as evidence (``partner.delivery.remove_temporary_files`` never raises). The outcome is
+        that found as evidence (the partner's ``remove_temporary_files`` never raises). The outcome is
         already recorded: nothing here can change it, and a database error here is logged, not counted
         against the takeover."""
         try:
@@ -366,7 +371,8 @@ class RecoveryActivities:
             if destination.temporary_files != "remove":
                 return
             name = job.expected_file_name or job.final_name
-            records = await asyncio.to_thread(remove_temporary_files, destination, attempt_id, name)
+            partner = self.partners(destination)
+            records = await asyncio.to_thread(partner.remove_temporary_files, destination, attempt_id, name)
             for record in records:
                 await self.store.append_delivery_evidence(job_id, attempt_id, run_id, record)
         except (StoreError, OSError, TimeoutError) as exc:

@@ -44,6 +44,7 @@ from db.stores.api import ApiStore
 from db.stores.protocol import WorkerStore
 from domain.models import CancellationOutcome, ExportJob, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver
+from partner.kinds import partner_for
 from partner.local_server import LocalSftpServer
 from settings import Settings
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
@@ -195,6 +196,7 @@ class Bench:
             self.queue("fenced-own"),
             cancellation_store=self.api,
             search_attributes=True,
+            partners=partner_for,
         )
         unfenced = UnfencedActivities(
             store, worker_pool, self.work_root / "unfenced", self.queue("plain-own")

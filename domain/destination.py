@@ -23,12 +23,15 @@ class Destination(BaseModel):
     partner writes ``{final}{ack_suffix}``, see :mod:`domain.evidence`), ``max_write_request``
     (the largest SFTP write the server accepts; OpenSSH's limit is 261,120) and ``temporary_files``
     (the cleanup agreement: ``remove`` lets an attempt's temporary and set-aside files be removed once its
-    export is recorded Failed; ``keep`` leaves them to the partner).
+    export is recorded Failed; ``keep`` leaves them to the partner). ``kind`` picks the partner code that
+    serves it (``partner.kinds``); only ``sftp`` exists, and no column stores it yet.
     """
 
     model_config = ConfigDict(frozen=True)
 
     id: UUID
+    # Which partner serves it (partner/kinds.py); no column yet, so every row is an SFTP destination.
+    kind: Literal["sftp"] = "sftp"
     tenant_id: UUID
     name: str
     host: str

@@ -45,6 +45,7 @@ from partner.client import (
     upload_exclusive,
 )
 from partner.evidence import EvidenceLog, error_code
+from partner.protocol import DeliveryHooks
 from rules import delivery as classifier
 from rules.delivery import failed, unknown
 
@@ -74,19 +75,6 @@ READ_BACK_RETRY_SECONDS = 0.5  # the pause before each, times the tries so far
 
 class _NothingSentYet(Exception):
     """The session was lost before anything was uploaded (at the baseline listing): try a new one."""
-
-
-@dataclass
-class DeliveryHooks:
-    """Named seams for tests; each runs in the delivering thread at its point, and may be ``None``."""
-
-    after_listing: Callable[[], None] | None = None
-    during_upload: Callable[[int], None] | None = None  # bytes sent so far, after each write
-    before_rename: Callable[[], None] | None = None
-    after_rename: Callable[[], None] | None = None
-    # The rename fence: asked right before the rename request; the rename is sent only when it answers
-    # True. False, or an exception, means this attempt may no longer publish: nothing is renamed.
-    authorize_rename: Callable[[], bool] | None = None
 
 
 def deliver(

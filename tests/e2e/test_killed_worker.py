@@ -36,6 +36,7 @@ from db.builder import build_dirs
 from db.stores.recovery import RecoveryStore
 from domain.evidence import set_aside_name_for, temp_name_for
 from domain.models import ExportJob, FailureCode, JobStatus
+from partner.kinds import partner_for
 from partner.local_server import LocalSftpServer
 from runtime.scavenger import scavenge_export_files
 from settings import Settings
@@ -204,7 +205,7 @@ async def recover(recovery_store: RecoveryStore, job_id: UUID) -> Takeover:
     """Recovery's takeover of this job's expired lease, as its scheduled batch would run it."""
     candidates = [c for c in await recovery_store.find_expired_leases(limit=1000) if c.id == job_id]
     assert len(candidates) == 1, f"job {job_id} has no expired lease to take over"
-    recovery = RecoveryActivities(recovery_store, Settings(max_attempts=MAX_ATTEMPTS))
+    recovery = RecoveryActivities(recovery_store, Settings(max_attempts=MAX_ATTEMPTS), partners=partner_for)
     return await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")
 
 

@@ -16,6 +16,7 @@ from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from db.stores.protocol import WorkerStore
 from db.stores.recovery import RecoveryStore
+from partner.kinds import partner_for
 from settings import Settings
 from testbed.pg import TestDatabase
 from workflows.recovery import RecoveryWorkflow
@@ -42,7 +43,7 @@ async def recovery_worker(
     ts_env: WorkflowEnvironment, worker_store: WorkerStore, recovery_store: RecoveryStore, settings: Settings
 ) -> AsyncIterator[RecoveryActivities]:
     """A worker for RecoveryWorkflow and SweeperWorkflow on the module's shared queue (time-skipping server)."""
-    recovery = RecoveryActivities(recovery_store, settings)
+    recovery = RecoveryActivities(recovery_store, settings, partners=partner_for)
     sweeper = SweeperActivities(worker_store, settings)
     async with Worker(
         ts_env.client,

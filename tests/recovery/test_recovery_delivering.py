@@ -19,6 +19,7 @@ from activities.recovery import RecoveryActivities
 from db.embedded import free_port
 from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver, observe_final_name
+from partner.kinds import partner_for
 from settings import Settings
 from testbed.sftp import SftpTarget
 from workflows.models import RecoveryBatchResult, RecoveryInput, Takeover
@@ -267,7 +268,10 @@ async def test_a_listing_that_fails_once_is_tried_again_before_anything_is_concl
 
     sftp_target.proxy.cut_at_next_answer()
     recovery = RecoveryActivities(
-        recovery_store, Settings(recovery_observe_tries=3), observe=cut_the_first_listing
+        recovery_store,
+        Settings(recovery_observe_tries=3),
+        observe=cut_the_first_listing,
+        partners=partner_for,
     )
     await ActivityEnvironment().run(
         recovery.take_over,
@@ -357,7 +361,9 @@ async def test_a_renewal_during_recoverys_lookup_prevents_the_takeover(
         asyncio.run_coroutine_threadsafe(worker_store.renew_lease(job.id, attempt), loop).result(10)
         return seen
 
-    recovery = RecoveryActivities(factory.recovery, settings, observe=observe_while_the_worker_renews)
+    recovery = RecoveryActivities(
+        factory.recovery, settings, observe=observe_while_the_worker_renews, partners=partner_for
+    )
     assert await recovery.take_over(candidate, "recovery:test") == Takeover.MATCHED_NOTHING
 
     still = await factory.job(job.id)

@@ -25,6 +25,7 @@ from domain.destination import Destination
 from domain.evidence import Observation
 from domain.models import JobStatus
 from partner.delivery import observe_final_name
+from partner.kinds import partner_for
 from settings import Settings
 from testbed.sftp import SftpTarget
 from testbed.tcp_proxy import TcpProxy
@@ -56,7 +57,9 @@ async def test_a_driver_error_on_one_job_is_counted_and_the_rest_of_the_batch_is
     await factory.expire_lease(first.id, seconds_ago=20)  # scanned first: the older lease
     await factory.expire_lease(second.id, seconds_ago=10)
     # One at a time, so the cut meets the first job's destination read (the batch is concurrent by default).
-    recovery = RecoveryActivities(store, Settings(max_attempts=3, recovery_concurrency=1))
+    recovery = RecoveryActivities(
+        store, Settings(max_attempts=3, recovery_concurrency=1), partners=partner_for
+    )
 
     proxy.drop_next_request_containing(DESTINATION_READ)  # the first job's destination read is cut
     result = await ActivityEnvironment().run(
@@ -109,7 +112,9 @@ async def test_a_destination_row_recovery_cannot_read_is_counted_and_the_next_jo
     await factory.expire_lease(unreadable.id, seconds_ago=20)  # scanned first: the older lease
     await factory.expire_lease(running.id, seconds_ago=10)
     # One at a time, so the failing job is decided before the other one is even started.
-    recovery = RecoveryActivities(recovery_store, Settings(max_attempts=3, recovery_concurrency=1))
+    recovery = RecoveryActivities(
+        recovery_store, Settings(max_attempts=3, recovery_concurrency=1), partners=partner_for
+    )
 
     with caplog.at_level(logging.WARNING, logger="activities.recovery"):
         async with a_contract_this_version_cannot_read(factory, unreadable.destination_id):
@@ -151,7 +156,10 @@ async def test_a_listing_step_that_fails_unexpectedly_for_one_job_leaves_the_oth
         return observe_final_name(destination, name)
 
     recovery = RecoveryActivities(
-        recovery_store, Settings(max_attempts=3, recovery_concurrency=1), observe=observe
+        recovery_store,
+        Settings(max_attempts=3, recovery_concurrency=1),
+        observe=observe,
+        partners=partner_for,
     )
     with caplog.at_level(logging.WARNING, logger="activities.recovery"):
         result = await ActivityEnvironment().run(recovery.recover_expired_leases, ANY_BATCH)
@@ -164,7 +172,7 @@ async def test_a_listing_step_that_fails_unexpectedly_for_one_job_leaves_the_oth
     assert str(broken.attempt_id) in record.getMessage() and "AttributeError" in record.getMessage()
 
     # The next run, with a listing that works, takes it over (nothing at the partner under its name).
-    healthy = RecoveryActivities(recovery_store, Settings(max_attempts=3))
+    healthy = RecoveryActivities(recovery_store, Settings(max_attempts=3), partners=partner_for)
     again = await ActivityEnvironment().run(healthy.recover_expired_leases, ANY_BATCH)
     assert (again.scanned, again.errors, again.outcome_unknown) == (1, 0, 1)
     assert (await factory.job(broken.id)).status == JobStatus.OUTCOME_UNKNOWN

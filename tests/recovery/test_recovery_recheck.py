@@ -19,6 +19,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.recovery import RecoveryActivities
 from domain.models import DeliveryOutcome, EventKind, FailureCode, FinishResult, JobStatus
+from partner.kinds import partner_for
 from settings import Settings
 from testbed import pg
 from testbed.sftp import SftpTarget
@@ -203,7 +204,9 @@ async def test_re_checks_turned_off_list_nothing(settings, recovery_store, facto
         FinishResult.WRITTEN
     )
     await minutes_pass(factory, job.id, INTERVAL_MINUTES + 1)
-    off = RecoveryActivities(recovery_store, settings.model_copy(update={"recovery_recheck_hours": 0}))
+    off = RecoveryActivities(
+        recovery_store, settings.model_copy(update={"recovery_recheck_hours": 0}), partners=partner_for
+    )
 
     result = await ActivityEnvironment().run(
         off.recheck_unknown_outcomes, RecheckInput(recovery_run_id="recovery:off", limit=100)
@@ -229,7 +232,9 @@ async def test_a_run_re_checks_one_wave_of_the_oldest_and_the_next_run_the_rest(
         assert finished == FinishResult.WRITTEN
         await minutes_pass(factory, job.id, 23 * 60 - len(jobs))  # older than the module's others; in order
         jobs.append(job)
-    two_wide = RecoveryActivities(recovery_store, settings.model_copy(update={"recovery_concurrency": 2}))
+    two_wide = RecoveryActivities(
+        recovery_store, settings.model_copy(update={"recovery_concurrency": 2}), partners=partner_for
+    )
 
     async def run() -> None:
         await ActivityEnvironment().run(

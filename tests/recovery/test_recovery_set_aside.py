@@ -26,6 +26,7 @@ from domain.evidence import set_aside_name_for, temp_name_for
 from domain.models import DeliveryOutcome, ExportJob, FailureCode, FinishResult, JobStatus
 from partner.client import session
 from partner.delivery import DeliveryHooks, observe_final_name, set_aside_for_recovery
+from partner.kinds import partner_for
 from testbed.sftp import SftpTarget
 from tests.partner.helpers import local_file, run_delivery
 from tests.recovery.test_recovery_delivering import (
@@ -167,7 +168,7 @@ async def test_over_an_occupied_baseline_the_set_aside_leaves_the_occupant_and_i
 
 async def take_over(factory, recovery_store, settings, job: ExportJob, **seams) -> Takeover:
     """Recovery's takeover of this one job, with ``observe`` or ``set_aside`` seams."""
-    recovery = RecoveryActivities(recovery_store, settings, **seams)
+    recovery = RecoveryActivities(recovery_store, settings, **seams, partners=partner_for)
     return await ActivityEnvironment().run(
         recovery.take_over, await candidate_for(factory, job.id), "recovery:t"
     )

@@ -29,6 +29,7 @@ from domain.destination import Destination
 from domain.evidence import Observation
 from domain.models import JobStatus
 from partner.delivery import observe_final_name
+from partner.kinds import partner_for
 from settings import Settings
 from testbed.sftp import SftpTarget
 from tests.recovery.test_recovery_delivering import delivering_to
@@ -73,7 +74,9 @@ async def test_a_slow_listing_does_not_hold_up_the_running_attempts_behind_it(
     for job in running:
         await factory.expire_lease(job.id, seconds_ago=10)
     listing = GatedListing()
-    recovery = RecoveryActivities(recovery_store, Settings(max_attempts=3), observe=listing)
+    recovery = RecoveryActivities(
+        recovery_store, Settings(max_attempts=3), observe=listing, partners=partner_for
+    )
 
     batch = asyncio.create_task(
         ActivityEnvironment().run(
@@ -103,7 +106,10 @@ async def test_listings_that_fill_every_slot_do_not_hold_up_the_running_attempts
         await factory.expire_lease(job.id, seconds_ago=10)
     listing = GatedListing()
     recovery = RecoveryActivities(
-        recovery_store, Settings(max_attempts=3, recovery_concurrency=1), observe=listing
+        recovery_store,
+        Settings(max_attempts=3, recovery_concurrency=1),
+        observe=listing,
+        partners=partner_for,
     )
 
     batch = asyncio.create_task(
@@ -137,7 +143,9 @@ async def test_a_listing_longer_than_the_heartbeat_timeout_is_not_silence(
     delivering, _ = await delivering_to(factory, sftp_target, os.urandom(500))
     await factory.expire_lease(delivering.id, seconds_ago=30)
     listing = GatedListing()
-    recovery = RecoveryActivities(recovery_store, Settings(max_attempts=3), observe=listing)
+    recovery = RecoveryActivities(
+        recovery_store, Settings(max_attempts=3), observe=listing, partners=partner_for
+    )
     task_queue = f"recovery-{uuid.uuid4().hex[:8]}"
     async with Worker(
         ts_env.client, task_queue=task_queue, workflows=[RecoveryWorkflow], activities=recovery.activities()
@@ -161,7 +169,10 @@ async def test_a_batch_on_a_stalled_worker_is_retried_after_the_heartbeat_timeou
     listing = GatedListing(only_attempt=1)
     # The first attempt of the batch stalls as a SIGSTOPped worker would: no heartbeat, no progress.
     recovery = RecoveryActivities(
-        recovery_store, Settings(max_attempts=3, recovery_concurrency=1), observe=listing
+        recovery_store,
+        Settings(max_attempts=3, recovery_concurrency=1),
+        observe=listing,
+        partners=partner_for,
     )
     recovery.heartbeats_paused = lambda: activity.info().attempt == 1
     task_queue = f"recovery-{uuid.uuid4().hex[:8]}"

@@ -15,6 +15,7 @@ from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from domain.models import JobStatus
+from partner.kinds import partner_for
 from runtime.schedules import RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules
 from tests.support.eventually import eventually
 from worker import run_worker
@@ -71,7 +72,7 @@ async def test_the_recovery_schedule_runs_recovery_on_a_worker(
     await ensure_schedules(dev_client, settings)
     job, _ = await factory.running()
     await factory.expire_lease(job.id)
-    recovery = RecoveryActivities(recovery_store, settings)
+    recovery = RecoveryActivities(recovery_store, settings, partners=partner_for)
     sweeper = SweeperActivities(worker_store, settings)
     async with Worker(
         dev_client,

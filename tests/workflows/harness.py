@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 from activities.export import ExportActivities
 from db.stores.protocol import WorkerStore
 from domain.models import ExportJob, JobStatus
+from partner.kinds import partner_for
 from service.temporal import connect_client
 from settings import Settings
 from testbed.pg import TestDatabase
@@ -350,7 +351,7 @@ async def recover(harness: Harness, job: ExportJob, *, max_attempts: int = 3) ->
     store = harness.factory.recovery
     candidates = [c for c in await store.find_expired_leases(limit=1000) if c.id == job.id]
     assert len(candidates) == 1, f"job {job.id} has no expired lease to take over"
-    recovery = RecoveryActivities(store, Settings(max_attempts=max_attempts))
+    recovery = RecoveryActivities(store, Settings(max_attempts=max_attempts), partners=partner_for)
     return (await recovery.take_over(candidates[0], f"recovery-{uuid.uuid4().hex[:8]}")).value
 
 

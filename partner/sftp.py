@@ -1,0 +1,56 @@
+"""The SFTP kind of partner: :class:`SftpPartner` implements :class:`partner.protocol.Partner` with the
+paramiko code of :mod:`partner.delivery` and :mod:`partner.client`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from domain.destination import Destination
+from partner import delivery
+from partner.protocol import DeliveryHooks, DeliveryReport, FileToDeliver, Observation, OriginalFile, SetAside
+
+KIND = "sftp"
+
+
+class SftpPartner:
+    """A destination reached over SFTP (paramiko), pinned host key, publish by exclusive rename."""
+
+    def deliver(
+        self,
+        destination: Destination,
+        file: FileToDeliver,
+        attempt_id: UUID,
+        *,
+        original: OriginalFile | None,
+        overwrite_agreed: bool,
+        on_evidence: Callable[[dict[str, Any]], None],
+        hooks: DeliveryHooks | None = None,
+    ) -> DeliveryReport:
+        """One attempt's upload, classified (:func:`partner.delivery.deliver`)."""
+        return delivery.deliver(
+            destination,
+            file,
+            attempt_id,
+            original=original,
+            overwrite_agreed=overwrite_agreed,
+            on_evidence=on_evidence,
+            hooks=hooks,
+        )
+
+    def observe_final_name(self, destination: Destination, final_name: str) -> Observation:
+        """The final name's listing and contract evidence (:func:`partner.delivery.observe_final_name`)."""
+        return delivery.observe_final_name(destination, final_name)
+
+    def set_aside_for_recovery(
+        self, destination: Destination, attempt_id: UUID, final_name: str
+    ) -> tuple[SetAside, Observation]:
+        """Recovery's set-aside then listing (:func:`partner.delivery.set_aside_for_recovery`)."""
+        return delivery.set_aside_for_recovery(destination, attempt_id, final_name)
+
+    def remove_temporary_files(
+        self, destination: Destination, attempt_id: UUID, final_name: str
+    ) -> list[dict[str, Any]]:
+        """The cleanup agreement's removal (:func:`partner.delivery.remove_temporary_files`)."""
+        return delivery.remove_temporary_files(destination, attempt_id, final_name)
