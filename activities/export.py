@@ -31,11 +31,9 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import timedelta
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
@@ -70,7 +68,7 @@ from partner.protocol import DeliveryHooks, DeliveryReport, FileToDeliver, Origi
 from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.ownership import held_by
 from rules.policy import evaluate_policy
-from runtime.lease import LeaseKeeper
+from runtime.attempts import Attempt, AttemptRegistry, StopReason
 from settings import Settings
 from workflows.models import (
     SEARCH_ATTRIBUTE_NAMES,
@@ -99,38 +97,6 @@ TEMPORAL_REQUESTER = "temporal"
 EVIDENCE_TIMEOUT_SECONDS = 30.0
 FENCE_TIMEOUT_SECONDS = 30.0
 READ_TRIES = 3  # a read before any side effect meets a dead pooled connection: retried, never fatal
-
-
-class StopReason(StrEnum):
-    STOP_REQUESTED = "stop requested"  # the keeper's renewal or the signal's confirmation saw a stop request
-    OWNERSHIP_LOST = "ownership lost"  # a renewal changed no row: a takeover committed
-    CANCELLED = "activity cancelled"  # Temporal cancelled the activity (workflow, timeout, worker shutdown)
-    DRAINING = "worker draining"  # this worker is shutting down: the attempt is given back
-
-
-@dataclass
-class _Attempt:
-    """One attempt on this host: its one lease keeper, its stop switch, and who is working for it."""
-
-    job_id: UUID
-    attempt_id: UUID
-    keeper: LeaseKeeper
-    build: asyncio.Task[Any] | None = None
-    reason: StopReason | None = None
-    stage: str = "claimed"
-    rows: int = 0
-    bytes: int = 0
-    sent: int = 0
-    holders: int = 0
-    idle: asyncio.Task[None] | None = None
-    ended: bool = False
-
-    def stop(self, reason: StopReason) -> None:
-        """Stop the build phase (never cutoff 2 or the upload) for ``reason``; the first reason stands."""
-        if self.reason is None:
-            self.reason = reason
-        if self.build is not None and not self.build.done():
-            self.build.cancel()
 
 
 async def _run_to_end(work: asyncio.Task[T], on_cancel: Callable[[], None]) -> T:
@@ -206,14 +172,11 @@ class ExportActivities:
         self.cancellation_store = cancellation_store
         self.partners = partners
         self._search_attributes = search_attributes
-        self._attempts: dict[UUID, _Attempt] = {}
+        self.attempts = AttemptRegistry(store, settings)
         self._builds = asyncio.Semaphore(max(1, settings.max_concurrent_builds))
         self._delivery_threads = ThreadPoolExecutor(
             max_workers=max_concurrent_deliveries, thread_name_prefix="export-deliver"
         )
-        self.draining = False
-        self._quiet = asyncio.Event()
-        self._quiet.set()
         # Test seams.
         self.after_load: Hook | None = None  # in the claim, after the row is read, before policy and claim
         self.after_build: Hook | None = (
@@ -241,99 +204,18 @@ class ExportActivities:
 
     async def aclose(self) -> None:
         """Stop every keeper still running and release the delivery threads (pools belong to their opener)."""
-        for attempt in list(self._attempts.values()):
-            await self._end(attempt)
+        await self.attempts.end_all()
         self._delivery_threads.shutdown(wait=False)
 
-    # -- draining -----------------------------------------------------------------------------------
-
-    def begin_drain(self) -> None:
-        """Stop claiming work at this host: builds in progress stop and give their attempts back, and no
-        attempt crosses cutoff 2 from now on. Deliveries already authorized run to their terminal write."""
-        self.draining = True
-        for attempt in list(self._attempts.values()):
-            if attempt.stage in ("claimed", "building"):
-                attempt.stop(StopReason.DRAINING)
-
-    async def wait_quiet(self, seconds: float) -> bool:
-        """Wait until this host holds no attempt (every one reached its last write, was given back, or was
-        left to its lease), or ``timeout``; True when quiet. Authorized deliveries are waited for."""
-        if self._quiet.is_set():
-            return True
-        try:
-            await asyncio.wait_for(self._quiet.wait(), seconds)
-        except TimeoutError:
-            return False
-        return True
-
-    @property
-    def busy(self) -> int:
-        """How many attempts have an activity running on this host."""
-        return sum(1 for a in self._attempts.values() if a.holders > 0)
-
-    # -- one keeper per attempt ---------------------------------------------------------------------
-
-    def _open(self, job_id: UUID, attempt_id: UUID) -> tuple[_Attempt, bool]:
-        """This host's record of an attempt, created with its keeper when missing; (attempt, created)."""
-        found = self._attempts.get(attempt_id)
-        if found is not None and not found.ended:
-            return found, False
-        keeper = LeaseKeeper(
-            self.store,
+    def _open(self, job_id: UUID, attempt_id: UUID) -> tuple[Attempt, bool]:
+        """This host's record of an attempt (runtime.attempts), its keeper under this object's seams."""
+        return self.attempts.open(
             job_id,
             attempt_id,
-            every=self.settings.renew_every_seconds,
             timer=not self.lease_timer_disabled,
             before_renewal=self.before_renewal,
+            watch_stops=lambda: not self.watcher_disabled,
         )
-        attempt = _Attempt(job_id=job_id, attempt_id=attempt_id, keeper=keeper)
-
-        def stop_requested() -> None:
-            if not self.watcher_disabled:  # a test seam: stop requests are then caught by cutoff 2 alone
-                attempt.stop(StopReason.STOP_REQUESTED)
-
-        keeper.on_stop_requested = stop_requested
-        keeper.on_lost = lambda: attempt.stop(StopReason.OWNERSHIP_LOST)
-        self._attempts[attempt_id] = attempt
-        self._quiet.clear()
-        return attempt, True
-
-    @contextlib.asynccontextmanager
-    async def _holding(self, attempt: _Attempt) -> AsyncIterator[_Attempt]:
-        """An activity works for ``attempt``: its keeper keeps renewing, and is not idle."""
-        attempt.holders += 1
-        if attempt.idle is not None:
-            attempt.idle.cancel()
-            attempt.idle = None
-        try:
-            yield attempt
-        finally:
-            attempt.holders -= 1
-            if not attempt.ended and attempt.holders == 0:
-                attempt.idle = asyncio.create_task(self._end_when_idle(attempt))
-
-    async def _end_when_idle(self, attempt: _Attempt) -> None:
-        # Between the claim and the build, or cutoff 2 and the upload, the keeper renews; if the next
-        # activity never comes (its workflow is gone), renewing stops and the lease expires for recovery.
-        await asyncio.sleep(self.settings.schedule_to_start_seconds)
-        if attempt.holders == 0:
-            log.info(
-                "job %s attempt %s: no activity came; its lease is left to expire",
-                attempt.job_id,
-                attempt.attempt_id,
-            )
-            await self._end(attempt)
-
-    async def _end(self, attempt: _Attempt) -> None:
-        """The attempt's last write is behind it (or nothing more will be done here): stop its keeper."""
-        attempt.ended = True
-        if attempt.idle is not None and attempt.idle is not asyncio.current_task():
-            attempt.idle.cancel()
-        await attempt.keeper.finish()
-        if self._attempts.get(attempt.attempt_id) is attempt:
-            del self._attempts[attempt.attempt_id]
-        if not self._attempts:
-            self._quiet.set()
 
     # -- claim (shared queue) -----------------------------------------------------------------------
 
@@ -400,7 +282,7 @@ class ExportActivities:
         attempt, created = self._open(job_id, attempt_id)
         if created:
             attempt.keeper.start_timer()
-            attempt.idle = asyncio.create_task(self._end_when_idle(attempt))
+            self.attempts.watch_idle(attempt)
         return ClaimOutcome(
             step=ClaimStep.CLAIMED,
             tenant_id=tenant_id,
@@ -444,20 +326,20 @@ class ExportActivities:
         work = asyncio.create_task(self._prepare(inp, attempt, created))
         return await _run_to_end(work, lambda: attempt.stop(StopReason.CANCELLED))
 
-    async def _prepare(self, inp: PrepareInput, attempt: _Attempt, created: bool) -> PrepareResult:
-        async with self._holding(attempt):
+    async def _prepare(self, inp: PrepareInput, attempt: Attempt, created: bool) -> PrepareResult:
+        async with self.attempts.holding(attempt):
             attempt.stage = "building"
             job = await self._read_job(inp.job_id)
             if job is not None:
                 logs.bind_rest_of_task(tenant_id=job.tenant_id)
             if not held_by(job, inp.attempt_id, JobStatus.RUNNING):
-                await self._end(attempt)
+                await self.attempts.end(attempt)
                 return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
             if created:
                 # No claim on this host opened it (a restarted host cannot get here): confirm ownership now.
                 first = await attempt.keeper.start()
                 if first is not None and not first.owned:
-                    await self._end(attempt)
+                    await self.attempts.end(attempt)
                     return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
             heartbeat = asyncio.create_task(
                 keep_heartbeating(
@@ -468,7 +350,7 @@ class ExportActivities:
             built: BuiltFile | None = None
             authorized = False
             try:
-                if self.draining:
+                if self.attempts.draining:
                     attempt.stop(StopReason.DRAINING)
                 if attempt.reason is None:
                     attempt.build = asyncio.create_task(self._build(job, attempt))
@@ -542,11 +424,11 @@ class ExportActivities:
             finally:
                 heartbeat.cancel()
                 if not authorized:
-                    await self._end(attempt)
+                    await self.attempts.end(attempt)
                 if built is not None and not authorized:
                     remove_export_file(built.path)
 
-    async def _build(self, job: ExportJob, attempt: _Attempt) -> BuiltFile:
+    async def _build(self, job: ExportJob, attempt: Attempt) -> BuiltFile:
         def progress(rows: int, size: int) -> None:
             attempt.rows, attempt.bytes = rows, size
 
@@ -574,7 +456,7 @@ class ExportActivities:
                 raise
         return built
 
-    async def _stopped_while_building(self, job: ExportJob, attempt: _Attempt) -> PrepareResult:
+    async def _stopped_while_building(self, job: ExportJob, attempt: Attempt) -> PrepareResult:
         if attempt.reason == StopReason.OWNERSHIP_LOST:
             return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         if attempt.reason == StopReason.DRAINING:
@@ -590,7 +472,7 @@ class ExportActivities:
             return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
-    async def _give_back(self, job: ExportJob, attempt: _Attempt, reason: str) -> PrepareResult:
+    async def _give_back(self, job: ExportJob, attempt: Attempt, reason: str) -> PrepareResult:
         """Running -> Queued for this attempt, which is not counted against the job's attempts; a recorded
         stop request is honored instead (Stopped), never released into the queue again."""
         released = await self.store.release_attempt_if_running(
@@ -609,10 +491,10 @@ class ExportActivities:
                 return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
-    async def _reason_not_to_authorize(self, attempt: _Attempt) -> str | None:
+    async def _reason_not_to_authorize(self, attempt: Attempt) -> str | None:
         """Why this attempt must not cross cutoff 2 now, or ``None``: its worker is draining, it is being
         cancelled, or its workflow is no longer running (terminated, timed out, ended without it)."""
-        if self.draining or attempt.reason == StopReason.DRAINING:
+        if self.attempts.draining or attempt.reason == StopReason.DRAINING:
             return "worker draining"
         if attempt.reason == StopReason.CANCELLED or activity.is_cancelled():
             return "activity cancelled"
@@ -638,7 +520,7 @@ class ExportActivities:
         return None
 
     async def _cutoff_2(
-        self, job: ExportJob, attempt: _Attempt, built: BuiltFile
+        self, job: ExportJob, attempt: Attempt, built: BuiltFile
     ) -> list[AuthorizationResult]:
         async def authorize() -> AuthorizationResult:
             return await self.store.authorize_delivery_if_running(
@@ -685,7 +567,7 @@ class ExportActivities:
         if not confirmed or self.watcher_disabled:
             return ConfirmStopResult(confirmed=False)
         assert state is not None
-        attempt = self._attempts.get(inp.attempt_id)
+        attempt = self.attempts.get(inp.attempt_id)
         if attempt is not None:
             attempt.stop(StopReason.STOP_REQUESTED)
         return ConfirmStopResult(confirmed=True, stop_request_id=state.stop_request_id)
@@ -708,8 +590,8 @@ class ExportActivities:
             lambda: log.info("job %s: deliver activity cancelled; the delivery runs to its end", inp.job_id),
         )
 
-    async def _deliver(self, inp: DeliverInput, attempt: _Attempt, created: bool) -> DeliverResult:
-        async with self._holding(attempt):
+    async def _deliver(self, inp: DeliverInput, attempt: Attempt, created: bool) -> DeliverResult:
+        async with self.attempts.holding(attempt):
             attempt.stage = "delivering"
             heartbeat = asyncio.create_task(
                 keep_heartbeating(lambda: {"stage": "delivering", "bytes_sent": attempt.sent})
@@ -749,10 +631,12 @@ class ExportActivities:
                 return await self._upload_and_finish(job, inp, attempt)
             finally:
                 heartbeat.cancel()
-                await self._end(attempt)  # right after the terminal write, so no renewal reports a false loss
+                await self.attempts.end(
+                    attempt
+                )  # right after the terminal write, so no renewal reports a false loss
                 remove_export_file(Path(inp.file.path))
 
-    async def _fence(self, attempt: _Attempt, *, rename: bool) -> FenceResult:
+    async def _fence(self, attempt: Attempt, *, rename: bool) -> FenceResult:
         """Write the upload (or rename) fence for this attempt; renew once and retry when only the lease
         lapsed (still the owner, only late). Anything but Fenced means: do not touch the partner."""
         fence = self.store.fence_rename_if_delivering if rename else self.store.fence_upload_if_delivering
@@ -767,7 +651,7 @@ class ExportActivities:
         with contextlib.suppress(StoreError, OSError, TimeoutError):
             await self.store.append_delivery_evidence(job_id, attempt_id, self.worker_id, evidence)
 
-    async def _upload_and_finish(self, job: ExportJob, inp: DeliverInput, attempt: _Attempt) -> DeliverResult:
+    async def _upload_and_finish(self, job: ExportJob, inp: DeliverInput, attempt: Attempt) -> DeliverResult:
         loop = asyncio.get_running_loop()
         recorder = _EvidenceRecorder(self.store, job.id, inp.attempt_id, self.worker_id, loop)
         destination = await self.store.load_destination(job.tenant_id, job.destination_id)
