@@ -18,11 +18,12 @@ import pytest
 from activities.export import ExportActivities
 from db.builder import PRIVATE_DIR_PREFIX
 from domain.models import FailureCode, JobStatus
+from runtime.drain import POLL_RELEASE_SECONDS
 from settings import Settings
 from testbed.tcp_proxy import TcpProxy
 from tests.runtime.conftest import MAX_ATTEMPTS
 from tests.support.eventually import eventually
-from worker import POLL_RELEASE_SECONDS, run_worker
+from worker import run_worker
 from workflows.models import RecoveryBatchResult, RecoveryInput
 from workflows.recovery import RecoveryWorkflow
 
