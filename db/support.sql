@@ -121,9 +121,11 @@ LIMIT %(limit)s;
 SELECT id, name, host, port, remote_dir FROM destinations WHERE tenant_id = %(tenant_id)s ORDER BY name, id;
 
 -- name: load_destination
--- One tenant's destination with its partner contract, for the worker and recovery.
+-- One tenant's destination with its partner contract, for the worker and recovery. Its kind picks the
+-- partner code (partner/kinds.py); SFTP is the one kind and no column stores it yet.
 SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-       name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files
+       name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,
+       'sftp'::text AS kind
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
 
 -- name: set_build_scope
