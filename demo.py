@@ -112,9 +112,9 @@ class Choreography:
 
     def install(self, export: Any) -> None:
         """Set the worker's seams (``ExportActivities`` attributes) to this choreography."""
-        export.after_load = lambda job_id: self.at("after_load", job_id)
-        export.after_build = lambda job_id: self.at("after_build", job_id)
-        export.before_upload = lambda job_id: self.at("before_upload", job_id)
+        export.seams.after_load = lambda job_id: self.at("after_load", job_id)
+        export.seams.after_build = lambda job_id: self.at("after_build", job_id)
+        export.seams.before_upload = lambda job_id: self.at("before_upload", job_id)
 
 
 def scenarios() -> list[Scenario]:

@@ -81,7 +81,7 @@ async def open_export_activities(
     stack: contextlib.AsyncExitStack,
     *,
     worker_id: str,
-    search_attributes: bool | None,
+    search_attributes: bool,
     worker_url: str | None = None,
     build_url: str | None = None,
     build_pool_timeout: float = 15.0,

@@ -38,7 +38,7 @@ from uuid import UUID
 
 from temporalio import activity
 
-from activities.export import keep_heartbeating
+from activities.heartbeat import keep_heartbeating
 from db.errors import StoreError
 from db.stores.recovery import RecoveryStore
 from domain.destination import Destination

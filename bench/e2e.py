@@ -37,7 +37,8 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.worker import Worker
 
-from activities.export import ExportActivities, keep_heartbeating
+from activities.export import ExportActivities
+from activities.heartbeat import keep_heartbeating
 from db.builder import build_export, remove_export_file
 from db.pool import open_pool
 from db.stores.api import ApiStore
@@ -315,7 +316,7 @@ class Bench:
             building.set()
             await asyncio.Event().wait()
 
-        self.fenced.after_build = hold
+        self.fenced.seams.after_build = hold
         try:
             handle = await self.client.start_workflow(
                 ExportWorkflow.run,
@@ -343,7 +344,7 @@ class Bench:
             await handle.result()
             return elapsed
         finally:
-            self.fenced.after_build = None
+            self.fenced.seams.after_build = None
 
     async def _stopped_at(self, job_id: uuid.UUID) -> float:
         """Poll the row (5 ms) until it reads Stopped; the clock reading when it did."""

@@ -23,7 +23,10 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.export import ExportActivities
+    from activities.claim import ClaimActivity
+    from activities.deliver import DeliverActivity
+    from activities.prepare import PrepareActivity
+    from activities.stops import StopActivities
     from domain.models import CancellationOutcome
     from rules.outcomes import after_delivery
     from workflows.models import (
@@ -125,7 +128,7 @@ class ExportWorkflow:
 
         info = workflow.info()
         claim_handle = workflow.start_activity_method(
-            ExportActivities.claim,
+            ClaimActivity.claim,
             ClaimInput(job_id=inp.job_id, attempt_id=attempt_id, workflow_id=info.workflow_id),
             task_queue=info.task_queue,
             start_to_close_timeout=SHORT_CALL,
@@ -167,7 +170,7 @@ class ExportWorkflow:
         self._progress.stage = Stage.DELIVERING
         workflow.set_current_details(f"delivering export {inp.job_id} ({file.size} bytes)")
         deliver_handle = workflow.start_activity_method(
-            ExportActivities.deliver,
+            DeliverActivity.deliver,
             DeliverInput(job_id=inp.job_id, attempt_id=attempt_id, file=file),
             task_queue=own_queue,
             start_to_close_timeout=timedelta(seconds=inp.deliver_timeout_seconds),
@@ -192,7 +195,7 @@ class ExportWorkflow:
     ) -> PrepareResult | None:
         """Run the build and cutoff 2, confirming each stop signal against the row while it builds."""
         prepare = workflow.start_activity_method(
-            ExportActivities.prepare_delivery,
+            PrepareActivity.prepare_delivery,
             PrepareInput(job_id=inp.job_id, attempt_id=attempt_id),
             task_queue=own_queue,
             start_to_close_timeout=timedelta(seconds=inp.build_timeout_seconds),
@@ -209,7 +212,7 @@ class ExportWorkflow:
             if self._pending_stops and not prepare.done():
                 request_id = self._pending_stops.pop(0)
                 confirm = workflow.start_activity_method(
-                    ExportActivities.confirm_stop,
+                    StopActivities.confirm_stop,
                     ConfirmStopInput(job_id=inp.job_id, attempt_id=attempt_id, request_id=request_id),
                     task_queue=own_queue,
                     start_to_close_timeout=SHORT_CALL,
@@ -247,7 +250,7 @@ class ExportWorkflow:
         self._cancel_recorded = True
         request_id = temporal_cancel_request_id(workflow.info().workflow_id)
         handle = workflow.start_activity_method(
-            ExportActivities.record_temporal_cancel,
+            StopActivities.record_temporal_cancel,
             RecordCancelInput(job_id=inp.job_id, request_id=request_id),
             task_queue=workflow.info().task_queue,
             start_to_close_timeout=SHORT_CALL,

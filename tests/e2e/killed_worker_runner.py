@@ -55,9 +55,9 @@ def block_at(
 
     def install(activities: ExportActivities) -> None:
         if released is None:
-            activities.lease_timer_disabled = True  # nothing renews the lease once the process is gone
+            activities.seams.lease_timer_disabled = True  # nothing renews the lease once the process is gone
         if point == "during_upload":
-            activities.during_upload = upload_hook
+            activities.seams.during_upload = upload_hook
         else:
             setattr(activities, point, hook)
 

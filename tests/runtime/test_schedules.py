@@ -120,7 +120,7 @@ async def test_an_exports_workflow_is_found_by_its_export_job_id(dev_client, set
                 held.set()
                 await release.wait()  # never delivered: the host stops and the lease decides
 
-        activities.before_authorize = before_authorize
+        activities.seams.before_authorize = before_authorize
 
     stop, ready = asyncio.Event(), asyncio.Event()
     host_task = asyncio.create_task(

@@ -50,7 +50,7 @@ class HeldClaim:
         self.cancelled = False
 
     def install(self, activities: ExportActivities) -> None:
-        activities.after_load = self.after_load
+        activities.seams.after_load = self.after_load
 
     async def after_load(self, job_id: UUID) -> None:
         if job_id != self.job_id:
@@ -159,14 +159,14 @@ async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_cap_t
     crashed: asyncio.Queue[UUID] = asyncio.Queue()
 
     def crash_after_every_build(activities: ExportActivities) -> None:
-        activities.lease_timer_disabled = True  # a dead worker renews nothing
+        activities.seams.lease_timer_disabled = True  # a dead worker renews nothing
 
         async def after_build(job_id: UUID) -> None:
             if job_id == job.id:
                 await crashed.put(job_id)
                 await asyncio.Event().wait()  # the worker is gone; only the host's shutdown ends this
 
-        activities.after_build = after_build
+        activities.seams.after_build = after_build
 
     stop, ready = asyncio.Event(), asyncio.Event()
     host = asyncio.create_task(

@@ -88,15 +88,8 @@ class Host:
 
     def reset_seams(self) -> None:
         self.set_timings(*self.timings)
-        a = self.activities
-        a.settings.work_dir = self.work_dir
-        a.after_load = a.after_build = a.before_authorize = a.before_upload = None
-        a.during_upload = None
-        a.before_rename_fence = a.after_rename_fence = None
-        a.workflow_check_disabled = False
-        a.before_renewal = None
-        a.watcher_disabled = False
-        a.lease_timer_disabled = False
+        self.activities.settings.work_dir = self.work_dir
+        self.activities.seams.reset()
 
     def files_on_disk(self) -> list[Path]:
         """Every file left under this host's work directory (the builder's private dirs included)."""
@@ -125,7 +118,7 @@ async def make_host(
     lease_seconds: float = 60.0,
     renew_every_seconds: float = 20.0,
     own_client: bool = True,
-    search_attributes: bool | None = True,
+    search_attributes: bool = True,
     worker_url: str | None = None,
     reread_timeout: float = 5.0,
     worker_pool_size: int | None = None,

@@ -46,7 +46,7 @@ async def test_an_upload_cut_mid_way_is_not_delivered_and_its_partial_file_goes_
                 cut.append(sent)
                 proxy.cut()
 
-        harness.host.activities.during_upload = cut_mid_upload
+        harness.host.activities.seams.during_upload = cut_mid_upload
         result = await harness.run(job)
     finally:
         proxy.close()

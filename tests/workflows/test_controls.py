@@ -127,7 +127,7 @@ async def test_a_pause_during_the_build_gives_the_attempt_back_at_cutoff_2(harne
     async def pause_while_building(job_id: uuid.UUID) -> None:
         assert (await ops.pause(who, destination_switch(job.destination_id, "partner incident"))).ok
 
-    harness.host.activities.before_authorize = pause_while_building
+    harness.host.activities.seams.before_authorize = pause_while_building
     result = await harness.run(job)
 
     assert result.cutoff_answers == [AuthorizationResult.PAUSED]
@@ -138,7 +138,7 @@ async def test_a_pause_during_the_build_gives_the_attempt_back_at_cutoff_2(harne
     assert await harness.factory.event_kinds(job.id) == ["Claimed", "Released"]
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []  # the built file is gone
 
-    harness.host.activities.before_authorize = None
+    harness.host.activities.seams.before_authorize = None
     assert (await harness.run(job)).outcome == AttemptOutcome.PAUSED  # the release's wake-up, still paused
     await ops.resume(who, destination_switch(job.destination_id, "incident closed"))
     assert (await harness.run(job)).outcome == AttemptOutcome.COMPLETED
@@ -160,7 +160,7 @@ async def test_a_destination_retired_during_the_build_stops_the_attempt_and_the_
             retired_by="lee.admin",
         )
 
-    harness.host.activities.before_authorize = retire_while_building
+    harness.host.activities.seams.before_authorize = retire_while_building
     result = await harness.run(job)
 
     assert result.cutoff_answers == [AuthorizationResult.DESTINATION_INACTIVE]
@@ -168,7 +168,7 @@ async def test_a_destination_retired_during_the_build_stops_the_attempt_and_the_
     assert await harness.status(job) == JobStatus.QUEUED
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []
 
-    harness.host.activities.before_authorize = None
+    harness.host.activities.seams.before_authorize = None
     again = await harness.run(job)
 
     assert again.outcome == AttemptOutcome.REJECTED

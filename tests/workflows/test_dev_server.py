@@ -1,6 +1,7 @@
 """What the time-skipping server cannot show: on the Temporal dev server, an operator finds an export's
-workflow by its search attributes (a visibility query) and reads its summary and outcome. The worker
-learns that the attributes are registered by asking the server (ListSearchAttributes)."""
+workflow by its search attributes (a visibility query) and reads its summary and outcome. The host
+registers the attributes as a production worker does at start-up (``register_search_attributes``) and
+passes on what the server answered."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from domain.models import JobStatus
+from runtime.search_attributes import register_search_attributes
 from testbed import pg
 from tests.support.factories import Factory
 from tests.workflows.harness import LEAK, Harness, Host, SftpTarget, history_text, make_host, wait_until
@@ -29,7 +31,7 @@ async def dev_host(
         shared_queue=f"exports-dev-{uuid.uuid4().hex[:6]}",
         work_root=work_root,
         own_client=False,
-        search_attributes=None,  # ask the server, as a production worker does
+        search_attributes=await register_search_attributes(dev_env.client, dev_env.client.namespace),
     )
     yield h
     await h.close()

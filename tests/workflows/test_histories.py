@@ -27,7 +27,7 @@ async def test_no_contact_data_appears_in_the_histories_of_a_delivered_and_a_sto
         building.set()
         await asyncio.Event().wait()
 
-    harness.host.activities.after_build = hold
+    harness.host.activities.seams.after_build = hold
     handle = await harness.start(stopped)
     await asyncio.wait_for(building.wait(), 20)
     answer = await harness.factory.cancel(stopped)

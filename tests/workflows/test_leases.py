@@ -51,7 +51,7 @@ async def test_a_long_build_that_outlasts_the_initial_lease_keeps_it_and_deliver
     async def long_build(job_id: uuid.UUID) -> None:
         await outlast_the_initial_lease(harness, job_id)
 
-    harness.host.activities.after_build = long_build
+    harness.host.activities.seams.after_build = long_build
     result = await harness.run(job)
 
     assert result.outcome == AttemptOutcome.COMPLETED
@@ -73,8 +73,8 @@ async def test_a_renewal_that_throws_does_not_stop_a_healthy_build(harness: Harn
     async def long_build(job_id: uuid.UUID) -> None:
         await outlast_the_initial_lease(harness, job_id)
 
-    harness.host.activities.before_renewal = flaky_renewal
-    harness.host.activities.after_build = long_build
+    harness.host.activities.seams.before_renewal = flaky_renewal
+    harness.host.activities.seams.after_build = long_build
     result = await harness.run(job)
 
     assert calls > 3
@@ -93,7 +93,7 @@ async def test_a_long_upload_that_outlasts_the_initial_lease_finishes_completed(
             waited.append(True)
             await outlast_the_initial_lease(harness, job_id)
 
-    harness.host.activities.during_upload = long_upload
+    harness.host.activities.seams.during_upload = long_upload
     result = await harness.run(job)
 
     assert waited and result.outcome == AttemptOutcome.COMPLETED
@@ -104,7 +104,7 @@ async def taken_over_mid_upload(harness: Harness, job: ExportJob) -> tuple[list[
     """Run ``job`` on a paused worker (its lease can expire) that recovery takes over after the first bytes
     of its upload; returns (the takeovers, the run's result)."""
     harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True
+    harness.host.activities.seams.lease_timer_disabled = True
     takeovers: list[str] = []
 
     async def taken_over(job_id: uuid.UUID, sent: int) -> None:
@@ -112,7 +112,7 @@ async def taken_over_mid_upload(harness: Harness, job: ExportJob) -> tuple[list[
             await harness.factory.expire_lease(job.id)
             takeovers.append(await recover(harness, job))
 
-    harness.host.activities.during_upload = taken_over
+    harness.host.activities.seams.during_upload = taken_over
     return takeovers, await harness.run(job)
 
 
@@ -148,7 +148,7 @@ async def taken_over_after_the_rename_fence(
     fence; with ``refuse_the_move`` a directory at the set-aside name makes the partner refuse recovery's
     move. Returns (the takeovers, the run's result, the events after recovery's resolution, all events)."""
     harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True
+    harness.host.activities.seams.lease_timer_disabled = True
     takeovers: list[str] = []
 
     async def taken_over_before_the_rename(job_id: uuid.UUID) -> None:
@@ -159,7 +159,7 @@ async def taken_over_after_the_rename_fence(
             await harness.factory.expire_lease(job.id)
             takeovers.append(await recover(harness, job))
 
-    harness.host.activities.after_rename_fence = taken_over_before_the_rename
+    harness.host.activities.seams.after_rename_fence = taken_over_before_the_rename
     result = await harness.run(job)
     events = await harness.factory.worker.job_events(job.id)
     resolved = next(i for i, e in enumerate(events) if e.kind == EventKind.RESOLVED_BY_RECOVERY)
@@ -218,14 +218,14 @@ async def test_a_takeover_after_the_rename_fence_keeps_the_late_receipt_as_evide
 
 async def test_a_paused_worker_is_refused_at_cutoff_2_then_renews_and_delivers(harness: Harness) -> None:
     harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True
+    harness.host.activities.seams.lease_timer_disabled = True
 
     job = await harness.queue_export(contacts=5)
 
     async def pause_past_the_lease(job_id: uuid.UUID) -> None:
         await harness.factory.expire_lease(job.id)  # presumed dead; no takeover has committed
 
-    harness.host.activities.before_authorize = pause_past_the_lease
+    harness.host.activities.seams.before_authorize = pause_past_the_lease
     result = await harness.run(job)
 
     assert result.cutoff_answers == [AuthorizationResult.LEASE_LAPSED, AuthorizationResult.AUTHORIZED]
@@ -235,7 +235,7 @@ async def test_a_paused_worker_is_refused_at_cutoff_2_then_renews_and_delivers(h
 
 async def test_a_paused_worker_stops_when_a_takeover_committed(harness: Harness) -> None:
     harness.host.set_timings(LEASE, RENEW)
-    harness.host.activities.lease_timer_disabled = True
+    harness.host.activities.seams.lease_timer_disabled = True
     job = await harness.queue_export(contacts=5)
     takeovers: list[str] = []
 
@@ -243,7 +243,7 @@ async def test_a_paused_worker_stops_when_a_takeover_committed(harness: Harness)
         await harness.factory.expire_lease(job.id)
         takeovers.append(await recover(harness, job))
 
-    harness.host.activities.before_authorize = pause_until_taken_over
+    harness.host.activities.seams.before_authorize = pause_until_taken_over
     result = await harness.run(job)
 
     assert takeovers == ["Requeued"]
@@ -262,9 +262,9 @@ async def test_a_crash_after_cutoff_2_before_the_upload_is_never_uploaded_twice(
     async def crash(job_id: uuid.UUID) -> None:
         raise RuntimeError("simulated crash")
 
-    harness.host.activities.before_upload = crash
+    harness.host.activities.seams.before_upload = crash
     result = await harness.run(job)
-    harness.host.activities.before_upload = None
+    harness.host.activities.seams.before_upload = None
 
     assert result.outcome == AttemptOutcome.LEFT_TO_RECOVERY
     assert await harness.status(job) == JobStatus.DELIVERING
@@ -287,7 +287,7 @@ async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_cap(h
     async def crash(job_id: uuid.UUID) -> None:
         raise RuntimeError("simulated crash")
 
-    harness.host.activities.after_build = crash
+    harness.host.activities.seams.after_build = crash
     outcomes, takeovers = [], []
     for _ in range(3):
         outcomes.append((await harness.run(job)).outcome)
@@ -321,8 +321,8 @@ async def test_a_takeover_during_the_build_stops_it_at_once_and_writes_nothing(h
             build_cancelled.append(True)
             raise
 
-    harness.host.activities.before_renewal = renewals_wait_for_the_takeover
-    harness.host.activities.after_build = hold_build
+    harness.host.activities.seams.before_renewal = renewals_wait_for_the_takeover
+    harness.host.activities.seams.after_build = hold_build
     handle = await harness.start(job)
     await asyncio.wait_for(building.wait(), 20)
     holding_renewals = True  # the keeper's next renewal waits until recovery has committed its takeover
@@ -350,7 +350,7 @@ async def test_an_attempt_taken_over_between_cutoff_2_and_the_upload_never_start
             await harness.factory.expire_lease(job.id)
             takeovers.append(await recover(harness, job))
 
-    harness.host.activities.before_upload = taken_over_before_delivery
+    harness.host.activities.seams.before_upload = taken_over_before_delivery
     result = await harness.run(job)
 
     # Recovery proves nothing was sent (no upload fence) and refuses the late fence: the upload never starts.
@@ -384,7 +384,7 @@ async def test_a_host_stopping_mid_build_writes_nothing_and_recovery_hands_the_j
             cancelled.append(True)
             raise
 
-    doomed.activities.after_build = hold
+    doomed.activities.seams.after_build = hold
     job = await harness.queue_export(contacts=10)
     handle = await harness.start(job, client=doomed.client, task_queue=doomed.shared_queue)
     try:

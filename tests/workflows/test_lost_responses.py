@@ -193,7 +193,7 @@ async def test_a_cutoff_2_whose_reply_and_re_read_are_lost_sends_nothing_and_rec
         proxy.refuse_new_connections()
         proxy.drop_next_reply_after(CUTOFF_2)
 
-    proxied_host.activities.before_authorize = refuse_the_re_read
+    proxied_host.activities.seams.before_authorize = refuse_the_re_read
     result = await (await harness.start(job, task_queue=proxied_host.shared_queue)).result()
     proxy.refuse_new_connections(False)
 

@@ -61,7 +61,7 @@ async def test_a_workflow_terminated_while_building_never_crosses_cutoff_2_and_g
         await handle.terminate(reason="terminated from the Web UI")
         terminated.set()
 
-    harness.host.activities.before_authorize = terminated_before_cutoff_2
+    harness.host.activities.seams.before_authorize = terminated_before_cutoff_2
     handle = await harness.start(job)
     await asyncio.wait_for(terminated.wait(), 20)
     await wait_until(lambda: _released(harness, job.id), "the attempt given back", within=20)
@@ -75,7 +75,7 @@ async def test_a_workflow_terminated_while_building_never_crosses_cutoff_2_and_g
     assert harness.partner_files(job) == [] and harness.files_on_disk() == []
 
     # The fresh wake-up runs it once, on a new workflow.
-    harness.host.activities.before_authorize = None
+    harness.host.activities.seams.before_authorize = None
     result = await harness.run(job)
     assert result.outcome == AttemptOutcome.COMPLETED
     assert len(harness.uploads(job)) == 1
@@ -88,13 +88,13 @@ async def test_a_build_whose_heartbeat_timed_out_never_crosses_cutoff_2(harness:
     timed_out = asyncio.Event()
 
     async def stall_past_the_heartbeat_timeout(job_id: uuid.UUID) -> None:
-        harness.host.activities.heartbeats_paused = True
+        harness.host.activities.seams.heartbeats_paused = True
         with contextlib.suppress(asyncio.CancelledError):
             result = await handle.result()
             assert result.outcome == AttemptOutcome.LEFT_TO_RECOVERY
         timed_out.set()
 
-    harness.host.activities.before_authorize = stall_past_the_heartbeat_timeout
+    harness.host.activities.seams.before_authorize = stall_past_the_heartbeat_timeout
     handle = await harness.start(job, build_heartbeat_seconds=1.0)
     await asyncio.wait_for(timed_out.wait(), 30)
     await wait_until(lambda: _released(harness, job.id), "the attempt given back", within=20)
@@ -175,8 +175,8 @@ async def test_cutoff_2_leaves_the_upload_a_full_lease(harness: Harness) -> None
             {"id": job_id},
         )
 
-    harness.host.activities.before_authorize = one_second_left
-    harness.host.activities.before_upload = lease_left_before_the_upload
+    harness.host.activities.seams.before_authorize = one_second_left
+    harness.host.activities.seams.before_upload = lease_left_before_the_upload
     assert (await harness.run(job)).outcome == AttemptOutcome.COMPLETED
     assert leases and leases[0] > 50  # the build had one second left; the upload starts with a full lease
 
@@ -205,7 +205,7 @@ async def test_builds_stuck_on_their_copy_never_starve_the_renewals(
     async def after_the_lock(_job_id: uuid.UUID) -> None:
         await builds_may_start.wait()
 
-    host.activities.before_build = after_the_lock
+    host.activities.seams.before_build = after_the_lock
     try:
         async with await psycopg.AsyncConnection.connect(database.admin_url) as locker:
             handles = [await harness.start(job, task_queue=host.shared_queue) for job in jobs]
@@ -264,7 +264,7 @@ async def test_a_build_that_cannot_reach_the_database_gives_the_attempt_back(
 def _unpause(harness: Harness):
     yield
     for host in harness.hosts:
-        host.activities.heartbeats_paused = False
+        host.activities.seams.heartbeats_paused = False
 
 
 __all__ = ["Host"]

@@ -54,7 +54,7 @@ async def test_a_replacement_whose_original_was_corrected_to_completed_is_refuse
             evidence_summary="partner confirmed receipt",
         )
 
-    harness.host.activities.before_authorize = original_confirmed_delivered
+    harness.host.activities.seams.before_authorize = original_confirmed_delivered
     result = await harness.run(replacement)
 
     assert result.cutoff_answers == [AuthorizationResult.ORIGINAL_COMPLETED]

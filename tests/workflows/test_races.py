@@ -96,7 +96,7 @@ async def test_cancellation_between_load_and_claim_prevents_the_export(harness: 
     async def cancel_after_load(job_id) -> None:
         answers.append(await harness.factory.cancel(job))
 
-    harness.host.activities.after_load = cancel_after_load
+    harness.host.activities.seams.after_load = cancel_after_load
     result = await harness.run(job)
 
     assert result.outcome == AttemptOutcome.NOT_CLAIMED
@@ -111,13 +111,13 @@ async def test_cancellation_between_load_and_claim_prevents_the_export(harness: 
 
 async def test_stop_request_before_cutoff_2_sends_nothing_even_without_the_watcher(harness: Harness) -> None:
     job = await harness.queue_export(contacts=5)
-    harness.host.activities.watcher_disabled = True
+    harness.host.activities.seams.watcher_disabled = True
     answers = []
 
     async def stop_before_authorize(job_id) -> None:
         answers.append(await harness.factory.cancel(job))
 
-    harness.host.activities.before_authorize = stop_before_authorize
+    harness.host.activities.seams.before_authorize = stop_before_authorize
     result = await harness.run(job)
 
     assert [a.outcome for a in answers] == [CancellationOutcome.STOP_REQUESTED]
@@ -137,7 +137,7 @@ async def test_a_cancel_during_the_upload_is_too_late_and_the_job_still_complete
         if not answers:  # awaited: the upload goes on only after the cancel has answered
             answers.append(await harness.factory.cancel(job))
 
-    harness.host.activities.during_upload = cancel_during_upload
+    harness.host.activities.seams.during_upload = cancel_during_upload
     result = await harness.run(job)
 
     assert [a.outcome for a in answers] == [CancellationOutcome.TOO_LATE]

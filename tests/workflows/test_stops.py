@@ -47,7 +47,7 @@ async def test_the_stop_signal_is_confirmed_against_the_row_and_stops_the_build_
     job = await harness.queue_export(contacts=50)
     harness.host.set_timings(60, 3600)  # no renewal during the test: only the signal can stop the build
     held = HeldBuild()
-    harness.host.activities.after_build = held
+    harness.host.activities.seams.after_build = held
     handle = await harness.start(job)
     await asyncio.wait_for(held.building.wait(), 20)
 
@@ -81,7 +81,7 @@ async def test_a_stop_signal_without_a_recorded_request_stops_nothing(harness: H
         building.set()
         await released.wait()
 
-    harness.host.activities.after_build = build_until_released
+    harness.host.activities.seams.after_build = build_until_released
 
     handle = await harness.start(job)
     await asyncio.wait_for(building.wait(), 20)
@@ -99,7 +99,7 @@ async def test_without_the_signal_the_lease_renewal_sees_the_stop_request(harnes
     job = await harness.queue_export(contacts=50)
     harness.host.set_timings(60, 0.2)
     held = HeldBuild()
-    harness.host.activities.after_build = held
+    harness.host.activities.seams.after_build = held
     handle = await harness.start(job)
     await asyncio.wait_for(held.building.wait(), 20)
 
@@ -118,7 +118,7 @@ async def test_a_workflow_cancelled_from_temporal_while_building_ends_stopped_wi
     job = await harness.queue_export(contacts=50)
     harness.host.set_timings(60, 3600)
     held = HeldBuild()
-    harness.host.activities.after_build = held
+    harness.host.activities.seams.after_build = held
     handle = await harness.start(job)
     await asyncio.wait_for(held.building.wait(), 20)
 
@@ -146,7 +146,7 @@ async def test_a_workflow_cancelled_between_load_and_claim_cancels_the_queued_jo
         # Go on once the workflow has recorded it, so the claim meets the cancellation.
         await wait_until(lambda: _recorded(harness, job), "the workflow recorded the cancellation")
 
-    harness.host.activities.after_load = cancel_workflow_after_load
+    harness.host.activities.seams.after_load = cancel_workflow_after_load
     handle = await harness.start(job)
     handle_ready.set_result(handle)
     result = await handle.result()
@@ -171,7 +171,7 @@ async def test_a_workflow_cancelled_from_temporal_while_delivering_still_complet
         # The upload goes on only after the workflow has recorded the cancellation (TooLate).
         await wait_until(lambda: _recorded(harness, job), "the workflow recorded the cancellation")
 
-    harness.host.activities.during_upload = cancel_workflow_during_upload
+    harness.host.activities.seams.during_upload = cancel_workflow_during_upload
     handle = await harness.start(job)
     handle_ready.set_result(handle)
     result = await handle.result()

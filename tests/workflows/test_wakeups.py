@@ -106,7 +106,7 @@ async def test_duplicate_wake_ups_racing_claim_once_and_upload_once(
             await asyncio.wait_for(both_loaded.wait(), 20)
 
         for h in harness.hosts:
-            h.activities.after_load = barrier
+            h.activities.seams.after_load = barrier
         first = await harness.start(job)
         second = await harness.start(job, client=second_host.client)
         results = sorted([await first.result(), await second.result()], key=lambda r: r.outcome.value)
@@ -139,9 +139,9 @@ async def test_a_changed_request_fails_the_old_claim_and_its_wake_up_runs_the_ne
             )
         )
 
-    harness.host.activities.after_load = edit_after_load
+    harness.host.activities.seams.after_load = edit_after_load
     old = await harness.run(job)
-    harness.host.activities.after_load = None
+    harness.host.activities.seams.after_load = None
 
     assert edits == [job.version + 1]
     assert old.outcome == AttemptOutcome.NOT_CLAIMED

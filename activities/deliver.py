@@ -1,0 +1,300 @@
+"""The delivery, on the claiming host's own queue: never interrupted, never retried.
+
+``deliver`` writes the upload fence, uploads through the destination's partner, writes the rename fence
+when the partner is about to publish the final name, appends evidence as it is observed, and makes the
+terminal write. Past cutoff 2 nothing stops it: a cancellation is noted and the work runs to its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from temporalio import activity
+
+from activities.heartbeat import keep_heartbeating, run_to_end
+from activities.host import ExportHost
+from db.builder import remove_export_file
+from db.errors import StoreError
+from db.stores.protocol import WorkerStore
+from domain.destination import Destination
+from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
+from observability import logs
+from observability.metrics import get_metrics
+from partner.protocol import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile
+from rules.ownership import held_by
+from runtime.attempts import Attempt
+from workflows.models import DeliverInput, DeliverResult
+
+log = logging.getLogger(__name__)
+
+EVIDENCE_TIMEOUT_SECONDS = 30.0
+FENCE_TIMEOUT_SECONDS = 30.0
+
+
+class DeliverActivity:
+    """``export.deliver`` on one host. Uploads run on this object's own ``max_concurrent_deliveries``
+    threads (a delivery blocks its thread on evidence appends and fences); more wait their turn."""
+
+    def __init__(self, host: ExportHost, *, max_concurrent_deliveries: int = 8) -> None:
+        self.host = host
+        self._delivery_threads = ThreadPoolExecutor(
+            max_workers=max_concurrent_deliveries, thread_name_prefix="export-deliver"
+        )
+
+    def close(self) -> None:
+        """Release the delivery threads; a delivery still running keeps its thread to its end."""
+        self._delivery_threads.shutdown(wait=False)
+
+    @activity.defn(name="export.deliver")
+    async def deliver(self, inp: DeliverInput) -> DeliverResult:
+        """Fence, upload, fence the rename, append evidence as it is observed, and make the terminal write.
+
+        Past cutoff 2 nothing stops the upload: this activity's cancellation is noted and the work runs to
+        its end; a renewal that changes no row does not stop it either, and the terminal write may then
+        match nothing. No byte goes to the partner unless the upload fence matched, and no rename request
+        unless the rename fence matched.
+        """
+        attempt, created = self.host.open(inp.job_id, inp.attempt_id)
+        work = asyncio.create_task(self._deliver(inp, attempt, created))
+        return await run_to_end(
+            work,
+            lambda: log.info("job %s: deliver activity cancelled; the delivery runs to its end", inp.job_id),
+        )
+
+    async def _deliver(self, inp: DeliverInput, attempt: Attempt, created: bool) -> DeliverResult:
+        async with self.host.attempts.holding(attempt):
+            attempt.stage = "delivering"
+            heartbeat = asyncio.create_task(
+                keep_heartbeating(lambda: {"stage": "delivering", "bytes_sent": attempt.sent})
+            )
+            try:
+                job = await self.host.read_job(inp.job_id)
+                if job is not None:
+                    logs.bind_rest_of_task(tenant_id=job.tenant_id)
+                if not held_by(job, inp.attempt_id, JobStatus.DELIVERING):
+                    return DeliverResult(finish=FinishResult.NOT_OWNER)
+                if created:
+                    first = await attempt.keeper.start()
+                    if first is None:
+                        first = await attempt.keeper.renew_now()
+                    if first is None or not first.owned:
+                        # Nothing has left the host yet: an attempt that cannot confirm it still owns the job
+                        # does not start an irreversible upload; recovery resolves the Delivering row.
+                        return DeliverResult(
+                            finish=FinishResult.NOT_OWNER if first is not None else FinishResult.UNKNOWN
+                        )
+                if self.host.seams.before_upload is not None:
+                    await self.host.seams.before_upload(job.id)
+                fenced = await self._fence(attempt, rename=False)
+                if fenced != FenceResult.FENCED:
+                    # Nothing was sent: the partner never heard of this attempt.
+                    log.info(
+                        "job %s attempt %s: upload fence %s; nothing sent", job.id, attempt.attempt_id, fenced
+                    )
+                    await self._append(
+                        job.id, attempt.attempt_id, {"observation": "upload_fence", "result": fenced.value}
+                    )
+                    return DeliverResult(
+                        finish=FinishResult.NOT_OWNER
+                        if fenced == FenceResult.NOT_OWNER
+                        else FinishResult.UNKNOWN
+                    )
+                return await self._upload_and_finish(job, inp, attempt)
+            finally:
+                heartbeat.cancel()
+                await self.host.attempts.end(
+                    attempt
+                )  # right after the terminal write, so no renewal reports a false loss
+                remove_export_file(Path(inp.file.path))
+
+    async def _fence(self, attempt: Attempt, *, rename: bool) -> FenceResult:
+        """Write the upload (or rename) fence for this attempt; renew once and retry when only the lease
+        lapsed (still the owner, only late). Anything but Fenced means: do not touch the partner."""
+        fence = (
+            self.host.store.fence_rename_if_delivering
+            if rename
+            else self.host.store.fence_upload_if_delivering
+        )
+        answer = await fence(attempt.job_id, attempt.attempt_id)
+        if answer == FenceResult.LEASE_LAPSED:
+            renewal = await attempt.keeper.renew_now()
+            if renewal is not None and renewal.owned:
+                answer = await fence(attempt.job_id, attempt.attempt_id)
+        return answer
+
+    async def _append(self, job_id: UUID, attempt_id: UUID, evidence: dict[str, Any]) -> None:
+        with contextlib.suppress(StoreError, OSError, TimeoutError):
+            await self.host.store.append_delivery_evidence(job_id, attempt_id, self.host.worker_id, evidence)
+
+    async def _upload_and_finish(self, job: ExportJob, inp: DeliverInput, attempt: Attempt) -> DeliverResult:
+        loop = asyncio.get_running_loop()
+        recorder = _EvidenceRecorder(self.host.store, job.id, inp.attempt_id, self.host.worker_id, loop)
+        destination = await self.host.store.load_destination(job.tenant_id, job.destination_id)
+        original = await self._original_file(job)
+
+        def during_upload(sent: int) -> None:
+            attempt.sent = sent
+            if self.host.seams.during_upload is not None:
+                asyncio.run_coroutine_threadsafe(self.host.seams.during_upload(job.id, sent), loop).result()
+
+        def authorize_rename() -> bool:
+            # In the delivering thread: the rename fence, on the event loop, bounded.
+            async def fenced() -> bool:
+                if self.host.seams.before_rename_fence is not None:
+                    await self.host.seams.before_rename_fence(job.id)
+                answer = await self._fence(attempt, rename=True)
+                if answer == FenceResult.FENCED and self.host.seams.after_rename_fence is not None:
+                    await self.host.seams.after_rename_fence(job.id)
+                return answer == FenceResult.FENCED
+
+            return asyncio.run_coroutine_threadsafe(fenced(), loop).result(timeout=FENCE_TIMEOUT_SECONDS)
+
+        file = FileToDeliver(
+            path=Path(inp.file.path),
+            final_name=inp.file.final_name,
+            size=inp.file.size,
+            sha256=bytes.fromhex(inp.file.sha256),
+        )
+        started = time.perf_counter()
+        try:
+            # On this object's own threads: a delivery blocks its thread on evidence appends and fences.
+            # The thread runs in a copy of this context, so its SFTP spans and log lines join the attempt's.
+            report = await loop.run_in_executor(
+                self._delivery_threads,
+                functools.partial(
+                    contextvars.copy_context().run,
+                    self.host.partners(destination).deliver,
+                    destination,
+                    file,
+                    inp.attempt_id,
+                    original=original,
+                    overwrite_agreed=job.overwrite_agreement_ref is not None,
+                    on_evidence=recorder.observe_from_thread,
+                    hooks=DeliveryHooks(during_upload=during_upload, authorize_rename=authorize_rename),
+                ),
+            )
+        except Exception as exc:  # noqa: BLE001 - the seed's classifier: unknown unless proven otherwise
+            log.warning("job %s: delivery raised %s; outcome unknown", job.id, type(exc).__name__)
+            report = DeliveryReport(
+                outcome=DeliveryOutcome.OUTCOME_UNKNOWN,
+                failure_code=None,
+                summary=f"raised {type(exc).__name__}",
+            )
+
+        get_metrics().observe_upload(time.perf_counter() - started, file.size, report.outcome.value)
+
+        # Evidence first, whoever owns the job now; then the conditional terminal write for this attempt.
+        await recorder.flush()
+        code = report.failure_code if report.outcome == DeliveryOutcome.FAILED else None
+        finished = await self.host.store.finish_delivery(
+            job.id, inp.attempt_id, report.outcome, code, summary=report.summary
+        )
+        if code == FailureCode.NOT_DELIVERED and destination.temporary_files == "remove":
+            await self._clean_up_after_failed(job, inp.attempt_id, destination, finished)
+        return DeliverResult(
+            delivery=report.outcome,
+            failure_code=code,
+            finish=finished,
+            evidence_appended=recorder.appended,
+            evidence_lost=len(recorder.pending),
+        )
+
+    async def _clean_up_after_failed(
+        self, job: ExportJob, attempt_id: UUID, destination: Destination, finished: FinishResult
+    ) -> None:
+        """Under the partner's cleanup agreement, remove this attempt's temporary and set-aside files once
+        its export is recorded Failed NotDelivered (no other failure uploads anything): by this write, or
+        by recovery before it (the row says Failed for this attempt). An uncertain write, or a row that says
+        anything else (an OutcomeUnknown keeps its files as evidence), removes nothing. What the removal
+        found, a failure included, is evidence, never a change of outcome."""
+        if finished == FinishResult.NOT_OWNER:
+            try:
+                now = await self.host.store.get_job(job.id)
+            except StoreError:
+                return
+            if now is None or (now.status, now.attempt_id) != (JobStatus.FAILED, attempt_id):
+                return
+        elif finished != FinishResult.WRITTEN:
+            return
+        records = await asyncio.get_running_loop().run_in_executor(
+            self._delivery_threads,
+            functools.partial(
+                contextvars.copy_context().run,
+                self.host.partners(destination).remove_temporary_files,
+                destination,
+                attempt_id,
+                job.expected_file_name or job.final_name,
+            ),
+        )
+        for record in records:
+            await self._append(job.id, attempt_id, record)
+
+    async def _original_file(self, job: ExportJob) -> OriginalFile | None:
+        if job.replaces_job_id is None:
+            return None
+        original = await self.host.store.get_job(job.replaces_job_id)
+        if original is None:
+            return None
+        return OriginalFile(
+            name=original.expected_file_name or original.final_name,
+            size=original.expected_file_bytes,
+            sha256=original.expected_file_sha256,
+            attempt_id=original.attempt_id,
+        )
+
+
+class _EvidenceRecorder:
+    """Appends each observation as the delivering thread makes it; what cannot be appended is retried."""
+
+    def __init__(
+        self,
+        store: WorkerStore,
+        job_id: UUID,
+        attempt_id: UUID,
+        observed_by: str,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.attempt_id = attempt_id
+        self.observed_by = observed_by
+        self.loop = loop
+        self.appended = 0
+        self.pending: list[dict[str, Any]] = []
+
+    def observe_from_thread(self, evidence: dict[str, Any]) -> None:
+        """Called in the delivering thread: blocks until the observation is appended (or set aside)."""
+        future = asyncio.run_coroutine_threadsafe(self.append(evidence), self.loop)
+        future.result(timeout=EVIDENCE_TIMEOUT_SECONDS + 5)
+
+    async def append(self, evidence: dict[str, Any]) -> None:
+        try:
+            await asyncio.wait_for(
+                self.store.append_delivery_evidence(self.job_id, self.attempt_id, self.observed_by, evidence),
+                EVIDENCE_TIMEOUT_SECONDS,
+            )
+            self.appended += 1
+        except (StoreError, OSError, TimeoutError) as exc:
+            log.warning("job %s: evidence not appended (%s); retrying later", self.job_id, type(exc).__name__)
+            self.pending.append(evidence)
+
+    async def flush(self, tries: int = 3) -> None:
+        for attempt in range(tries):
+            if not self.pending:
+                return
+            retry, self.pending = self.pending, []
+            for evidence in retry:
+                await self.append(evidence)
+            if self.pending and attempt + 1 < tries:
+                await asyncio.sleep(0.5 * (attempt + 1))
+        if self.pending:
+            log.error("job %s: %d observations could not be appended", self.job_id, len(self.pending))

@@ -1,0 +1,269 @@
+"""Build and cutoff 2, in one activity on the claiming host's own queue.
+
+``prepare_delivery`` builds the file with the lease kept and stops watched (heartbeats carry rows and
+bytes), then passes cutoff 2 or records why not. No attempt crosses cutoff 2 once its workflow is gone, it
+is being cancelled, or its worker is draining: the attempt is given back to the queue instead
+(``release_attempt_if_running``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.heartbeat import keep_heartbeating, run_to_end
+from activities.host import ExportHost
+from db.builder import BuildError, BuiltFile, build_export, remove_export_file
+from domain.models import AuthorizationResult, ExportJob, FailureCode, FinishResult, JobStatus, StopPoint
+from observability import logs
+from observability.metrics import get_metrics
+from rules.outcomes import after_refused_cutoff, after_terminal_write
+from rules.ownership import held_by
+from runtime.attempts import Attempt, StopReason
+from workflows.models import AttemptOutcome, LocalFile, PrepareInput, PrepareResult
+
+log = logging.getLogger(__name__)
+
+
+class PrepareActivity:
+    """``export.prepare_delivery`` on one host: at most ``settings.max_concurrent_builds`` builds at once."""
+
+    def __init__(self, host: ExportHost) -> None:
+        self.host = host
+        self._builds = asyncio.Semaphore(max(1, host.settings.max_concurrent_builds))
+
+    @activity.defn(name="export.prepare_delivery")
+    async def prepare_delivery(self, inp: PrepareInput) -> PrepareResult:
+        """Build the file with the lease kept and stops watched, then pass cutoff 2 or record why not.
+
+        A stop (recorded stop request seen by a renewal or by ``confirm_stop``, or this activity's
+        cancellation) cancels the build, whose partial file is removed, then ``finish_stopped`` runs; it
+        writes only if a stop request is recorded. Lost ownership stops at once and writes nothing. A drain,
+        a gone workflow or a transient database failure gives the attempt back to the queue. Cutoff 2 is
+        never skipped once the file is built, and the file is deleted unless it authorized.
+        """
+        attempt, created = self.host.open(inp.job_id, inp.attempt_id)
+        work = asyncio.create_task(self._prepare(inp, attempt, created))
+        return await run_to_end(work, lambda: attempt.stop(StopReason.CANCELLED))
+
+    async def _prepare(self, inp: PrepareInput, attempt: Attempt, created: bool) -> PrepareResult:
+        async with self.host.attempts.holding(attempt):
+            attempt.stage = "building"
+            job = await self.host.read_job(inp.job_id)
+            if job is not None:
+                logs.bind_rest_of_task(tenant_id=job.tenant_id)
+            if not held_by(job, inp.attempt_id, JobStatus.RUNNING):
+                await self.host.attempts.end(attempt)
+                return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+            if created:
+                # No claim on this host opened it (a restarted host cannot get here): confirm ownership now.
+                first = await attempt.keeper.start()
+                if first is not None and not first.owned:
+                    await self.host.attempts.end(attempt)
+                    return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+            heartbeat = asyncio.create_task(
+                keep_heartbeating(
+                    lambda: {"stage": "building", "rows": attempt.rows, "bytes": attempt.bytes},
+                    lambda: self.host.seams.heartbeats_paused,
+                )
+            )
+            built: BuiltFile | None = None
+            authorized = False
+            try:
+                if self.host.attempts.draining:
+                    attempt.stop(StopReason.DRAINING)
+                if attempt.reason is None:
+                    attempt.build = asyncio.create_task(self._build(job, attempt))
+                    try:
+                        built = await attempt.build
+                    except asyncio.CancelledError:
+                        if attempt.reason is None:  # not ours: nothing else cancels the build task
+                            raise
+                    except BuildError as exc:
+                        if exc.transient:
+                            # The database could not be reached: nothing is wrong with the export.
+                            return await self._give_back(job, attempt, f"build interrupted: {exc.code}")
+                        finished = await self.host.store.finish_failed(
+                            job.id, inp.attempt_id, FailureCode.BUILD_FAILED, cause=str(exc)[:200]
+                        )
+                        return PrepareResult(
+                            outcome=after_terminal_write(finished, AttemptOutcome.FAILED),
+                            failure_code=FailureCode.BUILD_FAILED
+                            if finished == FinishResult.WRITTEN
+                            else None,
+                        )
+                if built is None:
+                    return await self._stopped_while_building(job, attempt)
+
+                if self.host.seams.before_authorize is not None:
+                    await self.host.seams.before_authorize(job.id)
+                refusal = await self._reason_not_to_authorize(attempt)
+                if refusal is not None:
+                    return await self._give_back(job, attempt, refusal)
+                answers = await self._cutoff_2(job, attempt, built)
+                answer = answers[-1]
+                if answer == AuthorizationResult.AUTHORIZED:
+                    authorized = True
+                    attempt.stage = "authorized"
+                    return PrepareResult(
+                        cutoff_answers=answers,
+                        file=LocalFile(
+                            path=str(built.path),
+                            final_name=built.final_name,
+                            size=built.size,
+                            sha256=built.sha256.hex(),
+                            rows=built.rows,
+                        ),
+                    )
+                if answer == AuthorizationResult.STOP_RECORDED:
+                    finished = await self.host.store.finish_stopped(
+                        job.id, inp.attempt_id, StopPoint.BEFORE_DELIVERY
+                    )
+                    return PrepareResult(
+                        outcome=after_terminal_write(finished, AttemptOutcome.STOPPED), cutoff_answers=answers
+                    )
+                if answer == AuthorizationResult.ORIGINAL_COMPLETED:
+                    # A replacement whose original was corrected to Completed: nothing has left the host.
+                    finished = await self.host.store.finish_failed(
+                        job.id, inp.attempt_id, FailureCode.ORIGINAL_DELIVERED, cause=None
+                    )
+                    return PrepareResult(
+                        outcome=after_terminal_write(finished, AttemptOutcome.FAILED),
+                        failure_code=FailureCode.ORIGINAL_DELIVERED
+                        if finished == FinishResult.WRITTEN
+                        else None,
+                        cutoff_answers=answers,
+                    )
+                if answer in (AuthorizationResult.PAUSED, AuthorizationResult.DESTINATION_INACTIVE):
+                    # Nothing has left the host: give the job back without using up an attempt. The next
+                    # claim decides: a paused scope keeps it Queued, a retired destination is rejected.
+                    given_back = await self._give_back(job, attempt, f"cutoff 2: {answer.value}")
+                    return given_back.model_copy(update={"cutoff_answers": answers})
+                # LeaseLapsed again, NotOwner or Unknown: write nothing; recovery reads the row.
+                return PrepareResult(outcome=after_refused_cutoff(answer), cutoff_answers=answers)
+            finally:
+                heartbeat.cancel()
+                if not authorized:
+                    await self.host.attempts.end(attempt)
+                if built is not None and not authorized:
+                    remove_export_file(built.path)
+
+    async def _build(self, job: ExportJob, attempt: Attempt) -> BuiltFile:
+        def progress(rows: int, size: int) -> None:
+            attempt.rows, attempt.bytes = rows, size
+
+        if self.host.seams.before_build is not None:
+            await self.host.seams.before_build(job.id)
+        # At most max_concurrent_builds at once: waiting here holds no connection, and the keeper renews.
+        async with self._builds:
+            started = time.perf_counter()
+            built = await build_export(
+                self.host.build_pool,
+                tenant_id=job.tenant_id,
+                list_name=job.list_name,
+                delivery_key=job.delivery_key,
+                attempt_id=attempt.attempt_id,
+                work_dir=self.host.settings.work_dir,
+                progress=progress,
+            )
+        get_metrics().observe_build(time.perf_counter() - started, built.rows, built.size)
+        attempt.rows, attempt.bytes = built.rows, built.size
+        if self.host.seams.after_build is not None:
+            try:
+                await self.host.seams.after_build(job.id)
+            except BaseException:  # a stop, or a simulated crash: the built file goes either way
+                remove_export_file(built.path)
+                raise
+        return built
+
+    async def _stopped_while_building(self, job: ExportJob, attempt: Attempt) -> PrepareResult:
+        if attempt.reason == StopReason.OWNERSHIP_LOST:
+            return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+        if attempt.reason == StopReason.DRAINING:
+            return await self._give_back(job, attempt, "worker draining")
+        # Writes only when a stop request is recorded: a cancellation for any other reason (a timed-out
+        # heartbeat, a gone workflow) matches nothing and leaves the attempt to its lease.
+        finished = await self.host.store.finish_stopped(
+            job.id, attempt.attempt_id, StopPoint.WHILE_BUILDING, note=str(attempt.reason)
+        )
+        if finished == FinishResult.WRITTEN:
+            return PrepareResult(outcome=AttemptOutcome.STOPPED)
+        if finished == FinishResult.NOT_OWNER and attempt.reason == StopReason.STOP_REQUESTED:
+            return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+        return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
+
+    async def _give_back(self, job: ExportJob, attempt: Attempt, reason: str) -> PrepareResult:
+        """Running -> Queued for this attempt, which is not counted against the job's attempts; a recorded
+        stop request is honored instead (Stopped), never released into the queue again."""
+        released = await self.host.store.release_attempt_if_running(
+            job.id, attempt.attempt_id, self.host.worker_id, reason
+        )
+        if released == FinishResult.WRITTEN:
+            log.info("job %s attempt %s given back to the queue (%s)", job.id, attempt.attempt_id, reason)
+            return PrepareResult(outcome=AttemptOutcome.RELEASED)
+        if released == FinishResult.NOT_OWNER:
+            finished = await self.host.store.finish_stopped(
+                job.id, attempt.attempt_id, StopPoint.WHILE_BUILDING, note=reason
+            )
+            if finished == FinishResult.WRITTEN:
+                return PrepareResult(outcome=AttemptOutcome.STOPPED)
+            if finished == FinishResult.NOT_OWNER:
+                return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+        return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
+
+    async def _reason_not_to_authorize(self, attempt: Attempt) -> str | None:
+        """Why this attempt must not cross cutoff 2 now, or ``None``: its worker is draining, it is being
+        cancelled, or its workflow is no longer running (terminated, timed out, ended without it)."""
+        if self.host.attempts.draining or attempt.reason == StopReason.DRAINING:
+            return "worker draining"
+        if attempt.reason == StopReason.CANCELLED or activity.is_cancelled():
+            return "activity cancelled"
+        if self.host.seams.workflow_check_disabled:
+            return None
+        info = activity.info()
+        if info.workflow_id is None:
+            return "workflow not confirmed (no workflow)"
+        try:
+            described = (
+                await activity.client()
+                .get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+                .describe(rpc_timeout=timedelta(seconds=10))
+            )
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return "workflow gone"
+            return f"workflow not confirmed ({exc.status.name})"
+        except (RuntimeError, TimeoutError) as exc:
+            return f"workflow not confirmed ({type(exc).__name__})"
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            return f"workflow {described.status.name.lower() if described.status else 'gone'}"
+        return None
+
+    async def _cutoff_2(
+        self, job: ExportJob, attempt: Attempt, built: BuiltFile
+    ) -> list[AuthorizationResult]:
+        async def authorize() -> AuthorizationResult:
+            return await self.host.store.authorize_delivery_if_running(
+                tenant_id=job.tenant_id,
+                job_id=job.id,
+                attempt_id=attempt.attempt_id,
+                replaces_job_id=job.replaces_job_id,
+                final_name=built.final_name,
+                length=built.size,
+                sha256=built.sha256,
+                rows=built.rows,
+            )
+
+        answers = [await authorize()]
+        if answers[-1] == AuthorizationResult.LEASE_LAPSED:
+            # Still the owner, only late: a renewal succeeds only if no takeover has committed. Retry once.
+            renewal = await attempt.keeper.renew_now()
+            if renewal is not None and renewal.owned:
+                answers.append(await authorize())
+        return answers
