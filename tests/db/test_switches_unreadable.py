@@ -85,5 +85,7 @@ async def test_the_claim_activity_raises_rather_than_settle_when_the_switches_ca
             search_attributes=False,
         )
         with pytest.raises(NotPermitted):
-            await activities.claiming.claim(ClaimInput(job_id=job.id, attempt_id=uuid.uuid4(), workflow_id="wf"))
+            await activities.claiming.claim(
+                ClaimInput(job_id=job.id, attempt_id=uuid.uuid4(), workflow_id="wf")
+            )
     assert await factory.status(job.id) == JobStatus.QUEUED
