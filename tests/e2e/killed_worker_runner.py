@@ -59,7 +59,7 @@ def block_at(
         if point == "during_upload":
             activities.seams.during_upload = upload_hook
         else:
-            setattr(activities, point, hook)
+            setattr(activities.seams, point, hook)
 
     return install
 
