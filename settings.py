@@ -54,6 +54,19 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=60.0, description="the lease a claim or renewal sets")
     renew_every_seconds: float = Field(default=20.0, description="how often a worker renews its lease")
     max_attempts: int = Field(default=3, description="attempt cap: recovery fails a job after this many")
+    release_backoff_base_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="the wait after a job's first give-back for a failure; it doubles with each one after it",
+    )
+    release_backoff_cap_seconds: float = Field(
+        default=300.0, gt=0, description="the longest wait after a give-back for a failure (before jitter)"
+    )
+    max_transient_releases: int = Field(
+        default=6,
+        ge=0,
+        description="give-backs for a failure a job may take; the next one ends it Failed (AttemptsExhausted)",
+    )
     recovery_every_seconds: float = Field(default=30.0, description="recovery Schedule interval")
     recovery_batch: int = Field(default=100, description="expired leases taken over per recovery batch")
     recovery_concurrency: int = Field(

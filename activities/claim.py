@@ -46,10 +46,17 @@ class ClaimActivity:
             return ClaimOutcome(step=ClaimStep.ALREADY_SETTLED)
         logs.bind_rest_of_task(tenant_id=facts.tenant_id)
         if held_by(facts, inp.attempt_id, JobStatus.RUNNING):
-            # A retry of this claim after a lost response: the claim committed.
+            # A retry of this claim after a lost response: the claim committed. Temporal may have retried it
+            # on another host than the first: the attempt is this host's now, and the row says so (23.8).
+            await store.adopt_claim_if_running(facts.job_id, inp.attempt_id, self.host.worker_id)
+            if self.host.seams.after_claim is not None:
+                await self.host.seams.after_claim(facts.job_id)
             return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id)
         if facts.status != JobStatus.QUEUED:
             return self._not_claimed(ClaimStep.ALREADY_SETTLED, facts.tenant_id)
+        if not facts.available:
+            # Given back after a failure, it waits until its available_at; its own wake-up is due then.
+            return self._not_claimed(ClaimStep.NOT_YET, facts.tenant_id)
         if self.host.seams.after_load is not None:
             await self.host.seams.after_load(facts.job_id)
 
@@ -75,8 +82,12 @@ class ClaimActivity:
         if result == ClaimResult.PAUSED:
             # Paused between the facts and the claim: the claim, under the switch's lock, matched nothing.
             return self._not_claimed(ClaimStep.PAUSED, facts.tenant_id)
+        if result == ClaimResult.NOT_YET:
+            return self._not_claimed(ClaimStep.NOT_YET, facts.tenant_id)
         if result == ClaimResult.LOST:
             return self._not_claimed(ClaimStep.NOT_CLAIMED, facts.tenant_id)
+        if self.host.seams.after_claim is not None:
+            await self.host.seams.after_claim(facts.job_id)
         return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id)
 
     def _not_claimed(self, step: ClaimStep, tenant_id: UUID) -> ClaimOutcome:

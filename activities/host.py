@@ -20,6 +20,7 @@ from db.stores.ledger import LedgerStatements
 from db.stores.protocol import WorkerStore
 from domain.models import ExportJob
 from partner.protocol import PartnerFor
+from rules.releases import ReleasePolicy
 from runtime.attempts import Attempt, AttemptRegistry
 from settings import Settings
 
@@ -41,6 +42,7 @@ class ExportSeams:
     """
 
     after_load: JobSeam | None = None  # in the claim, after the row is read, before policy and claim
+    after_claim: JobSeam | None = None  # the claim committed (or a retry found it): a raise is a lost answer
     before_build: JobSeam | None = None  # in the build phase, before the build waits for its turn
     after_build: JobSeam | None = None  # in the build phase, after the file is written (a stop cancels it)
     before_authorize: JobSeam | None = None  # after the build, before cutoff 2
@@ -81,9 +83,15 @@ class ExportHost:
     partners: PartnerFor
     seams: ExportSeams = field(default_factory=ExportSeams)
     attempts: AttemptRegistry = field(init=False)
+    release_policy: ReleasePolicy = field(init=False)
 
     def __post_init__(self) -> None:
         self.attempts = AttemptRegistry(self.store, self.settings)
+        self.release_policy = ReleasePolicy(
+            base_seconds=self.settings.release_backoff_base_seconds,
+            cap_seconds=self.settings.release_backoff_cap_seconds,
+            max_releases=self.settings.max_transient_releases,
+        )
 
     def open(self, job_id: UUID, attempt_id: UUID) -> tuple[Attempt, bool]:
         """This host's record of an attempt (``runtime.attempts``), its keeper under the seams; ``True``

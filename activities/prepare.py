@@ -20,11 +20,22 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.heartbeat import keep_heartbeating, run_to_end
 from activities.host import ExportHost
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
-from domain.models import AuthorizationResult, ExportJob, FailureCode, FinishResult, JobStatus, StopPoint
+from db.errors import StoreError
+from domain.models import (
+    AuthorizationResult,
+    ExportJob,
+    FailureCode,
+    FinishResult,
+    JobStatus,
+    ReleaseCause,
+    ReleaseResult,
+    StopPoint,
+)
 from observability import logs
 from observability.metrics import get_metrics
 from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.ownership import held_by
+from rules.policy import evaluate_policy
 from runtime.attempts import Attempt, StopReason
 from workflows.models import AttemptOutcome, LocalFile, PrepareInput, PrepareResult
 
@@ -87,8 +98,11 @@ class PrepareActivity:
                             raise
                     except BuildError as exc:
                         if exc.transient:
-                            # The database could not be reached: nothing is wrong with the export.
-                            return await self._give_back(job, attempt, f"build interrupted: {exc.code}")
+                            # The database could not be reached: nothing is wrong with the export. It is
+                            # given back to wait and try again, a bounded number of times (23.1).
+                            return await self._give_back(
+                                job, attempt, ReleaseCause.TRANSIENT, f"build interrupted: {exc.code}"
+                            )
                         finished = await self.host.store.finish_failed(
                             job.id, inp.attempt_id, FailureCode.BUILD_FAILED, cause=str(exc)[:200]
                         )
@@ -105,8 +119,17 @@ class PrepareActivity:
                     await self.host.seams.before_authorize(job.id)
                 refusal = await self._reason_not_to_authorize(attempt)
                 if refusal is not None:
-                    return await self._give_back(job, attempt, refusal)
-                answers = await self._cutoff_2(job, attempt, built)
+                    return await self._give_back(job, attempt, *refusal)
+                try:
+                    answers = await self._cutoff_2(job, attempt, built)
+                except StoreError as exc:
+                    # Cutoff 2 could not read a fact it decides on (a delivery switch, the destination, the
+                    # creator): it authorized nothing, so nothing has left the host. The attempt is given
+                    # back without using one up, never left to its lease (23.5). The release reads none of
+                    # those facts.
+                    return await self._give_back(
+                        job, attempt, ReleaseCause.TRANSIENT, f"cutoff 2 not decided: {type(exc).__name__}"
+                    )
                 answer = answers[-1]
                 if answer == AuthorizationResult.AUTHORIZED:
                     authorized = True
@@ -143,7 +166,17 @@ class PrepareActivity:
                 if answer in (AuthorizationResult.PAUSED, AuthorizationResult.DESTINATION_INACTIVE):
                     # Nothing has left the host: give the job back without using up an attempt. The next
                     # claim decides: a paused scope keeps it Queued, a retired destination is rejected.
-                    given_back = await self._give_back(job, attempt, f"cutoff 2: {answer.value}")
+                    given_back = await self._give_back(
+                        job, attempt, ReleaseCause.PAUSED, f"cutoff 2: {answer.value}"
+                    )
+                    return given_back.model_copy(update={"cutoff_answers": answers})
+                if answer == AuthorizationResult.POLICY_DENIED:
+                    # The creator may no longer export, or the list is gone (001: facts outside the row):
+                    # nothing has left the host. Given back with the policy's reason; the next claim's
+                    # policy check rejects it with that reason.
+                    given_back = await self._give_back(
+                        job, attempt, ReleaseCause.POLICY, f"cutoff 2: {await self._policy_reason(job)}"
+                    )
                     return given_back.model_copy(update={"cutoff_answers": answers})
                 # LeaseLapsed again, NotOwner or Unknown: write nothing; recovery reads the row.
                 return PrepareResult(outcome=after_refused_cutoff(answer), cutoff_answers=answers)
@@ -186,7 +219,7 @@ class PrepareActivity:
         if attempt.reason == StopReason.OWNERSHIP_LOST:
             return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         if attempt.reason == StopReason.DRAINING:
-            return await self._give_back(job, attempt, "worker draining")
+            return await self._give_back(job, attempt, ReleaseCause.DRAIN, "worker draining")
         # Writes only when a stop request is recorded: a cancellation for any other reason (a timed-out
         # heartbeat, a gone workflow) matches nothing and leaves the attempt to its lease.
         finished = await self.host.store.finish_stopped(
@@ -198,16 +231,29 @@ class PrepareActivity:
             return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
-    async def _give_back(self, job: ExportJob, attempt: Attempt, reason: str) -> PrepareResult:
-        """Running -> Queued for this attempt, which is not counted against the job's attempts; a recorded
-        stop request is honored instead (Stopped), never released into the queue again."""
+    async def _give_back(
+        self, job: ExportJob, attempt: Attempt, cause: ReleaseCause, reason: str
+    ) -> PrepareResult:
+        """Running -> Queued for this attempt, which is not counted against the job's attempts; a give-back
+        for a failure makes the next claim wait, and past the bound ends the job Failed (AttemptsExhausted)
+        instead (``rules.releases``). A recorded stop request is honored instead (Stopped), never released
+        into the queue again."""
         released = await self.host.store.release_attempt_if_running(
-            job.id, attempt.attempt_id, self.host.worker_id, reason
+            job.id, attempt.attempt_id, self.host.worker_id, reason, cause, self.host.release_policy
         )
-        if released == FinishResult.WRITTEN:
-            log.info("job %s attempt %s given back to the queue (%s)", job.id, attempt.attempt_id, reason)
+        if released == ReleaseResult.RELEASED:
+            log.info(
+                "job %s attempt %s given back to the queue (%s: %s)",
+                job.id,
+                attempt.attempt_id,
+                cause,
+                reason,
+            )
             return PrepareResult(outcome=AttemptOutcome.RELEASED)
-        if released == FinishResult.NOT_OWNER:
+        if released == ReleaseResult.EXHAUSTED:
+            log.info("job %s attempt %s: given back too often, ended Failed", job.id, attempt.attempt_id)
+            return PrepareResult(outcome=AttemptOutcome.FAILED, failure_code=FailureCode.ATTEMPTS_EXHAUSTED)
+        if released == ReleaseResult.NOT_OWNER:
             finished = await self.host.store.finish_stopped(
                 job.id, attempt.attempt_id, StopPoint.WHILE_BUILDING, note=reason
             )
@@ -217,18 +263,19 @@ class PrepareActivity:
                 return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
-    async def _reason_not_to_authorize(self, attempt: Attempt) -> str | None:
-        """Why this attempt must not cross cutoff 2 now, or ``None``: its worker is draining, it is being
-        cancelled, or its workflow is no longer running (terminated, timed out, ended without it)."""
+    async def _reason_not_to_authorize(self, attempt: Attempt) -> tuple[ReleaseCause, str] | None:
+        """Why this attempt must not cross cutoff 2 now, with the cause of its give-back, or ``None``: its
+        worker is draining, it is being cancelled, or its workflow is no longer running (terminated, timed
+        out, ended without it) or cannot be confirmed (Temporal unreachable or throttling)."""
         if self.host.attempts.draining or attempt.reason == StopReason.DRAINING:
-            return "worker draining"
+            return ReleaseCause.DRAIN, "worker draining"
         if attempt.reason == StopReason.CANCELLED or activity.is_cancelled():
-            return "activity cancelled"
+            return ReleaseCause.WORKFLOW, "activity cancelled"
         if self.host.seams.workflow_check_disabled:
             return None
         info = activity.info()
         if info.workflow_id is None:
-            return "workflow not confirmed (no workflow)"
+            return ReleaseCause.WORKFLOW, "workflow not confirmed (no workflow)"
         try:
             described = (
                 await activity.client()
@@ -237,13 +284,26 @@ class PrepareActivity:
             )
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
-                return "workflow gone"
-            return f"workflow not confirmed ({exc.status.name})"
+                return ReleaseCause.WORKFLOW, "workflow gone"
+            return ReleaseCause.WORKFLOW, f"workflow not confirmed ({exc.status.name})"
         except (RuntimeError, TimeoutError) as exc:
-            return f"workflow not confirmed ({type(exc).__name__})"
+            return ReleaseCause.WORKFLOW, f"workflow not confirmed ({type(exc).__name__})"
         if described.status != WorkflowExecutionStatus.RUNNING:
-            return f"workflow {described.status.name.lower() if described.status else 'gone'}"
+            status = described.status.name.lower() if described.status else "gone"
+            return ReleaseCause.WORKFLOW, f"workflow {status}"
         return None
+
+    async def _policy_reason(self, job: ExportJob) -> str:
+        """The policy's reason for refusing ``job`` now (the message the next claim's rejection records),
+        read afresh; a generic one when the facts cannot be read or now allow it."""
+        try:
+            facts = await self.host.store.read_policy_facts(job.id)
+        except StoreError:
+            facts = None
+        decision = evaluate_policy(facts) if facts is not None else None
+        if decision is None or decision.allowed:
+            return "the creator or the list no longer passes the policy check"
+        return decision.message
 
     async def _cutoff_2(
         self, job: ExportJob, attempt: Attempt, built: BuiltFile

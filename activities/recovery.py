@@ -211,6 +211,10 @@ class RecoveryActivities:
         job = await self.store.get_job(candidate.id)
         if not held_by(job, candidate.attempt_id, JobStatus.DELIVERING):
             return Takeover.MATCHED_NOTHING
+        if not await self.store.delivery_scope_open(job.tenant_id, job.destination_id):
+            # Only the partner can settle it, and its deliveries are paused (a compromise, an incident):
+            # no session is opened to it, not even to list. It waits, Delivering, for the resume (23.5).
+            return Takeover.WAITING_FOR_RESUME
         verdict = await self._decide_from_evidence(job, run_id, tries=self.settings.recovery_observe_tries)
         if verdict is None:
             return Takeover.MATCHED_NOTHING
@@ -305,6 +309,8 @@ class RecoveryActivities:
         job = await self.store.get_job(candidate.job_id)
         if not held_by(job, candidate.attempt_id, JobStatus.OUTCOME_UNKNOWN):
             return Recheck.MATCHED_NOTHING
+        if not await self.store.delivery_scope_open(job.tenant_id, job.destination_id):
+            return Recheck.WAITING_FOR_RESUME  # paused since its nomination: no session with that partner
         # One listing: a partner still silent is asked again after the interval, not now.
         verdict = await self._decide_from_evidence(job, run_id, tries=1)
         if verdict is None:
@@ -369,6 +375,12 @@ class RecoveryActivities:
                 return
             destination = await self.store.load_destination(job.tenant_id, job.destination_id)
             if destination.temporary_files != "remove":
+                return
+            if not await self.store.delivery_scope_open(job.tenant_id, job.destination_id):
+                # No session with a paused partner, not even to tidy up: the files stay (it is recorded).
+                await self.store.append_delivery_evidence(
+                    job_id, attempt_id, run_id, {"cleanup": "skipped", "why": "deliveries paused"}
+                )
                 return
             name = job.expected_file_name or job.final_name
             partner = self.partners(destination)

@@ -16,6 +16,9 @@ import psycopg
 from db.errors import translate
 from db.queries import fetch_sync
 
+# A job given back for failures this many times is "released again and again" (the alert's gauge).
+RELEASED_OFTEN = 3
+
 
 @dataclass(frozen=True)
 class GaugeValues:
@@ -27,6 +30,7 @@ class GaugeValues:
     outcome_unknown: int
     running_expired: int
     delivering_expired: int
+    delivering_waiting_for_resume: int  # expired, settled only by its partner, whose deliveries are paused
     running_expired_oldest_age: float
     delivering_expired_oldest_age: float
     queued_oldest_age: float
@@ -35,6 +39,7 @@ class GaugeValues:
     outbox_unpublished: int
     outbox_oldest_age: float
     outcome_unknown_oldest_age: float
+    released_repeatedly: int  # jobs in flight given back for failures at least ``released_often`` times
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> GaugeValues:
@@ -56,12 +61,13 @@ class GaugesReader:
         role: str = "exports_worker",
         count_cap: int = 100_000,
         unknown_probe: int = 100,
+        released_often: int = RELEASED_OFTEN,
         statement_timeout_ms: int = 2_000,
         connect_timeout_seconds: int = 3,
     ) -> None:
         self.url = url
         self.role = role
-        self.params = {"cap": count_cap, "unknown_probe": unknown_probe}
+        self.params = {"cap": count_cap, "unknown_probe": unknown_probe, "released_often": released_often}
         self.statement_timeout_ms = statement_timeout_ms
         self.connect_timeout_seconds = connect_timeout_seconds
         self._conn: psycopg.Connection[Any] | None = None

@@ -81,6 +81,7 @@ SELECT j.id AS job_id, j.tenant_id, j.status, j.version, j.attempt_id, j.destina
        EXISTS (SELECT 1 FROM contacts c WHERE c.tenant_id = j.tenant_id AND c.list_name = j.list_name)
            AS list_exists,
        delivery_scope_open(j.tenant_id, j.destination_id) AS deliveries_open,
+       coalesce(j.available_at <= clock_timestamp(), true) AS available,
        (clock_timestamp() AT TIME ZONE 'UTC')::date AS today
 FROM export_jobs j
 LEFT JOIN destinations d ON d.tenant_id = j.tenant_id AND d.id = j.destination_id
@@ -98,13 +99,15 @@ RETURNING id;
 -- name: claim_if_queued
 -- Cutoff 1: Queued -> Running for the checked version, with the lease and the Claimed event, only while
 -- every delivery switch of the job's scope (global, its tenant, its destination) exists and is enabled: a
--- missing row is a paused scope (fail-closed). The switch rows are read FOR SHARE here, so a pause or
--- resume and this claim serialize: whichever commits first, the other sees it. A paused claim matches
--- nothing and the job stays Queued. It answers with the row whether or not it matched (lock, guarded
+-- missing row is a paused scope (fail-closed), and only once the job's available_at (a give-back's wait)
+-- has passed. The switch rows are read FOR SHARE here, so a pause or resume and this claim serialize:
+-- whichever commits first, the other sees it. A paused or waiting claim matches nothing and the job stays
+-- Queued. It answers with the row whether or not it matched (lock, guarded
 -- update, return the row), so a refusal is classified from this answer; the locking reads return the
 -- latest committed versions after any wait.
 WITH job AS (
-    SELECT id, status, version, attempt_id, tenant_id, destination_id
+    SELECT id, status, version, attempt_id, tenant_id, destination_id,
+           coalesce(available_at <= clock_timestamp(), true) AS available
     FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
 gate AS (
     -- the three switches of the job's scope read FOR SHARE, while it is Queued (a missing row is paused)
@@ -118,26 +121,41 @@ claimed AS (
     FROM job, gate
     WHERE j.id = job.id AND j.status = 'Queued' AND j.version = %(checked_version)s
       AND gate.open
+      -- a job given back after a failure waits until its available_at (002: "Persist available_at")
+      AND (j.available_at IS NULL OR j.available_at <= clock_timestamp())
     RETURNING j.id, j.status, j.version, j.attempt_id, j.claimed_by),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
     SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed)
-SELECT true AS matched, status, version, attempt_id, true AS deliveries_open FROM claimed
+SELECT true AS matched, status, version, attempt_id, true AS deliveries_open, true AS available FROM claimed
 UNION ALL
-SELECT false AS matched, status, version, attempt_id, (SELECT open FROM gate) AS deliveries_open
+SELECT false AS matched, status, version, attempt_id, (SELECT open FROM gate) AS deliveries_open, available
 FROM job WHERE NOT EXISTS (SELECT 1 FROM claimed);
+
+-- name: adopt_claim_if_running
+-- After a lost claim answer Temporal may retry the claim on another host, which finds the claim its attempt
+-- made (Running with this attempt): the attempt is that host's now (23.8), so the row names it, and every
+-- event written from here on (fences, terminal writes) names the host that holds the attempt. Only this
+-- attempt, only while Running; no status change. Ownership is the attempt's: no write is conditioned on
+-- claimed_by.
+UPDATE export_jobs SET claimed_by = %(worker_id)s
+WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+  AND claimed_by IS DISTINCT FROM %(worker_id)s
+RETURNING id AS job_id;
 
 -- name: authorize_delivery_if_running
 -- Cutoff 2: Running -> Delivering for this attempt, only with no stop request and a current lease; for a
--- replacement, only while its original is not Completed; and only while the job's destination is active
--- and within its contract today (UTC) and every delivery switch of its scope exists and is enabled. FOR
--- SHARE on the original conflicts with a correction's update of it, on the destination with its
--- retirement, on the switches with a pause: whichever commits first makes the other wait, and this
--- statement then re-checks. It answers with state and ownership whether or not it matched, so a refusal
--- is classified from this answer (StopRecorded, LeaseLapsed, NotOwner, OriginalCompleted,
--- DestinationInactive, Paused).
+-- replacement, only while its original is not Completed; only while the job's destination is active
+-- and within its contract today (UTC) and every delivery switch of its scope exists and is enabled; and
+-- only while the creator may still export the list and the list still has contacts (001: "facts that live
+-- outside the claimed row"; the claim's policy check read them before the build). FOR SHARE on the
+-- original conflicts with a correction's update of it, on the destination with its retirement, on the
+-- switches with a pause, on the creator's principal row with its revocation: whichever commits first makes
+-- the other wait, and this statement then re-checks. It answers with state and ownership whether or not it
+-- matched, so a refusal is classified from this answer (StopRecorded, LeaseLapsed, NotOwner,
+-- OriginalCompleted, DestinationInactive, PolicyDenied, Paused).
 WITH job AS (
-    SELECT id, status, attempt_id, stop_request_id, tenant_id, destination_id,
+    SELECT id, status, attempt_id, stop_request_id, tenant_id, destination_id, created_by, list_name,
            coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
     FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
 original AS (
@@ -152,12 +170,22 @@ destination AS (
     FROM destinations d, job
     WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
     FOR SHARE OF d),
+creator AS (
+    -- rules.policy.evaluate_policy's creator checks (a test holds the two to the same answers)
+    SELECT p.revoked_at IS NULL AND p.role IN ('operator', 'reconciler')
+           AND (p.export_lists IS NULL OR job.list_name = ANY (p.export_lists)) AS may_export
+    FROM principals p, job
+    WHERE job.status = 'Running' AND p.tenant_id = job.tenant_id AND p.name = job.created_by
+    FOR SHARE OF p),
 gate AS (
     -- the switches of the job's scope read FOR SHARE while it is Running (a missing row is paused), a
-    -- missing destination an unusable one
+    -- missing destination an unusable one, a missing principal one who may not export
     SELECT coalesce((SELECT lock_delivery_scope(job.tenant_id, job.destination_id) FROM job
                      WHERE job.status = 'Running'), false) AS open,
-           coalesce((SELECT usable FROM destination), false) AS usable),
+           coalesce((SELECT usable FROM destination), false) AS usable,
+           coalesce((SELECT may_export FROM creator), false)
+           AND EXISTS (SELECT 1 FROM contacts c, job
+                       WHERE c.tenant_id = job.tenant_id AND c.list_name = job.list_name) AS policy_allows),
 authorized AS (
     UPDATE export_jobs j
     SET status = 'Delivering',
@@ -173,19 +201,22 @@ authorized AS (
       AND j.lease_expires_at > clock_timestamp()
       -- typed, so a null binds; the original must exist and not be Completed
       AND (%(replaces_job_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM original WHERE status <> 'Completed'))
-      -- a retired or out-of-contract destination, or a paused scope, stops the attempt before delivery
-      AND gate.usable AND gate.open
+      -- a retired or out-of-contract destination, a creator who may no longer export the list or a list
+      -- that is gone, or a paused scope stops the attempt before delivery
+      AND gate.usable AND gate.policy_allows AND gate.open
     RETURNING j.id, j.status, j.attempt_id, j.stop_request_id, j.delivery_authorized_at),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
     SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized)
 SELECT true AS matched, status, attempt_id, stop_request_id, true AS lease_current,
-       (SELECT status FROM original) AS original_status, true AS destination_usable, true AS deliveries_open
+       (SELECT status FROM original) AS original_status, true AS destination_usable, true AS deliveries_open,
+       true AS policy_allows
 FROM authorized
 UNION ALL
 SELECT false AS matched, status, attempt_id, stop_request_id, lease_current,
        (SELECT status FROM original) AS original_status,
-       (SELECT usable FROM gate) AS destination_usable, (SELECT open FROM gate) AS deliveries_open
+       (SELECT usable FROM gate) AS destination_usable, (SELECT open FROM gate) AS deliveries_open,
+       (SELECT policy_allows FROM gate) AS policy_allows
 FROM job WHERE NOT EXISTS (SELECT 1 FROM authorized);
 
 -- name: read_ownership
@@ -240,23 +271,56 @@ FROM failed
 RETURNING id;
 
 -- name: release_attempt_if_running
--- Running -> Queued by the owning worker, for a drain or a pause: the attempt gives the job back without
--- using up one of its attempts, with its event and a new wake-up. A recorded stop request is honored by
--- finish_stopped instead, never released into the queue again.
+-- Running -> Queued by the attempt that holds the job (ownership is the attempt's, whichever host confirmed
+-- its claim), before cutoff 2, with its event and a new wake-up; the attempt is not counted against the
+-- attempt cap. A give-back for a failure (counted) makes the job wait: available_at = now + min(cap,
+-- base * 2^n) scaled by the jitter (0.5 to 1), n its earlier counted give-backs, and the wake-up waits as
+-- long (002 "Backoff": persisted, so a restart keeps the delay). Past max_releases counted give-backs the
+-- job ends Failed (AttemptsExhausted) instead (002: "poison input cannot create infinite retries"). A drain
+-- or a pause is not counted and does not wait. A recorded stop request is honored by finish_stopped
+-- instead, never released into the queue again. The event names the host that gave the job back.
 WITH released AS (
     UPDATE export_jobs
     SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
-        woken_at = clock_timestamp(), attempts_released = attempts_released + 1
+        woken_at = clock_timestamp(), attempts_released = attempts_released + 1,
+        transient_releases = transient_releases + CASE WHEN %(counted)s THEN 1 ELSE 0 END,
+        available_at = CASE WHEN %(counted)s THEN clock_timestamp() + make_interval(
+            secs => least(%(cap_seconds)s::float8, %(base_seconds)s::float8 * 2 ^ transient_releases)
+                    * (0.5 + 0.5 * %(jitter)s::float8)) END
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
-      AND claimed_by = %(worker_id)s AND stop_request_id IS NULL
-    RETURNING id),
+      AND stop_request_id IS NULL
+      AND (NOT %(counted)s OR transient_releases < %(max_releases)s)
+    RETURNING id, available_at, transient_releases),
+exhausted AS (
+    UPDATE export_jobs
+    SET status = 'Failed', failure_reason = 'AttemptsExhausted', lease_expires_at = NULL
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
+      AND stop_request_id IS NULL
+      AND %(counted)s AND transient_releases >= %(max_releases)s
+    RETURNING id, attempt_id, transient_releases),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
-    SELECT id, %(attempt_id)s, 'Released', %(worker_id)s, %(reason)s, clock_timestamp() FROM released),
+    SELECT id, %(attempt_id)s, 'Released', %(worker_id)s,
+           %(cause)s || ': ' || %(reason)s
+           || coalesce('; the next claim waits until ' || to_char(available_at AT TIME ZONE 'UTC',
+                                                                   'HH24:MI:SS.MS') || ' UTC', ''),
+           clock_timestamp()
+    FROM released),
+gave_up AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT id, attempt_id, 'AttemptsExhausted', %(worker_id)s,
+           'given back ' || transient_releases || CASE WHEN transient_releases = 1 THEN ' time' ELSE ' times' END
+           || ' after failures (the limit); this time '
+           || %(cause)s || ': ' || %(reason)s,
+           clock_timestamp()
+    FROM exhausted),
 woke AS (
-    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
-    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM released)
-SELECT id AS job_id FROM released;
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent, available_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text, available_at
+    FROM released)
+SELECT id AS job_id, 'Released' AS ending, available_at FROM released
+UNION ALL
+SELECT id AS job_id, 'Exhausted' AS ending, NULL::timestamptz AS available_at FROM exhausted;
 
 -- name: fence_upload_if_delivering
 -- The upload fence: before any I/O with the partner, this attempt writes it, still Delivering, still the
@@ -331,11 +395,16 @@ FROM export_jobs WHERE id = %(job_id)s
 RETURNING id;
 
 -- name: find_expired_leases
--- Recovery's scan. It only nominates: each takeover below repeats every condition it relied on.
+-- Recovery's scan. It only nominates: each takeover below repeats every condition it relied on. A
+-- Delivering attempt whose resolution needs its partner (its rename fence was written, so only a listing or
+-- a set-aside can settle it) waits while its partner's deliveries are paused: no session is opened to a
+-- paused partner (23.5), and the scan passes over it so the jobs behind it are taken over meanwhile.
 SELECT id, attempt_id, status, stop_request_id, attempt_count, attempts_released, replaces_job_id,
        fence_expected AND rename_fenced_at IS NULL AS unpublished
 FROM export_jobs
 WHERE status IN ('Running', 'Delivering') AND lease_expires_at < clock_timestamp()
+  AND (status = 'Running' OR (fence_expected AND rename_fenced_at IS NULL)
+       OR delivery_scope_open(tenant_id, destination_id))
 ORDER BY lease_expires_at
 LIMIT %(limit)s;
 
@@ -480,6 +549,8 @@ WHERE j.status = 'OutcomeUnknown'
   AND NOT EXISTS (SELECT 1 FROM export_attempt_events r
                   WHERE r.job_id = j.id AND r.attempt_id = j.attempt_id AND r.kind = 'Reconciled')
   AND NOT EXISTS (SELECT 1 FROM export_jobs s WHERE s.replaces_job_id = j.id)
+  -- no session is opened to a paused partner: its re-check waits for the resume (23.5)
+  AND delivery_scope_open(j.tenant_id, j.destination_id)
 ORDER BY recorded.at
 LIMIT %(limit)s;
 
@@ -568,6 +639,8 @@ WITH due AS (
       -- filter it walks ix_export_jobs_woken in order and stops at the batch (bench scale_db: 6.5x slower
       -- than empty at 100k queued before).
       AND delivery_scope_open(j.tenant_id, j.destination_id)
+      -- a job waiting after a give-back has a wake-up due at its available_at: it is not stranded
+      AND (j.available_at IS NULL OR j.available_at <= clock_timestamp())
     ORDER BY j.woken_at
     LIMIT %(batch)s
     FOR UPDATE OF j SKIP LOCKED),
@@ -604,6 +677,8 @@ WITH due AS (
       -- every switch of its scope enabled (a missing row is paused), a per-row filter as in
       -- sweep_stale_queued, so the batch walks ix_export_jobs_woken in order.
       AND delivery_scope_open(j.tenant_id, j.destination_id)
+      -- a job waiting after a give-back is woken by its own wake-up when its wait is over
+      AND (j.available_at IS NULL OR j.available_at <= clock_timestamp())
     ORDER BY j.woken_at
     LIMIT %(batch)s
     FOR UPDATE OF j SKIP LOCKED),
@@ -735,10 +810,12 @@ ORDER BY recorded_at, id;
 -- workflow starts, so no lock is held across a start; SKIP LOCKED passes over rows another dispatcher is
 -- taking at this moment, and the update repeats the conditions. A lease that passed with the row still
 -- unpublished (its dispatcher died or its start failed) lets any dispatcher take it again, with the same
--- message ID. The lease is also the token release_unpublished must match.
+-- message ID. The lease is also the token release_unpublished must match. A wake-up that waits (a
+-- give-back's available_at) is taken only once it is due.
 WITH due AS (
     SELECT message_id FROM outbox
     WHERE published_at IS NULL AND (publishing_until IS NULL OR publishing_until < clock_timestamp())
+      AND (available_at IS NULL OR available_at <= clock_timestamp())
     ORDER BY created_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED),
@@ -750,7 +827,7 @@ FROM due, lease
 WHERE o.message_id = due.message_id AND o.published_at IS NULL
   AND (o.publishing_until IS NULL OR o.publishing_until < lease.taken_at)
 RETURNING o.message_id, o.kind, o.job_id, o.created_at, o.traceparent, o.publishing_until,
-          extract(epoch FROM lease.taken_at - o.created_at)::float8 AS waited_seconds;
+          extract(epoch FROM lease.taken_at - greatest(o.created_at, o.available_at))::float8 AS waited_seconds;
 
 -- name: mark_published
 -- Marks wake-ups published once their workflows started; the dispatcher may change nothing else. Not

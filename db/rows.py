@@ -18,6 +18,7 @@ class ClaimAnswer(Row):
     version: int
     attempt_id: UUID | None
     deliveries_open: bool
+    available: bool  # not waiting after a give-back (its available_at passed, or it has none)
 
 
 class CutoffAnswer(Row):
@@ -31,6 +32,9 @@ class CutoffAnswer(Row):
     original_status: JobStatus | None
     destination_usable: bool  # not retired and within its contract today, read FOR SHARE by cutoff 2
     deliveries_open: bool  # every delivery switch of the job's scope enabled, read FOR SHARE by cutoff 2
+    policy_allows: (
+        bool  # the creator may still export the list (principal read FOR SHARE), and it has contacts
+    )
 
 
 class FenceAnswer(Row):
@@ -45,6 +49,21 @@ class FenceAnswer(Row):
 
 class JobIdRow(Row):
     job_id: UUID
+
+
+class ReleaseRow(Row):
+    """A give-back's answer: the job went back to the queue (waiting until ``available_at``, if counted),
+    or it was past the bound of give-backs for failures and ended Failed (AttemptsExhausted)."""
+
+    job_id: UUID
+    ending: str  # 'Released' or 'Exhausted'
+    available_at: datetime | None
+
+
+class OpenRow(Row):
+    """A gate's verdict: every delivery switch of the scope enabled."""
+
+    open: bool
 
 
 class IdRow(Row):

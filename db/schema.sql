@@ -52,6 +52,22 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.export_jobs_backoff_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.transient_releases < OLD.transient_releases THEN
+        RAISE EXCEPTION 'export %: the count of give-backs for failures never decreases', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_backoff';
+    END IF;
+    IF NEW.available_at IS DISTINCT FROM OLD.available_at
+       AND NOT (OLD.status = 'Running' AND NEW.status = 'Queued') THEN
+        RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued)', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_backoff';
+    END IF;
+    RETURN NEW;
+END $$;
+
 CREATE FUNCTION public.export_jobs_guard() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -173,6 +189,17 @@ CREATE FUNCTION public.outbox_notify() RETURNS trigger
 BEGIN
     PERFORM pg_notify('outbox', '');
     RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.principals_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF current_user = 'exports_worker' THEN
+        RAISE EXCEPTION 'exports_worker reads principals, it never changes them'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_principals_writer';
+    END IF;
+    RETURN NEW;
 END $$;
 
 CREATE TABLE public.api_tokens (
@@ -374,6 +401,8 @@ CREATE TABLE public.export_jobs (
     upload_fenced_at timestamp with time zone,
     rename_fenced_at timestamp with time zone,
     rejection_code text,
+    available_at timestamp with time zone,
+    transient_releases integer DEFAULT 0 NOT NULL,
     CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
     CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
     CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
@@ -382,7 +411,8 @@ CREATE TABLE public.export_jobs (
     CONSTRAINT ck_export_jobs_replacement CHECK (((replaces_job_id IS NULL) = (replacement_reason IS NULL))),
     CONSTRAINT export_jobs_attempts_released_check CHECK ((attempts_released >= 0)),
     CONSTRAINT export_jobs_failure_reason_check CHECK ((failure_reason = ANY (ARRAY['BuildFailed'::text, 'AttemptsExhausted'::text, 'NotDelivered'::text, 'FinalNameOccupied'::text, 'OriginalDelivered'::text]))),
-    CONSTRAINT export_jobs_status_check CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text, 'Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text, 'Completed'::text, 'OutcomeUnknown'::text])))
+    CONSTRAINT export_jobs_status_check CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text, 'Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text, 'Completed'::text, 'OutcomeUnknown'::text]))),
+    CONSTRAINT export_jobs_transient_releases_check CHECK ((transient_releases >= 0))
 );
 
 CREATE TABLE public.export_status_edges (
@@ -410,6 +440,7 @@ CREATE TABLE public.outbox (
     published_at timestamp with time zone,
     traceparent text,
     publishing_until timestamp with time zone,
+    available_at timestamp with time zone,
     CONSTRAINT ck_outbox_traceparent CHECK ((traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text))
 );
 
@@ -548,7 +579,11 @@ CREATE INDEX ix_export_jobs_tenant_created_id ON public.export_jobs USING btree 
 
 CREATE INDEX ix_export_jobs_tenant_destination_live ON public.export_jobs USING btree (tenant_id, destination_id) WHERE (status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text]));
 
+CREATE INDEX ix_export_jobs_transient_releases ON public.export_jobs USING btree (transient_releases) WHERE ((status = ANY (ARRAY['Queued'::text, 'Running'::text])) AND (transient_releases > 0));
+
 CREATE INDEX ix_export_jobs_woken ON public.export_jobs USING btree (woken_at) WHERE (status = 'Queued'::text);
+
+CREATE INDEX ix_outbox_deferred ON public.outbox USING btree (available_at) WHERE ((published_at IS NULL) AND (available_at IS NOT NULL));
 
 CREATE INDEX ix_outbox_unpublished ON public.outbox USING btree (created_at) WHERE (published_at IS NULL);
 
@@ -564,6 +599,8 @@ CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switc
 
 CREATE TRIGGER tr_destinations_guard BEFORE UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
 
+CREATE TRIGGER tr_export_jobs_backoff_guard BEFORE UPDATE OF available_at, transient_releases ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_backoff_guard();
+
 CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_guard();
 
 CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_insert_guard();
@@ -573,6 +610,8 @@ CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR 
 CREATE TRIGGER tr_export_jobs_replacement_terms BEFORE UPDATE OF destination_id, list_name ON public.export_jobs FOR EACH ROW WHEN (((old.replaces_job_id IS NOT NULL) AND ((new.destination_id IS DISTINCT FROM old.destination_id) OR (new.list_name IS DISTINCT FROM old.list_name)))) EXECUTE FUNCTION public.export_jobs_replacement_terms_guard();
 
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
+
+CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH ROW EXECUTE FUNCTION public.principals_guard();
 
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
@@ -640,6 +679,7 @@ ALTER TABLE ONLY public.principals
 REVOKE ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_api;
+GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_recovery;
 
 REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
@@ -670,6 +710,7 @@ GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_api;
 
 GRANT SELECT ON TABLE public.delivery_switches TO exports_worker;
 GRANT SELECT,INSERT ON TABLE public.delivery_switches TO exports_api;
+GRANT SELECT ON TABLE public.delivery_switches TO exports_recovery;
 
 GRANT UPDATE(scope) ON TABLE public.delivery_switches TO exports_worker;
 
@@ -758,6 +799,10 @@ GRANT UPDATE(rename_fenced_at) ON TABLE public.export_jobs TO exports_worker;
 
 GRANT UPDATE(rejection_code) ON TABLE public.export_jobs TO exports_worker;
 
+GRANT UPDATE(available_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(transient_releases) ON TABLE public.export_jobs TO exports_worker;
+
 GRANT SELECT ON TABLE public.export_status_edges TO exports_api;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_worker;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_reconciler;
@@ -777,11 +822,15 @@ GRANT SELECT(published_at) ON TABLE public.outbox TO exports_worker;
 
 GRANT UPDATE(publishing_until) ON TABLE public.outbox TO exports_dispatcher;
 
+GRANT SELECT(available_at) ON TABLE public.outbox TO exports_worker;
+
 GRANT SELECT,INSERT ON TABLE public.outcome_corrections TO exports_reconciler;
 GRANT SELECT ON TABLE public.outcome_corrections TO exports_api;
 
 GRANT SELECT ON TABLE public.principals TO exports_worker;
 GRANT SELECT ON TABLE public.principals TO exports_api;
+
+GRANT UPDATE(name) ON TABLE public.principals TO exports_worker;
 
 GRANT SELECT ON TABLE public.schema_migrations TO exports_api;
 GRANT SELECT ON TABLE public.schema_migrations TO exports_worker;

@@ -128,6 +128,11 @@ SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remo
        'sftp'::text AS kind
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
 
+-- name: read_delivery_scope
+-- Whether every delivery switch of a destination's scope (global, its tenant, itself) is enabled now: what
+-- recovery asks before it opens a session with that partner (a paused scope waits for the resume, 23.5).
+SELECT delivery_scope_open(%(tenant_id)s, %(destination_id)s) AS open;
+
 -- name: set_build_scope
 -- The builder's scope as transaction-local settings bound with named parameters: COPY takes no server-side
 -- parameters, and no value is ever merged into SQL text.
@@ -331,14 +336,24 @@ SELECT
     (SELECT count(*) FROM (SELECT FROM export_jobs
                            WHERE status = 'Running' AND lease_expires_at < statement_timestamp()
                            LIMIT %(cap)s) c) AS running_expired,
+    -- an expired delivery that only its partner can settle waits while that partner is paused (recovery
+    -- opens no session to it): counted apart, not as a lease recovery failed to take over
     (SELECT count(*) FROM (SELECT FROM export_jobs
                            WHERE status = 'Delivering' AND lease_expires_at < statement_timestamp()
+                             AND ((fence_expected AND rename_fenced_at IS NULL)
+                                  OR delivery_scope_open(tenant_id, destination_id))
                            LIMIT %(cap)s) c) AS delivering_expired,
+    (SELECT count(*) FROM (SELECT FROM export_jobs
+                           WHERE status = 'Delivering' AND lease_expires_at < statement_timestamp()
+                             AND NOT (fence_expected AND rename_fenced_at IS NULL)
+                             AND NOT delivery_scope_open(tenant_id, destination_id)
+                           LIMIT %(cap)s) c) AS delivering_waiting_for_resume,
     (SELECT coalesce(extract(epoch FROM statement_timestamp() - min(lease_expires_at)), 0)::float8
      FROM export_jobs WHERE status = 'Running' AND lease_expires_at < statement_timestamp())
         AS running_expired_oldest_age,
     (SELECT coalesce(extract(epoch FROM statement_timestamp() - min(lease_expires_at)), 0)::float8
-     FROM export_jobs WHERE status = 'Delivering' AND lease_expires_at < statement_timestamp())
+     FROM export_jobs WHERE status = 'Delivering' AND lease_expires_at < statement_timestamp()
+       AND ((fence_expected AND rename_fenced_at IS NULL) OR delivery_scope_open(tenant_id, destination_id)))
         AS delivering_expired_oldest_age,
     (SELECT coalesce(extract(epoch FROM statement_timestamp() - min(created_at)), 0)::float8
      FROM export_jobs WHERE status = 'Queued') AS queued_oldest_age,
@@ -346,7 +361,12 @@ SELECT
      FROM export_jobs WHERE status = 'Queued') AS queued_oldest_wake_up_age,
     (SELECT coalesce(max(sweep_count), 0) FROM export_jobs WHERE status = 'Queued') AS queued_max_sweep_count,
     (SELECT count(*) FROM (SELECT FROM outbox WHERE published_at IS NULL LIMIT %(cap)s) c) AS outbox_unpublished,
-    (SELECT coalesce(extract(epoch FROM statement_timestamp() - min(created_at)), 0)::float8
-     FROM outbox WHERE published_at IS NULL) AS outbox_oldest_age,
+    -- a wake-up that waits for a give-back's available_at is not late until then
+    (SELECT coalesce(extract(epoch FROM statement_timestamp() - min(coalesce(available_at, created_at))), 0)::float8
+     FROM outbox WHERE published_at IS NULL
+       AND (available_at IS NULL OR available_at <= statement_timestamp())) AS outbox_oldest_age,
+    (SELECT count(*) FROM (SELECT FROM export_jobs
+                           WHERE status IN ('Queued', 'Running') AND transient_releases >= %(released_often)s
+                           LIMIT %(cap)s) c) AS released_repeatedly,
     (SELECT coalesce(extract(epoch FROM statement_timestamp() - since), 0)::float8 FROM unknown_since)
         AS outcome_unknown_oldest_age;

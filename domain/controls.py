@@ -39,6 +39,7 @@ class PolicyFacts(Row):
     principal_lists: list[str] | None
     list_exists: bool
     deliveries_open: bool
+    available: bool = True  # not waiting after a give-back (available_at passed, or none)
     today: date
 
 

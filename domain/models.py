@@ -94,6 +94,7 @@ class Statement(StrEnum):
     CANCEL_AND_RECORD = "cancel_and_record"  # written: Queued -> Canceled, or a Running job's stop request
     REJECT_IF_QUEUED = "reject_if_queued"
     RELEASE_ATTEMPT_IF_RUNNING = "release_attempt_if_running"
+    ADOPT_CLAIM_IF_RUNNING = "adopt_claim_if_running"
     FENCE_UPLOAD_IF_DELIVERING = "fence_upload_if_delivering"
     FENCE_RENAME_IF_DELIVERING = "fence_rename_if_delivering"
     FAIL_UNPUBLISHED_DELIVERY = "fail_unpublished_delivery"
@@ -105,6 +106,7 @@ class ClaimResult(StrEnum):
     CLAIMED = "Claimed"
     LOST = "Lost"
     PAUSED = "Paused"  # the claim matched nothing because a switch of the job's scope is paused: still Queued
+    NOT_YET = "NotYet"  # the claim matched nothing because the job waits after a give-back (available_at)
     UNKNOWN = "Unknown"
 
 
@@ -116,6 +118,9 @@ class AuthorizationResult(StrEnum):
     ORIGINAL_COMPLETED = "OriginalCompleted"
     PAUSED = "Paused"  # a switch of the job's scope is paused: give the attempt back (release)
     DESTINATION_INACTIVE = "DestinationInactive"  # retired or out of contract: release; the policy rejects
+    POLICY_DENIED = (
+        "PolicyDenied"  # the creator may no longer export, or the list is gone: release; the policy rejects
+    )
     UNKNOWN = "Unknown"
 
 
@@ -126,6 +131,28 @@ class FenceResult(StrEnum):
     LEASE_LAPSED = "LeaseLapsed"  # still the owner, lease expired: renew once and fence again
     NOT_OWNER = "NotOwner"  # another attempt, another state, or recovery's takeover refused it
     UNKNOWN = "Unknown"  # the answer and its re-read were both lost: send nothing
+
+
+class ReleaseCause(StrEnum):
+    """Why an attempt gave its job back to the queue before cutoff 2 (the ``Released`` event says so)."""
+
+    DRAIN = "drain"  # its worker is shutting down: nobody's failure, handed on at once
+    PAUSED = "paused"  # a delivery switch paused, or the destination retired or out of contract, at cutoff 2
+    POLICY = (
+        "policy"  # at cutoff 2 the creator may no longer export, or the list is gone: the next claim rejects
+    )
+    WORKFLOW = "workflow"  # its workflow is gone, or could not be confirmed (Temporal unreachable, throttled)
+    TRANSIENT = "transient"  # the build was interrupted by the database, or cutoff 2 could not read a fact
+
+
+class ReleaseResult(StrEnum):
+    """What a give-back found: released (the job waits in the queue), exhausted (past the bound of
+    give-backs for failures, the job ended Failed instead), not this attempt's row, or unknown."""
+
+    RELEASED = "Released"
+    EXHAUSTED = "Exhausted"
+    NOT_OWNER = "NotOwner"
+    UNKNOWN = "Unknown"
 
 
 class FinishResult(StrEnum):
@@ -162,6 +189,7 @@ class AttemptOutcome(StrEnum):
     LEFT_TO_RECOVERY = "LeftToRecovery"  # unanswered write, timed-out or failed activity: the lease decides
     RELEASED = "Released"  # this attempt gave the job back to the queue (a drain or a pause) before cutoff 2
     PAUSED = "Paused"  # a switch of the job's scope is paused: nothing claimed, the job stays Queued
+    NOT_YET = "NotYet"  # the job waits after a give-back until its available_at: nothing claimed
 
 
 class StopPoint(StrEnum):
@@ -209,6 +237,8 @@ class ExportJob(Row):
     upload_fenced_at: datetime | None
     rename_fenced_at: datetime | None
     rejection_code: RejectionCode | None
+    available_at: datetime | None = None  # not claimable before this (database clock), after a give-back
+    transient_releases: int = 0  # give-backs for a failure: each makes the next claim wait longer
 
     @property
     def final_name(self) -> str:

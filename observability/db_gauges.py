@@ -13,6 +13,10 @@ What it reports (all on the database clock, ages 0 when nothing waits):
 - ``fenced_exports_expired_leases{status}`` (Running / Delivering rows whose lease has expired) and
   ``fenced_exports_expired_lease_oldest_age_seconds{status}``: how long ago the oldest one expired.
 - ``fenced_exports_outcome_unknown_oldest_age_seconds``: since the oldest OutcomeUnknown was recorded.
+- ``fenced_exports_deliveries_waiting_for_resume``: expired Delivering jobs recovery leaves alone while
+  their partner is paused (23.5); ``fenced_exports_expired_leases{status="Delivering"}`` leaves them out.
+- ``fenced_exports_jobs_released_repeatedly``: jobs in flight given back for failures at least
+  ``db.gauges.RELEASED_OFTEN`` times (issue 23.1; the alert on a job released again and again).
 - ``fenced_exports_db_gauges_up`` (1 when the last query answered) and
   ``fenced_exports_db_gauges_query_duration_seconds``.
 
@@ -20,8 +24,8 @@ Cost: the query (``read_database_gauges`` in ``db/support.sql``, run by ``db.gau
 only partial indexes whose size is the work in flight (migration 0004), each count stops at ``count_cap`` rows, and the OutcomeUnknown wait looks at ``unknown_probe`` jobs at most;
 the result is cached for ``cache_seconds`` so any number of scrapes make one query per interval; a
 ``statement_timeout`` bounds the rest. It connects as the worker's login and acts as ``exports_worker``
-(it may read export_jobs and export_attempt_events, and of the outbox only ``created_at`` and
-``published_at``, granted in 0004).
+(it may read export_jobs and export_attempt_events, and of the outbox only ``created_at``,
+``published_at`` (granted in 0004) and ``available_at`` (0016)).
 """
 
 from __future__ import annotations
@@ -175,6 +179,16 @@ class DatabaseGauges(Collector):
             "outcome_unknown_oldest_age": GaugeMetricFamily(
                 "fenced_exports_outcome_unknown_oldest_age_seconds",
                 "How long the oldest OutcomeUnknown job has waited for reconciliation.",
+            ),
+            "delivering_waiting_for_resume": GaugeMetricFamily(
+                "fenced_exports_deliveries_waiting_for_resume",
+                "Delivering jobs with an expired lease that only their partner can settle, left by recovery "
+                "while that partner's deliveries are paused (not counted as expired leases).",
+            ),
+            "released_repeatedly": GaugeMetricFamily(
+                "fenced_exports_jobs_released_repeatedly",
+                "Queued or Running jobs given back to the queue for failures 3 times or more "
+                "(each give-back waits longer; past the bound the job ends Failed).",
             ),
         }
         if v is not None:

@@ -36,6 +36,8 @@ from domain.models import (
     DeliveryOutcome,
     FenceResult,
     FinishResult,
+    ReleaseCause,
+    ReleaseResult,
     Statement,
 )
 
@@ -93,6 +95,7 @@ _RESULTS: dict[str, TransitionResult] = {
     ClaimResult.CLAIMED: TransitionResult.WRITTEN,
     ClaimResult.LOST: TransitionResult.REFUSED,
     ClaimResult.PAUSED: TransitionResult.REFUSED,
+    ClaimResult.NOT_YET: TransitionResult.REFUSED,
     ClaimResult.UNKNOWN: TransitionResult.UNKNOWN,
     AuthorizationResult.AUTHORIZED: TransitionResult.WRITTEN,
     AuthorizationResult.STOP_RECORDED: TransitionResult.REFUSED,
@@ -101,6 +104,9 @@ _RESULTS: dict[str, TransitionResult] = {
     AuthorizationResult.ORIGINAL_COMPLETED: TransitionResult.REFUSED,
     AuthorizationResult.PAUSED: TransitionResult.REFUSED,
     AuthorizationResult.DESTINATION_INACTIVE: TransitionResult.REFUSED,
+    AuthorizationResult.POLICY_DENIED: TransitionResult.REFUSED,
+    ReleaseResult.RELEASED: TransitionResult.WRITTEN,
+    ReleaseResult.EXHAUSTED: TransitionResult.WRITTEN,
     AuthorizationResult.UNKNOWN: TransitionResult.UNKNOWN,
     FinishResult.WRITTEN: TransitionResult.WRITTEN,
     FinishResult.NOT_OWNER: TransitionResult.NOT_OWNER,
@@ -244,6 +250,13 @@ class ExportMetrics:
             buckets=_LAG,
             registry=r,
         )
+        self.releases = Counter(
+            f"{PREFIX}_releases_total",
+            "Give-backs of a job to the queue before cutoff 2, by cause and ending (released, or exhausted: "
+            "past the bound of give-backs for failures the job ended Failed).",
+            ("cause", "ending"),
+            registry=r,
+        )
         self.config = Gauge(
             f"{PREFIX}_config_seconds",
             "This process's intervals and timeouts, for alert thresholds that follow the configuration.",
@@ -261,6 +274,9 @@ class ExportMetrics:
             self.busy.labels("cancel")
         for renewal in RenewalResult:
             self.renewals.labels(renewal.value)
+        for cause in ReleaseCause:
+            for ending in (ReleaseResult.RELEASED, ReleaseResult.EXHAUSTED):
+                self.releases.labels(cause.value, ending.value)
         for outcome in _DELIVERY_OUTCOMES:
             self.upload_duration.labels(outcome)
         for statement in Statement:
@@ -355,6 +371,11 @@ class ExportMetrics:
             self.busy.labels("cancel", *tenant).inc()
 
     # -- the build and the upload -----------------------------------------------------------------------
+
+    def count_release(self, cause: ReleaseCause | str, ending: ReleaseResult | str) -> None:
+        """A give-back that was written (called by the worker's store): its cause and whether it ended the
+        job (exhausted) or put it back in the queue (released)."""
+        self.releases.labels(ReleaseCause(cause).value, ReleaseResult(ending).value).inc()
 
     def observe_build(self, seconds: float, rows: int, size_bytes: int) -> None:
         """A build that produced its file; called by the build activity after the file is closed and

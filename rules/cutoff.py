@@ -14,14 +14,16 @@ def authorization_from(
     *,
     destination_usable: bool = True,
     deliveries_open: bool = True,
+    policy_allows: bool = True,
 ) -> AuthorizationResult:
     """Cutoff 2's answer for ``attempt_id`` from state and ownership read together.
 
     Delivering with this attempt is Authorized (a lost response); another attempt or any state but
     Running is NotOwner; a recorded stop request is StopRecorded; a replacement whose original is
-    Completed is OriginalCompleted; a destination retired or out of contract is DestinationInactive and a
-    paused switch of the job's scope is Paused (both give the attempt back to the queue, as cutoff 2 read
-    them under its own locks; a lost-response re-read does not know them and says LeaseLapsed, whose retry
+    Completed is OriginalCompleted; a destination retired or out of contract is DestinationInactive, a
+    creator who may no longer export this list or a list with no contacts is PolicyDenied, and a paused
+    switch of the job's scope is Paused (all three give the attempt back to the queue, as cutoff 2 read them
+    under its own locks; a lost-response re-read does not know them and says LeaseLapsed, whose retry
     answers again); anything else is LeaseLapsed, which gets one renewal and retry.
     """
     if held_by(state, attempt_id, JobStatus.DELIVERING):
@@ -34,6 +36,8 @@ def authorization_from(
         return AuthorizationResult.ORIGINAL_COMPLETED
     if not destination_usable:
         return AuthorizationResult.DESTINATION_INACTIVE
+    if not policy_allows:
+        return AuthorizationResult.POLICY_DENIED
     if not deliveries_open:
         return AuthorizationResult.PAUSED
     # Expired, or renewed between the refusal and the re-read: either way LeaseLapsed, with its one retry.

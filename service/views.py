@@ -74,6 +74,17 @@ def _earlier_ending(events: list[AttemptEvent], request: CancellationRequest) ->
     )
 
 
+def gave_up(job: ExportJob, events: list[AttemptEvent]) -> str:
+    """Why an AttemptsExhausted export gave up, in words: after crashed attempts (recovery's cap), or after
+    give-backs for failures (the bound of 23.1), with the last cause its event recorded."""
+    ended = _event(reversed(events), job.attempt_id, EventKind.ATTEMPTS_EXHAUSTED)
+    if ended is not None and ended.worker_id and ended.detail and ended.detail.startswith("given back"):
+        # "given back 6 times after failures (the limit); this time transient: build interrupted: ..."
+        count, _, last = ended.detail.partition(" (the limit); this time ")
+        return f"gave up after being {count}, the limit; last cause: {last}"
+    return f"gave up after {job.attempt_count} attempts"
+
+
 def _code(job: ExportJob) -> str:
     return f" ({job.failure_reason.value})" if job.failure_reason else ""
 
@@ -184,9 +195,7 @@ def cancellation_message(
                 "this replacement sent nothing."
             )
         case JobStatus.FAILED if job.failure_reason == FailureCode.ATTEMPTS_EXHAUSTED:
-            return (
-                f"Already ended: gave up after {job.attempt_count} attempts. This export delivered nothing."
-            )
+            return f"Already ended: {gave_up(job, events)}. This export delivered nothing."
         case _:
             return f"Already ended: {job.status.value}{_code(job)}. This export delivered nothing."
 
@@ -194,6 +203,12 @@ def cancellation_message(
 def status_line(job: ExportJob, events: list[AttemptEvent]) -> str:
     """A one-line summary of where the export is now, from the row."""
     match job.status:
+        case JobStatus.QUEUED if job.available_at is not None and job.transient_releases:
+            times = "once" if job.transient_releases == 1 else f"{job.transient_releases} times"
+            return (
+                f"Queued (v{job.version}): given back {times} after failures; "
+                f"the next try is not before {clock(job.available_at)}."
+            )
         case JobStatus.QUEUED:
             return f"Queued (v{job.version}), waiting for a worker."
         case JobStatus.RUNNING:
@@ -216,7 +231,7 @@ def status_line(job: ExportJob, events: list[AttemptEvent]) -> str:
         case JobStatus.OUTCOME_UNKNOWN:
             return "OutcomeUnknown: delivery was authorized; nobody can yet say whether it happened."
         case JobStatus.FAILED if job.failure_reason == FailureCode.ATTEMPTS_EXHAUSTED:
-            return f"Failed: gave up after {job.attempt_count} attempts."
+            return f"Failed: {gave_up(job, events)}."
         case _:
             return f"{job.status.value}{_code(job)}."
 
@@ -253,6 +268,7 @@ _EVENT_LABELS = {
     EventKind.FAILED: "Failed",
     EventKind.FINISHED: "Delivered",
     EventKind.REQUEUED_BY_RECOVERY: "Requeued",
+    EventKind.RELEASED: "Given back",
     EventKind.STOPPED_BY_RECOVERY: "Stopped",
     EventKind.ATTEMPTS_EXHAUSTED: "Gave up",
     EventKind.RESOLVED_BY_RECOVERY: "Resolved",

@@ -229,7 +229,8 @@ class TcpProxy:
     side: the server keeps the connection and the request, and whatever it answers later goes nowhere
     (``late_answer`` is set when it does), as when the link to the client dies while the server is slow.
     :meth:`refuse_new_connections` closes each new connection as soon as it is accepted, until called with
-    ``False``: a partner that answers nobody, while connections already open go on.
+    ``False``: a partner that answers nobody, while connections already open go on. ``accepted`` counts
+    every connection that reached the proxy, refused or not.
     """
 
     def __init__(self, target_host: str, target_port: int, *, port: int = 0) -> None:
@@ -247,6 +248,7 @@ class TcpProxy:
         self.answer_swallowed = threading.Event()  # set before the cut that follows it
         self.request_dropped = threading.Event()  # set before the cut that follows it
         self.late_answer = threading.Event()  # a server side answered after its client was cut
+        self.accepted = 0  # connections accepted (refused ones included): who tried to reach the partner
         threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -255,6 +257,8 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                self.accepted += 1
             if self._refusing.is_set():
                 client.close()
                 continue

@@ -93,6 +93,7 @@ class ClaimStep(StrEnum):
     REJECTED = "Rejected"
     NOT_CLAIMED = "NotClaimed"
     PAUSED = "Paused"  # a delivery switch of the job's scope is paused: nothing claimed, still Queued
+    NOT_YET = "NotYet"  # the job waits after a give-back (available_at): nothing claimed, still Queued
 
 
 class ClaimInput(BaseModel):
@@ -200,6 +201,7 @@ class Takeover(StrEnum):
     OUTCOME_UNKNOWN = "OutcomeUnknown"
     NOT_DELIVERED = "NotDelivered"  # no rename fence, or its temporary file set aside: Failed NotDelivered
     MATCHED_NOTHING = "MatchedNothing"  # renewed, finished or taken over since the scan
+    WAITING_FOR_RESUME = "WaitingForResume"  # needs its partner, whose deliveries are paused: left as it is
     ERROR = "Error"  # not decided this run; the next run nominates it again
 
 
@@ -210,6 +212,7 @@ class Recheck(StrEnum):
     NOT_DELIVERED = "SettledNotDelivered"  # its temporary file set aside, the final name as its baseline
     STILL_UNKNOWN = "StillUnknown"  # nothing conclusive yet: listed again after the interval
     MATCHED_NOTHING = "MatchedNothing"  # reconciled, replaced or moved on since the nomination
+    WAITING_FOR_RESUME = "WaitingForResume"  # its partner's deliveries are paused: not listed
     ERROR = "Error"  # not decided this run
 
 
@@ -231,6 +234,7 @@ class RecoveryBatchResult(BaseModel):
     outcome_unknown: int = 0
     not_delivered: int = 0
     matched_nothing: int = 0
+    waiting_for_resume: int = 0  # left alone: their partner's deliveries are paused (no session opened)
     errors: int = 0
     rechecked: int = 0
     settled_completed: int = 0
@@ -256,6 +260,7 @@ class RecoveryBatchResult(BaseModel):
             Takeover.OUTCOME_UNKNOWN: "outcome_unknown",
             Takeover.NOT_DELIVERED: "not_delivered",
             Takeover.MATCHED_NOTHING: "matched_nothing",
+            Takeover.WAITING_FOR_RESUME: "waiting_for_resume",
             Takeover.ERROR: "errors",
         }[takeover]
         setattr(self, field, getattr(self, field) + 1)
@@ -268,6 +273,8 @@ class RecoveryBatchResult(BaseModel):
             self.settled_not_delivered += 1
         elif recheck == Recheck.MATCHED_NOTHING:
             self.matched_nothing += 1
+        elif recheck == Recheck.WAITING_FOR_RESUME:
+            self.waiting_for_resume += 1
         elif recheck == Recheck.ERROR:
             self.errors += 1
 

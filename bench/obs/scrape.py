@@ -12,6 +12,7 @@ import psycopg
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
+from db.gauges import RELEASED_OFTEN
 from db.queries import q
 from observability.db_gauges import DatabaseGauges
 from observability.health import MetricsServer
@@ -93,7 +94,7 @@ def explain(app_url: str, *, analyze: bool = True) -> str:
         conn.execute("SET ROLE exports_worker")
         rows = conn.execute(
             prefix + q("read_database_gauges"),  # noqa: S608 - a named statement of db/support.sql
-            {"cap": 100_000, "unknown_probe": 100},
+            {"cap": 100_000, "unknown_probe": 100, "released_often": RELEASED_OFTEN},
         ).fetchall()
     return "\n".join(r[0] for r in rows)
 

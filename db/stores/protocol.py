@@ -19,6 +19,7 @@ from db.rows import (
     EventIdRow,
     FenceAnswer,
     JobIdRow,
+    ReleaseRow,
     RenewalRow,
     StoppedRow,
 )
@@ -37,14 +38,19 @@ from domain.models import (
     JobStatus,
     OwnershipState,
     RejectionCode,
+    ReleaseCause,
+    ReleaseResult,
     Renewal,
     Statement,
     StopPoint,
 )
-from observability.metrics import StopPath
+from observability.metrics import StopPath, get_metrics
 from observability.tracing import current_traceparent
 from rules.cutoff import authorization_from
 from rules.ownership import held_by
+from rules.releases import ReleasePolicy
+
+DEFAULT_RELEASE_POLICY = ReleasePolicy()
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +97,10 @@ class ProtocolStatements(Reads):
         workflow_id: str | None = None,
     ) -> ClaimResult:
         """Cutoff 1. Claimed only if the row is Running with this attempt: from the statement's own
-        answer, or, when that answer was lost, from a re-read of state and ownership. Paused when the
-        claim matched nothing only because a delivery switch of the job's scope is paused (the job is
-        still Queued at the version checked)."""
+        answer, or, when that answer was lost, from a re-read of state and ownership. NotYet when the
+        claim matched nothing because the job waits after a give-back, Paused when only because a
+        delivery switch of the job's scope is paused (either way the job is still Queued at the version
+        checked)."""
         answers = await self._unless_lost(
             "claim_if_queued",
             {
@@ -110,13 +117,11 @@ class ProtocolStatements(Reads):
             found = answers[0] if answers else None
             if found is not None and found.matched:
                 return ClaimResult.CLAIMED
-            if (
-                found is not None
-                and found.status == JobStatus.QUEUED
-                and found.version == checked_version
-                and not found.deliveries_open
-            ):
-                return ClaimResult.PAUSED
+            if found is not None and found.status == JobStatus.QUEUED and found.version == checked_version:
+                if not found.available:
+                    return ClaimResult.NOT_YET
+                if not found.deliveries_open:
+                    return ClaimResult.PAUSED
             status, owner = (found.status, found.attempt_id) if found else (None, None)
         else:
             try:
@@ -129,6 +134,15 @@ class ProtocolStatements(Reads):
         if status == JobStatus.RUNNING and owner == attempt_id:
             return ClaimResult.CLAIMED
         return ClaimResult.LOST
+
+    @transition(Statement.ADOPT_CLAIM_IF_RUNNING)
+    async def adopt_claim_if_running(self, job_id: UUID, attempt_id: UUID, worker_id: str) -> bool:
+        """A claim confirmed on ``worker_id`` after its first answer was lost elsewhere: the row names this
+        host from now on (no status change). False when the row already names it, or the attempt no longer
+        holds a Running job."""
+        return await self._matched(
+            "adopt_claim_if_running", job_id=job_id, attempt_id=attempt_id, worker_id=worker_id
+        )
 
     @transition(Statement.AUTHORIZE_DELIVERY_IF_RUNNING)
     async def authorize_delivery_if_running(
@@ -181,6 +195,7 @@ class ProtocolStatements(Reads):
             attempt_id,
             destination_usable=found.destination_usable,
             deliveries_open=found.deliveries_open,
+            policy_allows=found.policy_allows,
         )
 
     async def renew_lease(self, job_id: UUID, attempt_id: UUID) -> Renewal:
@@ -199,41 +214,57 @@ class ProtocolStatements(Reads):
 
     @transition(Statement.RELEASE_ATTEMPT_IF_RUNNING)
     async def release_attempt_if_running(
-        self, job_id: UUID, attempt_id: UUID, worker_id: str, reason: str
-    ) -> FinishResult:
-        """Running -> Queued by the owning worker (a drain or a pause), without using up an attempt.
+        self,
+        job_id: UUID,
+        attempt_id: UUID,
+        worker_id: str,
+        reason: str,
+        cause: ReleaseCause = ReleaseCause.DRAIN,
+        policy: ReleasePolicy = DEFAULT_RELEASE_POLICY,
+    ) -> ReleaseResult:
+        """Running -> Queued by the attempt that holds the job, before cutoff 2, without using up an
+        attempt; ``worker_id`` is the host giving it back (its event names it).
 
-        Written, NotOwner (the row is no longer this attempt's, or it has a stop request to honor instead),
-        or Unknown (the answer and its re-read were lost).
+        A give-back for a failure (``policy.counts(cause)``) makes the next claim wait and, past the
+        policy's bound, ends the job Failed (AttemptsExhausted) instead: Released, Exhausted, NotOwner (the
+        row is no longer this attempt's, or it has a stop request to honor instead), or Unknown (the answer
+        and its re-read were lost).
         """
         params = {
             "job_id": job_id,
             "attempt_id": attempt_id,
             "worker_id": worker_id,
             "reason": reason,
+            "cause": cause.value,
+            "counted": policy.counts(cause),
+            "base_seconds": policy.base_seconds,
+            "cap_seconds": policy.cap_seconds,
+            "max_releases": policy.max_releases,
+            "jitter": policy.jitter(),
             "traceparent": current_traceparent(),
         }
-        written = await self._unless_lost("release_attempt_if_running", params, JobIdRow)
-        if written:
-            return FinishResult.WRITTEN
-        if written is not None:
-            return FinishResult.NOT_OWNER
+        answers = await self._unless_lost("release_attempt_if_running", params, ReleaseRow)
+        if answers:
+            ended = ReleaseResult.EXHAUSTED if answers[0].ending == "Exhausted" else ReleaseResult.RELEASED
+            get_metrics().count_release(cause.value, ended.value)
+            return ended
+        if answers is not None:
+            return ReleaseResult.NOT_OWNER
         try:
             state = await self._reread(job_id)
         except TransientStoreError:
-            return FinishResult.UNKNOWN
-        # A lost answer: released if the row is Queued again and this attempt's Released event exists.
-        if (
-            state is not None
-            and state.status == JobStatus.QUEUED
-            and await self._released(job_id, attempt_id)
-        ):
-            return FinishResult.WRITTEN
-        return FinishResult.NOT_OWNER
-
-    async def _released(self, job_id: UUID, attempt_id: UUID) -> bool:
-        events = await self.job_events(job_id)
-        return any(e.kind == EventKind.RELEASED and e.attempt_id == attempt_id for e in events)
+            return ReleaseResult.UNKNOWN
+        # A lost answer: released if the row is Queued again with this attempt's Released event, exhausted
+        # if it is Failed with this attempt's AttemptsExhausted event.
+        if state is not None and state.status in (JobStatus.QUEUED, JobStatus.FAILED):
+            kinds = {e.kind for e in await self.job_events(job_id) if e.attempt_id == attempt_id}
+            if state.status == JobStatus.QUEUED and EventKind.RELEASED in kinds:
+                get_metrics().count_release(cause.value, ReleaseResult.RELEASED.value)
+                return ReleaseResult.RELEASED
+            if state.status == JobStatus.FAILED and EventKind.ATTEMPTS_EXHAUSTED in kinds:
+                get_metrics().count_release(cause.value, ReleaseResult.EXHAUSTED.value)
+                return ReleaseResult.EXHAUSTED
+        return ReleaseResult.NOT_OWNER
 
     @transition(Statement.FENCE_UPLOAD_IF_DELIVERING)
     async def fence_upload_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:

@@ -14,6 +14,7 @@ from db.queries import fetch, fetch_maybe
 from db.rows import (
     EventIdRow,
     JobIdRow,
+    OpenRow,
     StoppedRow,
 )
 from db.stores.base import observe_stop, transition
@@ -37,6 +38,14 @@ class RecoveryStatements(Reads):
     async def find_expired_leases(self, limit: int = 100) -> list[ExpiredLease]:
         """Recovery's scan: candidates only."""
         return await self._rows("find_expired_leases", {"limit": limit}, ExpiredLease)
+
+    async def delivery_scope_open(self, tenant_id: UUID, destination_id: UUID) -> bool:
+        """Whether every delivery switch of the destination's scope is enabled now: recovery opens no
+        session with a paused partner (a missing or unreadable switch is paused: a read that fails raises)."""
+        row = await self._row(
+            "read_delivery_scope", {"tenant_id": tenant_id, "destination_id": destination_id}, OpenRow
+        )
+        return row is not None and row.open
 
     @transition(Statement.REQUEUE_EXPIRED_ATTEMPT)
     async def requeue_expired_attempt(

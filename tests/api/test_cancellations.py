@@ -6,7 +6,7 @@ import uuid
 
 import psycopg
 
-from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus, StopPoint
+from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus, ReleaseResult, StopPoint
 from service.views import clock
 from tests.api.conftest import cancel_body, counted, increase, recorded_requests, snapshot
 
@@ -56,7 +56,7 @@ async def test_cancel_after_a_give_back_names_how_the_earlier_attempt_ended(
     job, attempt = await factory.running(await factory.queued(acme.id, acme.destination_id))
     assert (
         await worker_store.release_attempt_if_running(job.id, attempt, "worker-3", "drain")
-        == FinishResult.WRITTEN
+        == ReleaseResult.RELEASED
     )
 
     r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from domain.models import FailureCode, FinishResult, JobStatus, StopPoint
+from domain.models import FailureCode, FinishResult, JobStatus, ReleaseCause, ReleaseResult, StopPoint
+from rules.releases import ReleasePolicy
 from tests.api.conftest import cancel_body
 
 
@@ -55,3 +56,43 @@ async def test_a_rejected_export_says_the_policy_rejected_it(client, factory, ac
     r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
 
     assert r.json()["message"].startswith("Already ended: the policy check rejected this export")
+
+
+async def test_a_job_given_back_too_often_says_it_gave_up_after_its_give_backs_and_why(
+    client, factory, worker_store, acme
+):
+    policy = ReleasePolicy(base_seconds=0.1, cap_seconds=0.1, max_releases=1)
+    job, attempt = await factory.running(await factory.queued(acme.id, acme.destination_id))
+    assert (
+        await worker_store.release_attempt_if_running(
+            job.id, attempt, "worker-3", "build interrupted: CopyFailed", ReleaseCause.TRANSIENT, policy
+        )
+        == ReleaseResult.RELEASED
+    )
+
+    waiting = (await client.get(f"/exports/{job.id}", headers=acme.operator)).json()
+    assert waiting["status_line"].startswith(
+        "Queued (v1): given back once after failures; the next try is not before "
+    )
+    assert [e["label"] for e in waiting["timeline"]][-1] == "Given back"
+    assert waiting["timeline"][-1]["detail"].startswith(
+        "transient: build interrupted: CopyFailed; the next claim"
+    )
+
+    await factory.end_wait(job.id)
+    job, attempt = await factory.running(await factory.job(job.id))
+    assert (
+        await worker_store.release_attempt_if_running(
+            job.id, attempt, "worker-3", "cutoff 2 not decided: NotPermitted", ReleaseCause.TRANSIENT, policy
+        )
+        == ReleaseResult.EXHAUSTED
+    )
+
+    r = await client.post(f"/exports/{job.id}/cancellations", json=cancel_body(), headers=acme.operator)
+    assert r.status_code == 409
+    assert r.json()["message"] == (
+        "Already ended: gave up after being given back 1 time after failures, the limit; last cause: "
+        "transient: cutoff 2 not decided: NotPermitted. This export delivered nothing."
+    )
+    view = (await client.get(f"/exports/{job.id}", headers=acme.operator)).json()
+    assert view["status_line"].startswith("Failed: gave up after being given back 1 time after failures")

@@ -168,7 +168,7 @@ async def test_the_exact_grants_on_the_controls_tables(database):
         table_grants = await cur.fetchall()
         cur = await conn.execute(
             "SELECT grantee, table_name, column_name FROM information_schema.column_privileges"
-            " WHERE table_name IN ('delivery_switches', 'destinations') AND privilege_type = 'UPDATE'"
+            " WHERE table_name IN ('delivery_switches', 'destinations', 'principals') AND privilege_type = 'UPDATE'"
             " AND grantee LIKE 'exports_%%' ORDER BY 1, 2, 3"
         )
         update_columns = await cur.fetchall()
@@ -178,6 +178,7 @@ async def test_the_exact_grants_on_the_controls_tables(database):
         ("exports_api", "delivery_switches", "INSERT"),
         ("exports_api", "delivery_switches", "SELECT"),
         ("exports_api", "principals", "SELECT"),
+        ("exports_recovery", "delivery_switches", "SELECT"),  # recovery opens no session to a paused partner
         ("exports_worker", "delivery_switches", "SELECT"),
         ("exports_worker", "principals", "SELECT"),
     ]
@@ -188,4 +189,5 @@ async def test_the_exact_grants_on_the_controls_tables(database):
         ("exports_api", "delivery_switches", "reason"),
         ("exports_worker", "delivery_switches", "scope"),  # for FOR SHARE only; the trigger refuses updates
         ("exports_worker", "destinations", "id"),  # likewise
+        ("exports_worker", "principals", "name"),  # likewise: cutoff 2 reads the creator FOR SHARE (23.6)
     ]

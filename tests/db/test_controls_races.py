@@ -105,7 +105,7 @@ async def test_a_pause_waits_for_a_claim_then_the_claimed_attempt_is_refused_at_
     assert await authorize(worker_store, job, attempt) == AuthorizationResult.PAUSED
     assert (
         await worker_store.release_attempt_if_running(job.id, attempt, "worker-3", "paused")
-    ).value == "Written"
+    ).value == "Released"
     assert await factory.status(job.id) == JobStatus.QUEUED
 
 

@@ -1,7 +1,8 @@
 """The statements issue 10 adds to the row protocol, against the real database (the seed's matrix style):
 
-- ``release_attempt_if_running``: Running -> Queued by the owning worker only, never over a recorded stop
-  request, with its Released event and a fresh wake-up, and not counted against the attempt cap;
+- ``release_attempt_if_running``: Running -> Queued by the attempt that holds the job only (whichever host
+  holds it: 23.8), never over a recorded stop request, with its Released event and a fresh wake-up, and not
+  counted against the attempt cap (its backoff and bound: ``test_give_backs.py``);
 - the upload and rename fences: written only by the owning attempt, Delivering, with a current lease
   (the rename fence only after the upload fence);
 - ``fail_unpublished_delivery``: an expired attempt that never fenced its rename is Failed NotDelivered,
@@ -24,6 +25,7 @@ from domain.models import (
     FenceResult,
     FinishResult,
     JobStatus,
+    ReleaseResult,
 )
 from tests.db.race import authorize, cancel, still_waiting
 
@@ -47,7 +49,7 @@ async def test_the_owner_releases_a_running_attempt_with_its_event_and_a_fresh_w
 
     assert await worker_store.release_attempt_if_running(
         job.id, attempt, claimed.claimed_by, "worker draining"
-    ) == (FinishResult.WRITTEN)
+    ) == (ReleaseResult.RELEASED)
 
     row = await factory.job(job.id)
     assert (row.status, row.attempt_id, row.claimed_by, row.lease_expires_at) == (
@@ -58,29 +60,30 @@ async def test_the_owner_releases_a_running_attempt_with_its_event_and_a_fresh_w
     )
     assert (row.attempt_count, row.attempts_released) == (1, 1)
     events = await worker_store.job_events(job.id)
-    assert [(e.kind, e.attempt_id, e.detail) for e in events][-1] == (
+    assert [(e.kind, e.attempt_id, e.worker_id, e.detail) for e in events][-1] == (
         EventKind.RELEASED,
         attempt,
-        "worker draining",
+        claimed.claimed_by,
+        "drain: worker draining",
     )
+    assert (row.available_at, row.transient_releases) == (None, 0)  # a drain neither waits nor counts
     assert await factory.outbox_count(job.id) == 2
     assert row.woken_at > claimed.woken_at
 
 
-async def test_only_the_owning_worker_and_attempt_release_and_only_from_running(factory, worker_store):
+async def test_only_the_attempt_holding_the_job_releases_it_and_only_from_running(factory, worker_store):
+    # Ownership is the attempt's (23.8): another attempt's ID is refused whoever sends it, and the attempt
+    # that holds the job may be given back by the host that holds it now (test_give_backs.py).
     job, attempt = await factory.running()
     owner = (await factory.job(job.id)).claimed_by
     assert (
         await worker_store.release_attempt_if_running(job.id, uuid.uuid4(), owner, "x")
-        == FinishResult.NOT_OWNER
-    )
-    assert await worker_store.release_attempt_if_running(job.id, attempt, "another-worker", "x") == (
-        FinishResult.NOT_OWNER
+        == ReleaseResult.NOT_OWNER
     )
     delivering, d_attempt = await factory.delivering()
     d_owner = (await factory.job(delivering.id)).claimed_by
     assert await worker_store.release_attempt_if_running(delivering.id, d_attempt, d_owner, "x") == (
-        FinishResult.NOT_OWNER
+        ReleaseResult.NOT_OWNER
     )  # past cutoff 2 nothing goes back to the queue
     assert (await factory.job(job.id)).status == JobStatus.RUNNING
     assert (await factory.job(delivering.id)).status == JobStatus.DELIVERING
@@ -92,7 +95,7 @@ async def test_a_recorded_stop_request_is_never_released_into_the_queue(factory,
     await cancel(api_store, job)  # StopRequested
 
     assert await worker_store.release_attempt_if_running(job.id, attempt, owner, "worker draining") == (
-        FinishResult.NOT_OWNER
+        ReleaseResult.NOT_OWNER
     )
     assert (await factory.job(job.id)).status == JobStatus.RUNNING  # finish_stopped honors it instead
 

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from db.queries import all_queries, q
-from domain.models import ExportJob, FailureCode, FinishResult, JobStatus
+from domain.models import ExportJob, FailureCode, JobStatus, ReleaseResult
 from observability import tracing
 from tests.support.factories import Factory
 
@@ -82,7 +82,7 @@ async def _release(factory: Factory, claimed: tuple[ExportJob, Any]) -> ExportJo
     job, attempt_id = claimed
     assert (
         await factory.worker.release_attempt_if_running(job.id, attempt_id, "worker-3", "drain")
-        == FinishResult.WRITTEN
+        == ReleaseResult.RELEASED
     )
     return job
 

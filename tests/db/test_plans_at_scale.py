@@ -56,6 +56,17 @@ async def test_the_statements_read_export_jobs_through_indexes_at_scale(database
     created = await api_store.create_original(
         tenant_id=scope.tenant_id, destination_id=scope.destination_id, list_name="main", created_by="bench"
     )
+    # cutoff 2 re-checks the creator and the list (23.6): the benchmark's creator is a principal with a list
+    async with await psycopg.AsyncConnection.connect(database.admin_url, autocommit=True) as admin:
+        await admin.execute(
+            "INSERT INTO principals (tenant_id, name, role) VALUES (%(t)s, 'bench', 'operator')"
+            " ON CONFLICT DO NOTHING",
+            {"t": scope.tenant_id},
+        )
+        await admin.execute(
+            "INSERT INTO contacts (tenant_id, list_name, email) VALUES (%(t)s, 'main', 'bench@example.test')",
+            {"t": scope.tenant_id},
+        )
     job = await worker_store.get_job(created.job_id)
     assert job is not None
     attempt = uuid.uuid4()

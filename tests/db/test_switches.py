@@ -130,7 +130,7 @@ async def test_the_paused_attempt_is_given_back_without_using_up_an_attempt(fact
 
     released = await worker_store.release_attempt_if_running(job.id, attempt, "worker-3", "cutoff 2: Paused")
 
-    assert released.value == "Written"
+    assert released.value == "Released"
     row = await factory.job(job.id)
     assert (row.status, row.attempt_id, row.attempts_released) == (JobStatus.QUEUED, None, 1)
     assert await factory.outbox_count(job.id) == outbox_before + 1

@@ -39,7 +39,14 @@ from domain.models import (
 from testbed.pg import TestDatabase
 
 # The names tests create exports and replacements as; each is an operator of every tenant made here.
-DEFAULT_PRINCIPALS = ("admin@acme", "rita.ops", "sam.ops")
+DEFAULT_PRINCIPALS = (
+    "admin@acme",
+    "rita.ops",
+    "sam.ops",
+    "lee.reconciler",
+    "kim.reconciler",
+    "reconciler@acme",
+)
 
 
 class Factory:
@@ -155,6 +162,19 @@ class Factory:
             " WHERE id = %(id)s AND status IN ('Running', 'Delivering')",
             {"id": job_id, "s": seconds_ago},
         )
+
+    async def end_wait(self, job_id: UUID) -> None:
+        """End a give-back's wait on the row as if its time had passed (a clock, like ``expire_lease``). The
+        trigger keeps ``available_at`` for give-backs alone, for every writer: this one superuser statement
+        runs with triggers off (``session_replication_role = replica``), as only a test may."""
+        async with await psycopg.AsyncConnection.connect(self.db.admin_url) as conn:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL session_replication_role = replica")
+                await conn.execute(
+                    "UPDATE export_jobs SET available_at = clock_timestamp() - interval '1 second'"
+                    " WHERE id = %(id)s AND status = 'Queued' AND available_at IS NOT NULL",
+                    {"id": job_id},
+                )
 
     async def age_wake_up(self, job_id: UUID, minutes: float) -> None:
         await self.admin(
