@@ -19,7 +19,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.recovery import RecoveryActivities
 from domain.evidence import temp_name_for
-from domain.models import DeliveryOutcome, EventKind, FailureCode, FinishResult, JobStatus
+from domain.models import DeliveryOutcome, EventKind, FailureCode, FinishResult, JobStatus, UnknownToRecheck
 from partner.kinds import partner_for
 from settings import Settings
 from testbed import pg
@@ -27,7 +27,7 @@ from testbed.sftp import SftpTarget
 from tests.recovery.conftest import MAX_ATTEMPTS
 from tests.recovery.test_recovery_delivering import SIZE, delivering_to, recover, recovery_evidence
 from tests.recovery.test_recovery_set_aside import paused_after_the_rename_fence
-from workflows.models import RecheckInput
+from workflows.models import Recheck, RecheckInput
 
 INTERVAL_MINUTES = 10.0
 
@@ -333,3 +333,21 @@ async def test_an_unknown_whose_rename_was_fenced_is_not_settled_from_its_fences
 
     assert await factory.status(job.id) == JobStatus.OUTCOME_UNKNOWN
     assert [e for e in await factory.worker.job_events(job.id) if e.kind == EventKind.RECONCILED] == []
+
+
+@pytest.mark.parametrize("sftp_server", ["asyncssh"])
+async def test_a_listing_re_check_of_an_unknown_its_fences_settle_settles_it_from_them_and_lists_nothing(
+    settings, recovery_store, factory, sftp_target: SftpTarget
+):
+    # Nominated for a listing all the same (its settlement by the fences failed in an earlier run, say): an
+    # original's final name showing the expected size would read as Completed, yet the attempt never renamed.
+    data = os.urandom(SIZE)
+    job, attempt = await unknown_after_a_refused_upload(factory, sftp_target, data)
+    sftp_target.put(job.final_name, os.urandom(SIZE))  # another writer's file, of the expected size
+    recovery = RecoveryActivities(recovery_store, settings, partners=partner_for)
+
+    outcome = await recovery.recheck(UnknownToRecheck(job_id=job.id, attempt_id=attempt), "recovery:direct")
+
+    assert outcome == Recheck.NOT_DELIVERED
+    assert await factory.status(job.id) == JobStatus.FAILED
+    assert await recovery_evidence(factory, job.id) == []
