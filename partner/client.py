@@ -18,6 +18,7 @@ import io
 import os
 import socket
 import stat
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,9 +361,10 @@ def upload_exclusive(
             # paramiko files a pipelined write's answer under no file object, and closing the file drops it
             # unread: a refused write would pass unseen. Each answer still awaited is read here, in order (the
             # status of a refusal raises SftpStatusError through _StatusSFTPClient._convert_status).
-            pending = remote._reqs  # the unread writes' request numbers: paramiko keeps them only here
+            # The unread writes' request numbers: paramiko keeps them only here (private, absent from the stubs).
+            pending: deque[int] = remote._reqs  # type: ignore[attr-defined]
             while pending:
-                sftp._read_response(pending.popleft())
+                sftp._read_response(pending.popleft())  # type: ignore[attr-defined]
         except BaseException:
             # What ended the upload is its answer, not a close on a session the server may have dropped after it.
             with contextlib.suppress(Exception):

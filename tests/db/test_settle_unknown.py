@@ -423,14 +423,19 @@ FENCES_DETAIL = (
 )
 
 
-async def unknown_fenced(factory, fenced: str = "upload", job: ExportJob | None = None) -> tuple[ExportJob, UUID]:
+async def unknown_fenced(
+    factory, fenced: str = "upload", job: ExportJob | None = None
+) -> tuple[ExportJob, UUID]:
     """An OutcomeUnknown the worker recorded after its fences up to ``fenced`` ("none", "upload", "rename"):
     as older code did after a refused upload whose fresh listing failed."""
     job, attempt = await factory.delivering(job)
     if fenced != "none":
         await factory.fence(job.id, attempt, rename=fenced == "rename")
     finished = await factory.worker.finish_delivery(
-        job.id, attempt, DeliveryOutcome.OUTCOME_UNKNOWN, summary="upload refused and the fresh listing failed"
+        job.id,
+        attempt,
+        DeliveryOutcome.OUTCOME_UNKNOWN,
+        summary="upload refused and the fresh listing failed",
     )
     assert finished == FinishResult.WRITTEN
     return await factory.job(job.id), attempt
@@ -485,7 +490,9 @@ async def test_the_fences_of_an_attempt_authorized_before_they_existed_prove_not
 
 async def test_the_fences_settle_only_an_outcome_unknown_and_only_for_its_attempt(factory):
     delivering, delivering_attempt = await factory.delivering()
-    await factory.fence(delivering.id, delivering_attempt, rename=False)  # recovery's takeover is another statement
+    await factory.fence(
+        delivering.id, delivering_attempt, rename=False
+    )  # recovery's takeover is another statement
     job, attempt = await unknown_fenced(factory)
 
     assert not await settle_by_fences(factory, delivering, delivering_attempt)

@@ -124,9 +124,7 @@ async def test_an_upload_refused_whose_fresh_listing_fails_is_not_delivered(
     file = local_file(tmp_path, contact_bytes())
     local_sftp_server.set_quota(partner.local_dir, QUOTA)
 
-    run = await run_delivery(
-        partner.destination(), file, on_evidence=cut_when(partner, "upload", "refused")
-    )
+    run = await run_delivery(partner.destination(), file, on_evidence=cut_when(partner, "upload", "refused"))
 
     assert outcome_of(run) == NOT_DELIVERED
     proven_by_the_fences(run)
@@ -284,7 +282,9 @@ async def test_a_refused_rename_with_the_final_name_unchanged_is_not_delivered_b
     assert partner.files() == {}
 
 
-async def test_a_refused_rename_with_the_final_name_changed_stays_unknown(partner: SftpTarget, tmp_path: Path):
+async def test_a_refused_rename_with_the_final_name_changed_stays_unknown(
+    partner: SftpTarget, tmp_path: Path
+):
     file = local_file(tmp_path, contact_bytes())
     late = contact_bytes()
 
@@ -304,7 +304,9 @@ async def test_a_refused_rename_with_the_final_name_changed_stays_unknown(partne
 # -- the upload cut (the session dropped) before the rename fence ------------------------------------------
 
 
-async def test_an_upload_cut_with_no_new_session_to_be_had_is_not_delivered(partner: SftpTarget, tmp_path: Path):
+async def test_an_upload_cut_with_no_new_session_to_be_had_is_not_delivered(
+    partner: SftpTarget, tmp_path: Path
+):
     # The branch with no fresh listing: the partner answers no new connection after the cut.
     file = local_file(tmp_path, contact_bytes(2_000_000))
 
@@ -313,7 +315,9 @@ async def test_an_upload_cut_with_no_new_session_to_be_had_is_not_delivered(part
             partner.proxy.refuse_new_connections()
             partner.proxy.cut()
 
-    run = await run_delivery(partner.destination(), file, hooks=DeliveryHooks(during_upload=cut_and_go_silent))
+    run = await run_delivery(
+        partner.destination(), file, hooks=DeliveryHooks(during_upload=cut_and_go_silent)
+    )
 
     assert outcome_of(run) == NOT_DELIVERED
     proven_by_the_fences(run)
@@ -324,7 +328,9 @@ async def test_an_upload_cut_with_no_new_session_to_be_had_is_not_delivered(part
     assert file.final_name not in partner.files()
 
 
-async def test_an_upload_cut_with_the_final_name_unchanged_is_not_delivered(partner: SftpTarget, tmp_path: Path):
+async def test_an_upload_cut_with_the_final_name_unchanged_is_not_delivered(
+    partner: SftpTarget, tmp_path: Path
+):
     file = local_file(tmp_path, contact_bytes(2_000_000))
 
     def cut_once(sent: int) -> None:

@@ -256,7 +256,9 @@ async def test_a_run_re_checks_one_wave_of_the_oldest_and_the_next_run_the_rest(
 # -- settled from the row's own fences (issue 23) -----------------------------------------------------------
 
 
-async def unknown_after_a_refused_upload(factory, target: SftpTarget, data: bytes, **contract) -> tuple[Any, UUID]:
+async def unknown_after_a_refused_upload(
+    factory, target: SftpTarget, data: bytes, **contract
+) -> tuple[Any, UUID]:
     """What older code recorded after the partner refused the upload and the fresh listing failed: the
     attempt's upload fence, part of the file under its temporary name, no rename fence, OutcomeUnknown."""
     job, attempt = await delivering_to(factory, target, data, fenced="upload", **contract)
@@ -314,7 +316,10 @@ async def test_an_unknown_settled_from_its_fences_has_its_temporary_file_removed
     assert await factory.status(job.id) == JobStatus.FAILED
     assert set(sftp_target.files()) == {job.final_name}
     removed = await recovery_evidence(factory, job.id, "cleanup")
-    assert [(r["name"], r["result"]) for r in removed][0] == (temp_name_for(attempt, job.final_name), "removed")
+    assert [(r["name"], r["result"]) for r in removed][0] == (
+        temp_name_for(attempt, job.final_name),
+        "removed",
+    )
 
 
 @pytest.mark.parametrize("sftp_server", ["asyncssh"])
