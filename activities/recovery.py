@@ -18,7 +18,9 @@ commits after the scan makes it match nothing, and the job is left to its worker
 - After either Failed NotDelivered, under the partner's cleanup agreement (``temporary_files``), the
   attempt's temporary and set-aside files are removed, and what that found is appended too.
 
-After its takeovers a run re-checks OutcomeUnknowns whose partner did not answer (0013: recovery never
+After its takeovers a run settles the OutcomeUnknowns whose own fences prove the attempt never sent its
+rename (issue 23: upload fenced, no rename fence) as Failed NotDelivered with ``settle_unknown_by_fences``,
+asking no partner. Then it re-checks OutcomeUnknowns whose partner did not answer (0013: recovery never
 listed it, or its last listing or move got no answer), at most every ``recovery_recheck_minutes`` each, for
 ``recovery_recheck_hours`` after they were recorded: the same listing, set-aside and rules as a Delivering
 takeover, and when they now settle it, ``settle_unknown_by_evidence`` records that as the attempt's one
@@ -53,6 +55,7 @@ from rules.recovery import (
     attempt_evidence,
     decide_after_set_aside,
     decide_delivery,
+    fences_prove_never_renamed,
     may_set_aside,
     observation_evidence,
     set_aside_evidence,
@@ -258,8 +261,10 @@ class RecoveryActivities:
 
     @activity.defn(name="recheck_unknown_outcomes")
     async def recheck_unknown_outcomes(self, inp: RecheckInput) -> RecoveryBatchResult:
-        """List the partner of OutcomeUnknowns that recovery could not settle for want of an answer, and
-        settle those the evidence now settles (``settle_unknown_by_evidence``).
+        """Settle the OutcomeUnknowns whose own fences prove NotDelivered (``settle_unknown_by_fences``: at
+        most ``inp.limit``, oldest first, no partner asked, whatever the re-check settings); then list the
+        partner of OutcomeUnknowns that recovery could not settle for want of an answer, and settle those the
+        evidence now settles (``settle_unknown_by_evidence``).
 
         One wave a run: at most ``recovery_concurrency`` candidates (and ``inp.limit``), nominated by
         ``find_unknowns_to_recheck`` and re-read before anything is listed, listed at once and once each,
@@ -269,8 +274,50 @@ class RecoveryActivities:
         evidence, and its clock.
         """
         result = RecoveryBatchResult()
-        if self.settings.recovery_recheck_hours <= 0:
-            return result
+        beat = asyncio.create_task(
+            keep_heartbeating(lambda: {"rechecked": result.rechecked}, self.heartbeats_paused)
+        )
+        try:
+            await self._settle_by_fences(inp, result)
+            if self.settings.recovery_recheck_hours > 0:
+                await self._recheck_wave(inp, result)
+        finally:
+            beat.cancel()
+        return result
+
+    async def _settle_by_fences(self, inp: RecheckInput, result: RecoveryBatchResult) -> None:
+        """Failed NotDelivered for each OutcomeUnknown its fences settle (issue 23): the proof is in the row,
+        so neither the re-check's window nor its interval applies, and no partner is listed."""
+        candidates = await self.store.find_unpublished_unknowns(limit=inp.limit)
+
+        async def settle(candidate: UnknownToRecheck) -> None:
+            outcome = await _alone(
+                "settlement by fences",
+                candidate.job_id,
+                candidate.attempt_id,
+                self._settle_unpublished(candidate.job_id, candidate.attempt_id, inp.recovery_run_id),
+                Recheck.ERROR,
+            )
+            log.info(
+                "recovery %s: job %s settled by its fences: %s",
+                inp.recovery_run_id,
+                candidate.job_id,
+                outcome.value,
+            )
+            result.count_recheck(outcome)
+
+        await asyncio.gather(*(settle(candidate) for candidate in candidates))
+
+    async def _settle_unpublished(self, job_id: UUID, attempt_id: UUID, run_id: str) -> Recheck:
+        """The one statement that settles an OutcomeUnknown from its fences; then, under the partner's
+        cleanup agreement, its temporary files go, as after any Failed NotDelivered."""
+        if not await self.store.settle_unknown_by_fences(job_id, attempt_id, run_id):
+            return Recheck.MATCHED_NOTHING  # a person reconciled it first, or the nomination was stale
+        await self._clean_up(job_id, attempt_id, run_id)
+        return Recheck.NOT_DELIVERED
+
+    async def _recheck_wave(self, inp: RecheckInput, result: RecoveryBatchResult) -> None:
+        """The listing wave of the re-check (0013), described in ``recheck_unknown_outcomes``."""
         candidates = await self.store.find_unknowns_to_recheck(
             observer_prefix=f"{RECOVERY_OBSERVER_PREFIX}:",
             within_seconds=self.settings.recovery_recheck_hours * 3600,
@@ -285,14 +332,7 @@ class RecoveryActivities:
             )
             result.count_recheck(outcome)
 
-        beat = asyncio.create_task(
-            keep_heartbeating(lambda: {"rechecked": result.rechecked}, self.heartbeats_paused)
-        )
-        try:
-            await asyncio.gather(*(recheck(candidate) for candidate in candidates))
-        finally:
-            beat.cancel()
-        return result
+        await asyncio.gather(*(recheck(candidate) for candidate in candidates))
 
     async def recheck(self, candidate: UnknownToRecheck, run_id: str) -> Recheck:
         """Re-check one OutcomeUnknown; an error is this job's alone, as in ``take_over``, and the job is
@@ -309,6 +349,9 @@ class RecoveryActivities:
         job = await self.store.get_job(candidate.job_id)
         if not held_by(job, candidate.attempt_id, JobStatus.OUTCOME_UNKNOWN):
             return Recheck.MATCHED_NOTHING
+        if fences_prove_never_renamed(job):
+            # Never a listing: a file under the final name is not this attempt's, whatever it shows.
+            return await self._settle_unpublished(job.id, candidate.attempt_id, run_id)
         if not await self.store.delivery_scope_open(job.tenant_id, job.destination_id):
             return Recheck.WAITING_FOR_RESUME  # paused since its nomination: no session with that partner
         # One listing: a partner still silent is asked again after the interval, not now.

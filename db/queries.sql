@@ -580,6 +580,40 @@ SELECT id, attempt_id, 'Reconciled', %(recovery_run_id)s, status || ': ' || %(ev
 FROM settled
 RETURNING id;
 
+-- name: find_unpublished_unknowns
+-- Recovery's nomination of OutcomeUnknowns that the row's own fences settle (issue 23): the attempt was to
+-- fence its rename before sending it, fenced its upload, and never fenced its rename, so it never sent the
+-- rename request. No listing, window or interval: the proof is in the row. Oldest first; candidates only:
+-- settle_unknown_by_fences repeats every condition.
+SELECT id AS job_id, attempt_id
+FROM export_jobs
+WHERE status = 'OutcomeUnknown'
+  AND fence_expected AND upload_fenced_at IS NOT NULL AND rename_fenced_at IS NULL
+ORDER BY delivery_authorized_at
+LIMIT %(limit)s;
+
+-- name: settle_unknown_by_fences
+-- OutcomeUnknown -> Failed (NotDelivered) by recovery, from the row's own fences: the attempt fenced its upload
+-- and never its rename, and the rename request is never sent unless that fence matched, so the attempt never
+-- wrote the final name (000: NotDelivered "when the destination or reconciliation proves the final name was
+-- never written"). No fence can be written any more: both require Delivering. The attempt's one
+-- reconciliation (its 'Reconciled' event, unique per attempt), under the recovery run's ID; a person who
+-- reconciled first changed the status, so nothing matches. A replacement naming this job changes nothing:
+-- the proof is this attempt's own requests, not a listing of the final name they share.
+WITH settled AS (
+    UPDATE export_jobs
+    SET status = 'Failed', failure_reason = 'NotDelivered'
+    WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'OutcomeUnknown'
+      AND fence_expected AND upload_fenced_at IS NOT NULL AND rename_fenced_at IS NULL
+    RETURNING id, attempt_id)
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT id, attempt_id, 'Reconciled', %(recovery_run_id)s,
+       'Failed: the attempt fenced its upload and never its rename, so it never sent the rename request '
+       'and never wrote the final name',
+       clock_timestamp()
+FROM settled
+RETURNING id;
+
 -- name: reconcile_unknown
 -- OutcomeUnknown -> Completed or Failed (NotDelivered), for that attempt, once: the unique index allows one
 -- Reconciled event per attempt. No lease condition: recovery cleared the lease.

@@ -100,6 +100,7 @@ class Statement(StrEnum):
     FAIL_UNPUBLISHED_DELIVERY = "fail_unpublished_delivery"
     FAIL_SET_ASIDE_DELIVERY = "fail_set_aside_delivery"
     SETTLE_UNKNOWN_BY_EVIDENCE = "settle_unknown_by_evidence"
+    SETTLE_UNKNOWN_BY_FENCES = "settle_unknown_by_fences"
 
 
 class ClaimResult(StrEnum):
@@ -321,8 +322,9 @@ class ExpiredLease(Row):
 
 
 class UnknownToRecheck(Row):
-    """An OutcomeUnknown attempt nominated by recovery's re-check (``find_unknowns_to_recheck``); settling it
-    repeats every condition the nomination relied on."""
+    """An OutcomeUnknown attempt nominated by recovery's re-check (``find_unknowns_to_recheck``, or
+    ``find_unpublished_unknowns`` for those the row's fences settle); settling it repeats every condition
+    the nomination relied on."""
 
     job_id: UUID
     attempt_id: UUID

@@ -18,6 +18,7 @@ import io
 import os
 import socket
 import stat
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,15 +345,30 @@ def upload_exclusive(
 
     An existing remote file is never reused: the open fails. Writes are pipelined, ``write_request``
     bytes each (set on this file object only); ``after_write(bytes_sent)`` runs after each write.
-    Errors of pipelined writes surface by the time this returns.
+    A write the server refused (a full quota, say) raises :class:`SftpStatusError` by the time this returns.
     """
     sent = 0
-    with local_path.open("rb") as source, sftp.open(remote_path, "wx", bufsize=0) as remote:
-        remote.MAX_REQUEST_SIZE = write_request
-        remote.set_pipelined(True)
-        while chunk := source.read(write_request):
-            remote.write(chunk)
-            sent += len(chunk)
-            if after_write is not None:
-                after_write(sent)
+    with local_path.open("rb") as source:
+        remote = sftp.open(remote_path, "wx", bufsize=0)
+        try:
+            remote.MAX_REQUEST_SIZE = write_request
+            remote.set_pipelined(True)
+            while chunk := source.read(write_request):
+                remote.write(chunk)
+                sent += len(chunk)
+                if after_write is not None:
+                    after_write(sent)
+            # paramiko files a pipelined write's answer under no file object, and closing the file drops it
+            # unread: a refused write would pass unseen. Each answer still awaited is read here, in order (the
+            # status of a refusal raises SftpStatusError through _StatusSFTPClient._convert_status).
+            # The unread writes' request numbers: paramiko keeps them only here (private, absent from the stubs).
+            pending: deque[int] = remote._reqs  # type: ignore[attr-defined]
+            while pending:
+                sftp._read_response(pending.popleft())  # type: ignore[attr-defined]
+        except BaseException:
+            # What ended the upload is its answer, not a close on a session the server may have dropped after it.
+            with contextlib.suppress(Exception):
+                remote.close()
+            raise
+        remote.close()
     return sent

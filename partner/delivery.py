@@ -157,6 +157,7 @@ def deliver(
         outcome=report.outcome.value,
         failure_code=report.failure_code.value if report.failure_code else None,
         summary=report.summary,
+        rename_sent=run.rename_sent,  # False: this attempt never sent a rename, so never wrote the final name
     )
     log.info(
         "delivery classified",
@@ -401,7 +402,7 @@ class _Delivery:
                 bytes_sent=progress["sent"],
                 status=exc.status,
             )
-            return self._after_refusal("upload", exc.status, sftp, baseline)
+            return self._refused_before_rename(f"upload refused (status {exc.status})", sftp, baseline)
         except Exception as exc:
             self.evidence.record(
                 "interrupted",
@@ -419,7 +420,11 @@ class _Delivery:
             "upload", result="ok", temp_name=self.temp_name, bytes_sent=sent, remote_size=remote_size
         )
         if remote_size != self.file.size:
-            return self._after_refusal("upload", None, sftp, baseline)
+            return self._refused_before_rename(
+                f"upload incomplete (the temporary file holds {remote_size} of {self.file.size} bytes)",
+                sftp,
+                baseline,
+            )
         return None
 
     def _rename(
@@ -467,16 +472,18 @@ class _Delivery:
             return False
 
     def confirm_never_renamed(self, connect_timeout: float, io_timeout: float) -> DeliveryReport:
-        """An upload cut before its rename request: this attempt never wrote the final name. A fresh listing
-        on a new session that still matches the baseline confirms it (Failed NotDelivered); a listing that
-        shows a change is OutcomeUnknown, since someone wrote the final name; no listing at all still leaves
-        the fact that the rename was never sent."""
+        """An upload cut before its rename fence (the session dropped): the rename request was never sent, so
+        this attempt never wrote the final name, and the fences prove it (Failed NotDelivered,
+        :func:`rules.delivery.never_renamed`). A fresh listing on a new session is still taken and kept as
+        evidence: a change since the baseline is someone else's write, worth a person's look, not this
+        attempt's; when none can be taken the proof stands alone."""
         self.phase = "fresh_listing"
         sent = self.interrupted_before_rename
         if self.baseline is None:
             return self._end(
                 failed(FailureCode.NOT_DELIVERED, "interrupted before the baseline; nothing was sent")
             )
+        fresh: Observation | None = None
         try:
             with (
                 sftp_span(SftpStep.OBSERVE),
@@ -485,24 +492,10 @@ class _Delivery:
                 fresh = observe(opened.sftp, self.destination, self.file.final_name)
         except Exception as exc:
             self.evidence.record("interrupted", phase=self.phase, rename_sent=False, **error_code(exc))
-            return self._end(
-                failed(
-                    FailureCode.NOT_DELIVERED,
-                    f"upload interrupted after {sent} bytes and the rename was never sent; "
-                    "no fresh listing could be taken",
-                )
-            )
-        self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
-        if fresh.same_as(self.baseline):
-            return self._end(
-                failed(
-                    FailureCode.NOT_DELIVERED,
-                    f"upload interrupted after {sent} bytes, the rename was never sent, and a fresh listing "
-                    "still matches the baseline",
-                )
-            )
+        else:
+            self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
         return self._end(
-            unknown(f"upload interrupted after {sent} bytes; the final name changed since the baseline")
+            classifier.never_renamed(f"upload interrupted after {sent} bytes", self.baseline, fresh)
         )
 
     def read_back_again(self, connect_timeout: float, io_timeout: float, tries: int) -> DeliveryReport:
@@ -630,10 +623,28 @@ class _Delivery:
             )  # the partner writes its acknowledgment when it has processed the file
             after = after.model_copy(update={"ack": _read_ack(sftp, self.destination, self.file.final_name)})
 
+    def _refused_before_rename(
+        self, what: str, sftp: paramiko.SFTPClient, baseline: Observation
+    ) -> DeliveryReport:
+        """The server refused the upload to the temporary name (``what``), before the rename fence: the rename
+        was never sent, so the fences prove NotDelivered whatever a fresh listing shows, and whether or not
+        one can be taken on this session (a partner whose quota is full may drop it). The listing is taken
+        all the same, as evidence (:func:`rules.delivery.never_renamed`)."""
+        return classifier.never_renamed(what, baseline, self._fresh_listing(sftp))
+
     def _after_refusal(
         self, step: str, status: int | None, sftp: paramiko.SFTPClient, baseline: Observation
     ) -> DeliveryReport:
-        """The server refused a step with the connection alive: compare a fresh listing with the baseline."""
+        """The server refused the rename ``step`` with the connection alive. The rename was sent, so only a
+        fresh listing that still matches the baseline proves NotDelivered; a listing that shows a change, or
+        none at all, leaves OutcomeUnknown."""
+        fresh = self._fresh_listing(sftp)
+        if fresh is None:
+            return unknown(f"{step} refused and the fresh listing failed")
+        return classifier.classify_refusal(step, status, baseline, fresh)
+
+    def _fresh_listing(self, sftp: paramiko.SFTPClient) -> Observation | None:
+        """List the final name again on this session and record it; ``None`` (recorded too) when it failed."""
         try:
             with sftp_span(SftpStep.OBSERVE):
                 fresh = observe(sftp, self.destination, self.file.final_name)
@@ -641,9 +652,9 @@ class _Delivery:
             self.evidence.record(
                 "interrupted", phase="fresh_listing", rename_sent=self.rename_sent, **error_code(exc)
             )
-            return unknown(f"{step} refused and the fresh listing failed")
+            return None
         self.evidence.record("fresh_listing", final_name=self.file.final_name, **fresh.as_evidence())
-        return classifier.classify_refusal(step, status, baseline, fresh)
+        return fresh
 
     def _end(self, report: DeliveryReport) -> DeliveryReport:
         self.report = report

@@ -3,19 +3,23 @@
 For the demo and functional tests. It has its own host key (pin :attr:`LocalSftpServer.host_key_line`),
 accepts one generated client key (:attr:`LocalSftpServer.client_key_path`, the ``credential_ref``),
 and, when ``ack_suffix`` is given, acts like a partner that acknowledges each file published under a
-final name (see :mod:`domain.evidence` for the format). Its rename is check-then-act, not atomic:
+final name (see :mod:`domain.evidence` for the format). A directory can be given a quota
+(:meth:`LocalSftpServer.set_quota`): the server then refuses the writes past it, as a partner whose quota is
+full does, and may drop the session that heard the refusal. Its rename is check-then-act, not atomic:
 race and performance tests use a real OpenSSH sshd instead. It runs on the caller's event loop, so
 the paramiko client must run in a thread (``asyncio.to_thread``), as it does in production.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +28,52 @@ import asyncssh
 from domain.evidence import TEMP_PREFIX
 
 
-class _PartnerSftp(asyncssh.SFTPServer):
-    """asyncssh's file server chrooted at the root, acknowledging published files when asked to."""
+@dataclass(frozen=True)
+class Quota:
+    """How many bytes a file in a directory may hold: a write past them is refused, and with none left
+    (``limit_bytes`` 0) so is the creation of a file. With ``drop_session`` the server drops the session
+    right after the refusal has been answered, as a partner's server that gives up on it does."""
 
-    def __init__(self, chan: asyncssh.SSHServerChannel[bytes], *, root: Path, ack_suffix: str | None) -> None:
+    limit_bytes: int
+    drop_session: bool = False
+
+
+class _PartnerSftp(asyncssh.SFTPServer):
+    """asyncssh's file server chrooted at the root, acknowledging published files when asked to, and
+    refusing what a directory's quota does not allow."""
+
+    def __init__(
+        self,
+        chan: asyncssh.SSHServerChannel[bytes],
+        *,
+        root: Path,
+        ack_suffix: str | None,
+        quotas: dict[Path, Quota],
+    ) -> None:
         super().__init__(chan, chroot=os.fsencode(root))
         self._ack_suffix = ack_suffix
+        self._quotas = quotas
+
+    def open(self, path: bytes, pflags: int, attrs: asyncssh.SFTPAttrs) -> object:
+        quota = self._quotas.get(Path(os.fsdecode(self.map_path(path))).parent)
+        if quota is not None and quota.limit_bytes <= 0 and pflags & asyncssh.FXF_CREAT:
+            self._refuse(quota)
+        return super().open(path, pflags, attrs)
+
+    def write(self, file_obj: object, offset: int, data: bytes) -> int:
+        name = getattr(file_obj, "name", None)
+        quota = self._quotas.get(Path(os.fsdecode(name)).parent) if name is not None else None
+        if quota is not None and offset + len(data) > quota.limit_bytes:
+            self._refuse(quota)
+        written: int = super().write(file_obj, offset, data)  # type: ignore[assignment]  # sync for files
+        return written
+
+    def _refuse(self, quota: Quota) -> None:
+        if quota.drop_session:
+            # Once this refusal is answered (it is sent as this request ends) and the session waits for the
+            # client's next request: that one finds the connection gone.
+            asyncio.get_running_loop().call_soon(self.channel.get_connection().close)
+        raise asyncssh.SFTPQuotaExceeded("quota exceeded")  # a version 3 client hears SSH_FX_FAILURE
 
     def rename(self, oldpath: bytes, newpath: bytes) -> None:
         super().rename(oldpath, newpath)
@@ -79,6 +123,7 @@ class LocalSftpServer:
         self.client_key_path = Path()
         self._key_dir: Path | None = None
         self._acceptor: asyncssh.SSHAcceptor | None = None
+        self._quotas: dict[Path, Quota] = {}
 
     async def start(self) -> None:
         """Generate the host and client keys and start listening (``port`` 0 picks a free one)."""
@@ -95,10 +140,23 @@ class LocalSftpServer:
             self.port,
             server_host_keys=[host_key],
             authorized_client_keys=authorized,
-            sftp_factory=functools.partial(_PartnerSftp, root=self.root, ack_suffix=self.ack_suffix),
+            sftp_factory=functools.partial(
+                _PartnerSftp, root=self.root, ack_suffix=self.ack_suffix, quotas=self._quotas
+            ),
             allow_scp=False,
         )
         self.port = self._acceptor.get_port()
+
+    def set_quota(self, directory: Path, limit_bytes: int, *, drop_session: bool = False) -> None:
+        """Give ``directory`` (on this machine's disk, under ``root``) a quota: from now on a write that would
+        take one of its files past ``limit_bytes`` is refused, as by a partner whose quota is full (with 0, the
+        creation of a file too), and with ``drop_session`` the session that heard the refusal is dropped
+        right after it. Sessions already open obey it too; :meth:`clear_quota` lifts it."""
+        self._quotas[Path(directory).resolve()] = Quota(limit_bytes, drop_session)
+
+    def clear_quota(self, directory: Path) -> None:
+        """Lift ``directory``'s quota."""
+        self._quotas.pop(Path(directory).resolve(), None)
 
     def new_client_key(self) -> Path:
         """Write a fresh ed25519 client key pair (private 0600, ``.pub`` beside it); return the private path."""

@@ -5,9 +5,11 @@
   rename published it); a matching read-back hash or acknowledgment where the contract offers one;
   an overwrite needs the hash or the acknowledgment, never name and size.
 - Failed NotDelivered only when the final name was provably never written by this attempt: no SFTP
-  session was ever opened, nothing was uploaded yet, the server refused the upload or the rename
-  and a fresh listing still equals the baseline, or a rename's answer was lost and the temporary file
-  was then set aside with the final name still equal to the baseline.
+  session was ever opened, nothing was uploaded yet, the upload was refused or cut before the rename
+  fence so the rename request was never sent (:func:`never_renamed`, whatever a fresh listing shows or
+  whether one could be taken), the server refused the rename and a fresh listing still equals the
+  baseline, or a rename's answer was lost and the temporary file was then set aside with the final name
+  still equal to the baseline.
 - Failed FinalNameOccupied / OriginalDelivered for an occupied final name, decided before uploading.
 - Everything else (connection loss, timeouts, an unconfirmed read-back) is OutcomeUnknown, resolved
   later from the recorded evidence. A rename whose answer never came is settled on a new session where
@@ -132,10 +134,40 @@ def confirm_delivery(
     )
 
 
+def never_renamed(what: str, baseline: Observation, fresh: Observation | None) -> DeliveryReport:
+    """The upload to the temporary name was refused or cut (``what``) before the rename fence: the rename
+    request was never sent, so this attempt never wrote the final name. Failed NotDelivered on that proof
+    alone (000: NotDelivered "when the destination or reconciliation proves the final name was never
+    written"; "In each Failed case here, the attempt proved it never wrote the final name"); ``fresh``, the
+    listing taken afterwards (``None`` when none could be taken), is kept as evidence and only named here.
+
+    The same for an original and for every replacement, with an overwrite agreement or without. The upload
+    goes to a temporary name of this attempt's own, opened exclusively, and only the rename (``rename``, or
+    ``posix_rename`` under an agreement) can put it under the final name; neither is sent before the rename
+    fence. A replacement shares its original's final name (000 "Recovery", "An existing final name"), so a
+    change there since the baseline may be the original's late delivery or another writer's: that is
+    evidence about the original, for a person to weigh and correct (000 "Recovery": "when a replacement
+    finds the original's file after the original was reconciled to Failed, a named person corrects it"),
+    never a file this attempt wrote. Only Completed needs the stricter replacement rules.
+    """
+    if fresh is None:
+        seen = "no fresh listing could be taken"
+    elif fresh.same_as(baseline):
+        seen = "a fresh listing still matches the baseline"
+    else:
+        seen = "the final name changed since the baseline, not by this attempt"
+    return failed(
+        FailureCode.NOT_DELIVERED,
+        f"{what} before the rename fence; the fences prove it: the rename was never sent, so this attempt "
+        f"never wrote the final name ({seen})",
+    )
+
+
 def classify_refusal(
     step: str, status: int | None, baseline: Observation, fresh: Observation
 ) -> DeliveryReport:
-    """The server refused ``step`` (before or at the rename): NotDelivered only if nothing changed."""
+    """The server refused the rename ``step``, which was sent: NotDelivered only if a fresh listing shows
+    nothing changed (a refused upload is :func:`never_renamed`'s)."""
     if fresh.same_as(baseline):
         return failed(
             FailureCode.NOT_DELIVERED,

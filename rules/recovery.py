@@ -6,7 +6,8 @@ An absent file is never a reason for Failed: a paused worker can still upload. F
 affirmative evidence (000 "Recovery": the partner confirming that nothing was published and that the
 attempt's upload slot can no longer publish): the attempt's temporary file moved to its set-aside name, so
 its rename can never publish it, and a final name that still shows what the attempt's baseline showed
-(:func:`decide_after_set_aside`).
+(:func:`decide_after_set_aside`); or the row's own fences, which show the rename was never sent
+(:func:`fences_prove_never_renamed`).
 """
 
 from __future__ import annotations
@@ -170,6 +171,14 @@ def decide_delivery(
     )
     basis = "listing by recovery" if baseline is not None else "listing by recovery, no baseline recorded"
     return Verdict(resolution=resolution, summary=f"{basis}: {report.summary}")
+
+
+def fences_prove_never_renamed(job: ExportJob) -> bool:
+    """Whether the row's own fences prove its attempt never sent the rename request, so never wrote the final
+    name: it was to fence its rename before sending it (``fence_expected``), fenced its upload and never its
+    rename. Once the row has left Delivering no fence can be written any more (both fences require it), so
+    this stays true of an OutcomeUnknown: Failed NotDelivered with no listing (``settle_unknown_by_fences``)."""
+    return job.fence_expected and job.upload_fenced_at is not None and job.rename_fenced_at is None
 
 
 def may_set_aside(job: ExportJob, verdict: Verdict, now: Observation | None) -> bool:

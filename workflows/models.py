@@ -209,7 +209,8 @@ class Recheck(StrEnum):
     """What recovery's re-check did with one OutcomeUnknown (0013)."""
 
     COMPLETED = "SettledCompleted"  # the final name shows the attempt's expected file
-    NOT_DELIVERED = "SettledNotDelivered"  # its temporary file set aside, the final name as its baseline
+    NOT_DELIVERED = "SettledNotDelivered"  # its temporary file set aside with the final name as its baseline,
+    # or its fences prove its rename was never sent (upload fenced, no rename fence: issue 23)
     STILL_UNKNOWN = "StillUnknown"  # nothing conclusive yet: listed again after the interval
     MATCHED_NOTHING = "MatchedNothing"  # reconciled, replaced or moved on since the nomination
     WAITING_FOR_RESUME = "WaitingForResume"  # its partner's deliveries are paused: not listed

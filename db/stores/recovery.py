@@ -1,5 +1,6 @@
 """Recovery's statements (role ``exports_recovery``): expired leases and one conditional takeover per
-case, the set-aside proofs, and the re-checks that settle an OutcomeUnknown on evidence.
+case, the set-aside proofs, and the re-checks that settle an OutcomeUnknown on evidence or on the row's own
+fences.
 """
 
 from __future__ import annotations
@@ -181,6 +182,23 @@ class RecoveryStatements(Reads):
             if await fetch_maybe(conn, "lock_unknown_for_settling", params, JobIdRow) is None:
                 return False
             return bool(await fetch(conn, "settle_unknown_by_evidence", params, EventIdRow))
+
+    async def find_unpublished_unknowns(self, *, limit: int) -> list[UnknownToRecheck]:
+        """OutcomeUnknown attempts that fenced their upload and never their rename (issue 23), oldest first:
+        the row's fences settle them, with no listing. Candidates only."""
+        return await self._rows("find_unpublished_unknowns", {"limit": limit}, UnknownToRecheck)
+
+    @transition(Statement.SETTLE_UNKNOWN_BY_FENCES)
+    async def settle_unknown_by_fences(self, job_id: UUID, attempt_id: UUID, recovery_run_id: str) -> bool:
+        """OutcomeUnknown, upload fenced, no rename fence -> Failed(NotDelivered): the attempt never sent its
+        rename, so it never wrote the final name. The attempt's one reconciliation, recorded under the
+        recovery run's ID; a person who reconciled first wins (nothing matches)."""
+        return await self._matched(
+            "settle_unknown_by_fences",
+            job_id=job_id,
+            attempt_id=attempt_id,
+            recovery_run_id=recovery_run_id,
+        )
 
 
 class RecoveryStore(RecoveryStatements, EvidenceStatements):

@@ -6,6 +6,9 @@ A settlement is the attempt's one reconciliation: its ``Reconciled`` event is un
 under the recovery run's ID. A replacement delivers under its original's final name, so an original that a
 replacement names is never settled from a listing; creation and settlement lock the original's row, and the
 settling statement runs after its lock, so it sees a replacement committed while it waited.
+
+Recovery also settles an OutcomeUnknown from the row's own fences (issue 23): upload fenced and no rename fence
+means the rename request was never sent, so Failed NotDelivered, with no listing (``settle_unknown_by_fences``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import psycopg
 import pytest
 
 from db.errors import NotPermitted, translate
-from domain.models import EventKind, ExportJob, FailureCode, JobStatus
+from domain.models import DeliveryOutcome, EventKind, ExportJob, FailureCode, FinishResult, JobStatus
 from tests.db.race import still_waiting
 
 RUN = "recovery:recovery-test/run-1"
@@ -406,3 +409,203 @@ async def test_a_persons_reconciliation_waits_for_a_settlement_then_matches_noth
     assert await factory.status(job.id) == JobStatus.COMPLETED
     (event,) = await reconciled_events(factory, job.id)
     assert event.observed_by == RUN
+
+
+# -- settling from the row's own fences (issue 23) ------------------------------------------------------
+#
+# An OutcomeUnknown whose attempt fenced its upload and never its rename never sent the rename request (it is
+# never sent unless that fence matched), so it never wrote the final name: Failed NotDelivered with no listing,
+# as the attempt's one reconciliation. No fence can be written any more: both require Delivering.
+
+FENCES_DETAIL = (
+    "Failed: the attempt fenced its upload and never its rename, so it never sent the rename request "
+    "and never wrote the final name"
+)
+
+
+async def unknown_fenced(
+    factory, fenced: str = "upload", job: ExportJob | None = None
+) -> tuple[ExportJob, UUID]:
+    """An OutcomeUnknown the worker recorded after its fences up to ``fenced`` ("none", "upload", "rename"):
+    as older code did after a refused upload whose fresh listing failed."""
+    job, attempt = await factory.delivering(job)
+    if fenced != "none":
+        await factory.fence(job.id, attempt, rename=fenced == "rename")
+    finished = await factory.worker.finish_delivery(
+        job.id,
+        attempt,
+        DeliveryOutcome.OUTCOME_UNKNOWN,
+        summary="upload refused and the fresh listing failed",
+    )
+    assert finished == FinishResult.WRITTEN
+    return await factory.job(job.id), attempt
+
+
+async def settle_by_fences(factory, job: ExportJob, attempt: UUID) -> bool:
+    return await factory.recovery.settle_unknown_by_fences(job.id, attempt, RUN)
+
+
+async def nominated_by_fences(factory) -> set[UUID]:
+    return {c.job_id for c in await factory.recovery.find_unpublished_unknowns(limit=10_000)}
+
+
+def fences_params(job: ExportJob, attempt: UUID) -> dict[str, Any]:
+    return {"job_id": job.id, "attempt_id": attempt, "recovery_run_id": RUN}
+
+
+async def test_an_unknown_that_fenced_its_upload_and_never_its_rename_is_settled_not_delivered(factory):
+    job, attempt = await unknown_fenced(factory)
+
+    assert await settle_by_fences(factory, job, attempt)
+
+    settled = await factory.job(job.id)
+    assert (settled.status, settled.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    assert (settled.upload_fenced_at is not None, settled.rename_fenced_at) == (True, None)
+    (event,) = await reconciled_events(factory, job.id)
+    assert (event.attempt_id, event.observed_by, event.detail) == (attempt, RUN, FENCES_DETAIL)
+
+
+@pytest.mark.parametrize("fenced", ["rename", "none"])
+async def test_the_fences_settle_only_an_unknown_with_its_upload_fence_and_no_rename_fence(factory, fenced):
+    # Past the rename fence the rename may have been sent, or its fence committed and its answer lost: the
+    # fences prove nothing. Without an upload fence the row is not what this statement was given to prove.
+    job, attempt = await unknown_fenced(factory, fenced)
+
+    assert not await settle_by_fences(factory, job, attempt)
+
+    assert await factory.status(job.id) == JobStatus.OUTCOME_UNKNOWN
+    assert await reconciled_events(factory, job.id) == []
+    assert job.id not in await nominated_by_fences(factory)
+
+
+async def test_the_fences_of_an_attempt_authorized_before_they_existed_prove_nothing(factory):
+    job, attempt = await unknown_fenced(factory)
+    await factory.admin("UPDATE export_jobs SET fence_expected = false WHERE id = %(id)s", {"id": job.id})
+
+    assert not await settle_by_fences(factory, job, attempt)
+
+    assert await factory.status(job.id) == JobStatus.OUTCOME_UNKNOWN
+    assert job.id not in await nominated_by_fences(factory)
+
+
+async def test_the_fences_settle_only_an_outcome_unknown_and_only_for_its_attempt(factory):
+    delivering, delivering_attempt = await factory.delivering()
+    await factory.fence(
+        delivering.id, delivering_attempt, rename=False
+    )  # recovery's takeover is another statement
+    job, attempt = await unknown_fenced(factory)
+
+    assert not await settle_by_fences(factory, delivering, delivering_attempt)
+    assert not await settle_by_fences(factory, job, uuid4())
+    assert await settle_by_fences(factory, job, attempt)
+    assert not await settle_by_fences(factory, job, attempt)  # once: it is Failed now
+
+    assert await factory.status(delivering.id) == JobStatus.DELIVERING
+    assert len(await reconciled_events(factory, job.id)) == 1
+
+
+async def test_a_person_who_reconciled_first_wins_over_the_fences(factory):
+    job, attempt = await unknown_fenced(factory)
+    assert await reconcile(factory, job, attempt)
+
+    assert not await settle_by_fences(factory, job, attempt)
+
+    (event,) = await reconciled_events(factory, job.id)
+    assert event.observed_by == "lee.reconciler"
+
+
+async def test_an_original_a_replacement_names_is_settled_from_its_fences_all_the_same(factory):
+    # Unlike a listing, the fences are this attempt's own requests, not the final name it shares with the
+    # replacement: they prove the original never wrote it.
+    job, attempt = await unknown_fenced(factory)
+    await replace(factory, job)
+
+    assert job.id in await nominated_by_fences(factory)
+    assert await settle_by_fences(factory, job, attempt)
+
+    assert await factory.status(job.id) == JobStatus.FAILED
+
+
+async def test_an_unknown_is_nominated_by_its_fences_whenever_it_was_recorded(factory):
+    # The proof does not age, and needs no listing: neither the re-check's interval nor its window applies.
+    fresh, _ = await unknown_fenced(factory)
+    old, _ = await unknown_fenced(factory)
+    await recorded_ago(factory, old.id, 30 * DAY)
+    settled, settled_attempt = await unknown_fenced(factory)
+    assert await settle_by_fences(factory, settled, settled_attempt)
+
+    ids = await nominated_by_fences(factory)
+
+    assert {fresh.id, old.id} <= ids
+    assert settled.id not in ids
+
+
+async def test_a_settlement_by_the_fences_waits_for_a_persons_reconciliation_then_matches_nothing(
+    factory, kit
+):
+    job, attempt = await unknown_fenced(factory)
+    person = await kit.hold("exports_reconciler")
+    assert await person.run(
+        "reconcile_unknown",
+        {
+            "tenant_id": job.tenant_id,
+            "job_id": job.id,
+            "attempt_id": attempt,
+            "resolution": JobStatus.COMPLETED.value,
+            "reconciled_by": "lee.reconciler",
+            "evidence_summary": "the partner says it arrived",
+        },
+    )
+
+    recovery = await kit.solo("exports_recovery")
+    settling = asyncio.create_task(recovery.store.settle_unknown_by_fences(job.id, attempt, RUN))
+    await kit.wait_until_blocked_by(recovery.pid, person.pid)
+    await still_waiting(settling)
+
+    await person.commit()
+    assert await settling is False  # re-evaluated on the committed row: no longer OutcomeUnknown
+
+    assert await factory.status(job.id) == JobStatus.COMPLETED
+    (event,) = await reconciled_events(factory, job.id)
+    assert event.observed_by == "lee.reconciler"
+
+
+async def test_a_persons_reconciliation_waits_for_a_settlement_by_the_fences_then_matches_nothing(
+    factory, kit
+):
+    job, attempt = await unknown_fenced(factory)
+    settling = await kit.hold("exports_recovery")
+    assert await settling.run("settle_unknown_by_fences", fences_params(job, attempt))
+
+    reconciler = await kit.solo("exports_reconciler")
+    reconciling = asyncio.create_task(
+        reconciler.store.reconcile_unknown(
+            tenant_id=job.tenant_id,
+            job_id=job.id,
+            attempt_id=attempt,
+            resolution=JobStatus.COMPLETED,
+            reconciled_by="lee.reconciler",
+            evidence_summary="the partner says it arrived",
+        )
+    )
+    await kit.wait_until_blocked_by(reconciler.pid, settling.pid)
+    await still_waiting(reconciling)
+
+    await settling.commit()
+    assert await reconciling is False
+
+    settled = await factory.job(job.id)
+    assert (settled.status, settled.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    (event,) = await reconciled_events(factory, job.id)
+    assert (event.observed_by, event.detail) == (RUN, FENCES_DETAIL)
+
+
+@pytest.mark.parametrize("role", ["exports_worker", "exports_api", "exports_dispatcher"])
+async def test_no_other_process_role_may_run_the_settlement_by_the_fences(factory, kit, role):
+    job, attempt = await unknown_fenced(factory)
+    held = await kit.hold(role)
+    with pytest.raises(psycopg.Error) as refused:
+        await held.run("settle_unknown_by_fences", fences_params(job, attempt))
+    assert isinstance(translate(refused.value), NotPermitted)
+    await held.rollback()
+    assert await factory.status(job.id) == JobStatus.OUTCOME_UNKNOWN

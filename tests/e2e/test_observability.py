@@ -69,14 +69,14 @@ WRITTEN_ROWS = {
     " WHERE outcome IN ('CanceledWhileQueued', 'StopRequested')",
 }
 # Statements that write the same event kind: their sum is checked against it (three takeovers; a person's
-# reconciliation and recovery's settlement on evidence).
+# reconciliation and recovery's settlements on evidence and from the fences).
 SHARED_EVENTS = (
     (
         ("resolve_expired_delivery", "fail_unpublished_delivery", "fail_set_aside_delivery"),
         "SELECT count(*) FROM export_attempt_events WHERE kind = 'ResolvedByRecovery'",
     ),
     (
-        ("reconcile_unknown", "settle_unknown_by_evidence"),
+        ("reconcile_unknown", "settle_unknown_by_evidence", "settle_unknown_by_fences"),
         "SELECT count(*) FROM export_attempt_events WHERE kind = 'Reconciled'",
     ),
 )

@@ -18,7 +18,8 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.recovery import RecoveryActivities
-from domain.models import DeliveryOutcome, EventKind, FailureCode, FinishResult, JobStatus
+from domain.evidence import temp_name_for
+from domain.models import DeliveryOutcome, EventKind, FailureCode, FinishResult, JobStatus, UnknownToRecheck
 from partner.kinds import partner_for
 from settings import Settings
 from testbed import pg
@@ -26,7 +27,7 @@ from testbed.sftp import SftpTarget
 from tests.recovery.conftest import MAX_ATTEMPTS
 from tests.recovery.test_recovery_delivering import SIZE, delivering_to, recover, recovery_evidence
 from tests.recovery.test_recovery_set_aside import paused_after_the_rename_fence
-from workflows.models import RecheckInput
+from workflows.models import Recheck, RecheckInput
 
 INTERVAL_MINUTES = 10.0
 
@@ -250,3 +251,108 @@ async def test_a_run_re_checks_one_wave_of_the_oldest_and_the_next_run_the_rest(
     await run()
     assert await factory.status(jobs[2].id) == JobStatus.COMPLETED
     assert [len(await recovery_evidence(factory, j.id)) for j in jobs] == [1, 1, 1]
+
+
+# -- settled from the row's own fences (issue 23) -----------------------------------------------------------
+
+
+async def unknown_after_a_refused_upload(
+    factory, target: SftpTarget, data: bytes, **contract
+) -> tuple[Any, UUID]:
+    """What older code recorded after the partner refused the upload and the fresh listing failed: the
+    attempt's upload fence, part of the file under its temporary name, no rename fence, OutcomeUnknown."""
+    job, attempt = await delivering_to(factory, target, data, fenced="upload", **contract)
+    target.put(temp_name_for(attempt, job.final_name), data[: SIZE // 3])
+    finished = await factory.worker.finish_delivery(
+        job.id,
+        attempt,
+        DeliveryOutcome.OUTCOME_UNKNOWN,
+        summary="upload refused and the fresh listing failed",
+    )
+    assert finished == FinishResult.WRITTEN
+    return await factory.job(job.id), attempt
+
+
+@pytest.mark.parametrize("sftp_server", ["asyncssh"])
+async def test_an_unknown_whose_fences_show_the_rename_was_never_sent_is_settled_not_delivered_at_once(
+    client, settings, recovery_worker, factory, sftp_target: SftpTarget
+):
+    # No interval, no listing, no set-aside: the row alone proves it. The partner answers nobody meanwhile,
+    # and recovery's run settles it all the same.
+    data = os.urandom(SIZE)
+    job, attempt = await unknown_after_a_refused_upload(factory, sftp_target, data)
+    partial = sftp_target.files()
+
+    sftp_target.proxy.refuse_new_connections()
+    try:
+        result = await recover(client, settings)
+    finally:
+        sftp_target.proxy.refuse_new_connections(False)
+
+    settled = await factory.job(job.id)
+    assert (settled.status, settled.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    assert result.settled_not_delivered >= 1
+    event = await settlement(factory, job.id)
+    assert event.attempt_id == attempt and event.observed_by.startswith("recovery:")
+    assert event.detail == (
+        "Failed: the attempt fenced its upload and never its rename, so it never sent the rename request "
+        "and never wrote the final name"
+    )
+    assert await recovery_evidence(factory, job.id) == []  # nothing listed
+    assert await recovery_evidence(factory, job.id, "recovery_set_aside") == []  # nothing moved
+    assert sftp_target.files() == partial  # nothing touched at the partner
+
+
+@pytest.mark.parametrize("sftp_server", ["asyncssh"])
+async def test_an_unknown_settled_from_its_fences_has_its_temporary_file_removed_under_the_agreement(
+    client, settings, recovery_worker, factory, sftp_target: SftpTarget
+):
+    data = os.urandom(SIZE)
+    job, attempt = await unknown_after_a_refused_upload(factory, sftp_target, data, temporary_files="remove")
+    sftp_target.put(job.final_name, os.urandom(100))  # someone else's file: never touched
+
+    await recover(client, settings)
+
+    assert await factory.status(job.id) == JobStatus.FAILED
+    assert set(sftp_target.files()) == {job.final_name}
+    removed = await recovery_evidence(factory, job.id, "cleanup")
+    assert [(r["name"], r["result"]) for r in removed][0] == (
+        temp_name_for(attempt, job.final_name),
+        "removed",
+    )
+
+
+@pytest.mark.parametrize("sftp_server", ["asyncssh"])
+async def test_an_unknown_whose_rename_was_fenced_is_not_settled_from_its_fences(
+    client, settings, recovery_worker, factory, sftp_target: SftpTarget
+):
+    # Past the rename fence the rename may have been sent: only the partner's evidence can settle it, and
+    # the worker recorded it just now, so the re-check waits for its interval.
+    data = os.urandom(SIZE)
+    job, attempt = await delivering_to(factory, sftp_target, data, fenced="rename")
+    assert await factory.worker.finish_delivery(job.id, attempt, DeliveryOutcome.OUTCOME_UNKNOWN) == (
+        FinishResult.WRITTEN
+    )
+
+    await recover(client, settings)
+
+    assert await factory.status(job.id) == JobStatus.OUTCOME_UNKNOWN
+    assert [e for e in await factory.worker.job_events(job.id) if e.kind == EventKind.RECONCILED] == []
+
+
+@pytest.mark.parametrize("sftp_server", ["asyncssh"])
+async def test_a_listing_re_check_of_an_unknown_its_fences_settle_settles_it_from_them_and_lists_nothing(
+    settings, recovery_store, factory, sftp_target: SftpTarget
+):
+    # Nominated for a listing all the same (its settlement by the fences failed in an earlier run, say): an
+    # original's final name showing the expected size would read as Completed, yet the attempt never renamed.
+    data = os.urandom(SIZE)
+    job, attempt = await unknown_after_a_refused_upload(factory, sftp_target, data)
+    sftp_target.put(job.final_name, os.urandom(SIZE))  # another writer's file, of the expected size
+    recovery = RecoveryActivities(recovery_store, settings, partners=partner_for)
+
+    outcome = await recovery.recheck(UnknownToRecheck(job_id=job.id, attempt_id=attempt), "recovery:direct")
+
+    assert outcome == Recheck.NOT_DELIVERED
+    assert await factory.status(job.id) == JobStatus.FAILED
+    assert await recovery_evidence(factory, job.id) == []

@@ -1,13 +1,16 @@
 """Every way an attempt ends through ExportWorkflow, each recorded by one conditional write with its code:
 a build that fails, a replacement whose original was corrected to Completed before cutoff 2, an occupied
-final name, an unreachable partner, and a replacement that delivers."""
+final name, an unreachable partner, a partner that refuses the upload and drops the session, and a
+replacement that delivers."""
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 
-from domain.models import AuthorizationResult, FailureCode, JobStatus
+from domain.models import AuthorizationResult, EventKind, FailureCode, JobStatus
+from partner.local_server import LocalSftpServer
 from tests.workflows.harness import Harness
 from workflows.models import AttemptOutcome
 
@@ -117,3 +120,36 @@ async def test_an_unreachable_partner_ends_failed_not_delivered(harness: Harness
     row = await harness.factory.job(job.id)
     assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.NOT_DELIVERED
     assert harness.files_on_disk() == []
+
+
+async def test_a_partner_whose_quota_is_full_and_drops_the_session_ends_failed_not_delivered(
+    harness: Harness, local_sftp_server: LocalSftpServer
+) -> None:
+    # Issue 23.2: the partner's quota is full, so the upload is refused, and the session drops, so no fresh
+    # listing can be taken. The rename was never sent (the row has its upload fence and no rename fence):
+    # Failed NotDelivered from the fences, not an OutcomeUnknown waiting for a person forever.
+    job = await harness.queue_export(contacts=5)
+    local_sftp_server.set_quota(harness.sftp.local_dir, 0, drop_session=True)
+    try:
+        result = await harness.run(job)
+    finally:
+        local_sftp_server.clear_quota(harness.sftp.local_dir)
+
+    assert result.outcome == AttemptOutcome.FAILED and result.failure_code == FailureCode.NOT_DELIVERED
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+    assert row.upload_fenced_at is not None and row.rename_fenced_at is None
+    events = await harness.factory.worker.job_events(job.id)
+    kinds = [e.kind for e in events]
+    assert "UploadFenced" in kinds and "RenameFenced" not in kinds
+    (finished,) = [e for e in events if e.kind == "Finished"]
+    assert finished.detail is not None and finished.detail.startswith(
+        "Failed NotDelivered: upload refused (status 4) before the rename fence; the fences prove it: "
+        "the rename was never sent"
+    )
+    seen = [json.loads(e.detail or "{}") for e in events if e.kind == EventKind.DELIVERY_EVIDENCE]
+    by_kind = {item["observation"]: item for item in seen}
+    assert by_kind["upload"]["result"] == "refused"
+    assert by_kind["interrupted"]["phase"] == "fresh_listing"  # the session was gone
+    assert by_kind["outcome"]["rename_sent"] is False
+    assert harness.partner_files(job) == [] and harness.files_on_disk() == []
