@@ -74,6 +74,8 @@ ROLES: list[Role | None] = [
     None,
 ]
 TRIGGER_CONSTRAINTS = {"ck_export_jobs_state_machine", "ck_export_jobs_recorded_outcome"}
+# Leaving these commits with the attempt's event (0019; tests/db/test_outcome_events.py holds that rule).
+EVENT_OF_LEAVING = {"OutcomeUnknown": "Reconciled", "Completed": "Corrected", "Failed": "Corrected"}
 
 
 def role_name(role: Role | None) -> str:
@@ -111,6 +113,19 @@ async def refusal(conn: psycopg.AsyncConnection, statement: Any, params: dict[st
     with pytest.raises(psycopg.Error) as refused:
         await conn.execute(statement, params)
     return refused.value
+
+
+async def take_edge(conn: psycopg.AsyncConnection, job: Any, statement: Any, params: dict[str, Any]) -> None:
+    """The direct UPDATE along an edge in one transaction, with the event the edge commits with, if any."""
+    async with conn.transaction():
+        await conn.execute(statement, params)
+        kind = EVENT_OF_LEAVING.get(job.status.value)
+        if kind is not None:
+            await conn.execute(
+                "INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)"
+                " VALUES (%(j)s, %(a)s, %(k)s, 'a direct update', clock_timestamp())",
+                {"j": job.id, "a": job.attempt_id, "k": kind},
+            )
 
 
 def direct_update(from_status: str, to_status: str) -> sql.Composed:
@@ -168,13 +183,21 @@ async def test_each_edge_is_open_to_its_roles_and_refused_to_every_other(
     if from_status in ("Completed", "Failed"):
         await connections["exports_reconciler"].execute(
             "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status,"
-            " corrected_by, evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, %(f)s, %(to)s, 'lee', 'ref', 'why')",
-            {"t": job.tenant_id, "j": job.id, "a": job.attempt_id, "f": from_status, "to": to_status},
+            " failure_reason, corrected_by, evidence_ref, why)"
+            " VALUES (%(t)s, %(j)s, %(a)s, %(f)s, %(to)s, %(code)s, 'lee', 'ref', 'why')",
+            {
+                "t": job.tenant_id,
+                "j": job.id,
+                "a": job.attempt_id,
+                "f": from_status,
+                "to": to_status,
+                "code": "NotDelivered" if to_status == "Failed" else None,
+            },
         )
     statement = direct_update(from_status, to_status)
 
     if allowed:
-        await connections[role].execute(statement, {"to": to_status, "id": job.id})
+        await take_edge(connections[role], job, statement, {"to": to_status, "id": job.id})
         assert (await factory.job(job.id)).status == JobStatus(to_status)
     else:
         refused = await refusal(connections[role], statement, {"to": to_status, "id": job.id})
@@ -254,11 +277,12 @@ async def test_the_reconciler_changes_a_recorded_outcome_only_by_changing_its_st
     refused = await refusal(reconciler, flip, {"id": job.id})
     assert refused.diag.constraint_name == "ck_export_jobs_correction"
     await reconciler.execute(
-        "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, corrected_by,"
-        " evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, 'Completed', 'Failed', 'lee', 'ref', 'why')",
+        "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, failure_reason,"
+        " corrected_by, evidence_ref, why)"
+        " VALUES (%(t)s, %(j)s, %(a)s, 'Completed', 'Failed', 'NotDelivered', 'lee', 'ref', 'why')",
         {"t": job.tenant_id, "j": job.id, "a": job.attempt_id},
     )
-    await reconciler.execute(flip, {"id": job.id})
+    await take_edge(reconciler, job, flip, {"id": job.id})
     assert (await factory.job(job.id)).status == JobStatus.FAILED
 
     # ... once per attempt: flipping back has no correction to go along, and a second one cannot be recorded.
@@ -332,8 +356,11 @@ async def test_recovery_settles_an_outcome_unknown_which_has_no_lease(factory, c
     job, _ = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
     assert job.lease_expires_at is None
 
-    await connections[RECOVERY].execute(
-        direct_update("OutcomeUnknown", to_status), {"to": to_status, "id": job.id}
+    await take_edge(
+        connections[RECOVERY],
+        job,
+        direct_update("OutcomeUnknown", to_status),
+        {"to": to_status, "id": job.id},
     )
 
     assert (await factory.job(job.id)).status == JobStatus(to_status)
