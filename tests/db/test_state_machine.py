@@ -71,8 +71,10 @@ ROLES: list[Role | None] = [
     "exports_recovery",
     "exports_dispatcher",
     "exports_reconciler",
+    "exports_platform",
     None,
 ]
+NO_UPDATE_GRANT = ("exports_dispatcher", "exports_platform")  # refused by privileges before any trigger
 TRIGGER_CONSTRAINTS = {"ck_export_jobs_state_machine", "ck_export_jobs_recorded_outcome"}
 # Leaving these commits with the attempt's event (0019; tests/db/test_outcome_events.py holds that rule).
 EVENT_OF_LEAVING = {"OutcomeUnknown": "Reconciled", "Completed": "Corrected", "Failed": "Corrected"}
@@ -158,7 +160,7 @@ async def test_status_change_off_the_diagram_is_refused_for_every_role(
             "UPDATE export_jobs SET status = %(to)s WHERE id = %(id)s",
             {"to": to_status, "id": job.id},
         )
-        if role == "exports_dispatcher":
+        if role in NO_UPDATE_GRANT:
             assert isinstance(refused, psycopg.errors.InsufficientPrivilege), role_name(role)
         else:
             # Refused by the trigger itself, not by a missing grant or an unrelated check.
