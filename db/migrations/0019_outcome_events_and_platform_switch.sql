@@ -47,8 +47,8 @@ CREATE TRIGGER tr_export_jobs_guard_correction_code
 
 -- Runs at commit as the role then current: the reconciler and recovery, the only roles the guard lets take
 -- these edges, both read export_attempt_events. The WHEN clause is evaluated when the row is updated, and an
--- update it rejects queues nothing: every other edge (the claim, cutoff 2, the terminal writes) pays for
--- that comparison only.
+-- update for which it is false queues no event: every other edge (the claim, cutoff 2, the terminal writes)
+-- pays for that comparison only.
 CREATE FUNCTION export_jobs_transition_event_guard() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     wanted text := CASE WHEN OLD.status = 'OutcomeUnknown' THEN 'Reconciled' ELSE 'Corrected' END;
