@@ -3,6 +3,8 @@
 #   python worker.py                                  the Temporal worker (the default)
 #   python starter.py serve --host 0.0.0.0 --port 8080  the HTTP API and console
 #   python starter.py migrate                         the one-shot migration (run it first)
+#   python starter.py pause --global --reason ...     the platform's global switch, as a login granted
+#                                                     exports_platform and exports_api (exports_platform_ops)
 # Configured entirely by EXPORTS_* environment variables (settings.py). The health check reads
 # EXPORTS_HEALTH_URL: the worker's /healthz on its metrics port (EXPORTS_METRICS_PORT, 9464) by default;
 # the API sets it to its own /healthz (deploy/compose.yaml does).

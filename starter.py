@@ -2,7 +2,8 @@
 them, serve the API and console, and run the demo.
 
 The export commands talk to PostgreSQL through the same operations as the HTTP API (``EXPORTS_DATABASE_URL``
-as a login that may ``SET ROLE`` to ``exports_api``, and ``exports_reconciler`` for ``correct``); they
+as a login that may ``SET ROLE`` to ``exports_api``, ``exports_reconciler`` for ``correct`` and
+``exports_platform`` for ``pause --global`` / ``resume --global``); they
 act for ``--tenant`` (or ``EXPORTS_TENANT``) as ``--as`` (or ``EXPORTS_PRINCIPAL``).
 
 Exit codes: 0 success, 1 refusal (the answer was no, or not found), 75 retryable Busy (retry with the
@@ -412,15 +413,18 @@ def _run_switches(
     settings: Settings,
     call: Callable[[Any], Awaitable[Any]],
     render: Callable[[Any], str] | None = None,
+    *,
+    platform: bool = False,
 ) -> int:
-    """Run one switch operation over an ``exports_api`` pool and print its answer."""
+    """Run one switch operation over an ``exports_api`` pool (with ``platform``, and an ``exports_platform``
+    pool for the global switch) and print its answer."""
     from service.switches import open_switches
 
     if not settings.database_url:
         return _fail_usage("EXPORTS_DATABASE_URL is not set")
 
     async def go() -> Any:
-        async with open_switches(settings) as ops:
+        async with open_switches(settings, platform=platform) as ops:
             return await call(ops)
 
     answer = asyncio.run(go())
@@ -444,7 +448,8 @@ def _switch_change(args: argparse.Namespace, settings: Settings, *, resume: bool
     async def call(ops: Any) -> Any:
         return await (ops.resume if resume else ops.pause)(operator, request)
 
-    return _run_switches(args, settings, call)
+    # The global switch is the platform's role's (exports_platform); the API's role may not change it.
+    return _run_switches(args, settings, call, platform=args.global_scope)
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:

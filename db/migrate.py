@@ -19,7 +19,15 @@ log = logging.getLogger(__name__)
 # Any constant works; it only has to be the same for every migrating process.
 _MIGRATION_LOCK = 7_461_003_211
 
-APP_ROLES = ("exports_api", "exports_worker", "exports_recovery", "exports_dispatcher", "exports_reconciler")
+# Every NOLOGIN role the migrations create; exports_platform (0019) changes the global delivery switch only.
+APP_ROLES = (
+    "exports_api",
+    "exports_worker",
+    "exports_recovery",
+    "exports_dispatcher",
+    "exports_reconciler",
+    "exports_platform",
+)
 
 
 def migration_files() -> list[tuple[str, str]]:
@@ -55,7 +63,7 @@ def migrate(url: str) -> list[str]:
 
 
 def ensure_app_login(url: str, login: str) -> None:
-    """Create ``login`` (a LOGIN role without superuser) as a member of the four application roles.
+    """Create ``login`` (a LOGIN role without superuser) as a member of every application role.
 
     Processes connect as this login and ``SET ROLE`` to the role their job needs; NOINHERIT means the
     login alone can do nothing. Used by the demo and the tests; production grants membership its own way.

@@ -23,7 +23,12 @@ from db.queries import execute
 log = logging.getLogger(__name__)
 
 Role = Literal[
-    "exports_api", "exports_worker", "exports_recovery", "exports_dispatcher", "exports_reconciler"
+    "exports_api",
+    "exports_worker",
+    "exports_recovery",
+    "exports_dispatcher",
+    "exports_reconciler",
+    "exports_platform",
 ]
 
 # Start-up: how long a process keeps trying to reach PostgreSQL before it gives up with one clear error.

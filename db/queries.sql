@@ -632,10 +632,11 @@ RETURNING id;
 -- name: record_correction
 -- The correction a reconciler requests for one attempt's recorded outcome, with who and why; once per
 -- attempt (the primary key). correct_outcome runs after it in the same transaction, and the trigger lets
--- the status change only along this row.
+-- the status change only along this row, to the failure code it records (only Failed carries one, 0019).
 INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, failure_reason,
                                  corrected_by, evidence_ref, why)
-SELECT tenant_id, id, attempt_id, %(recorded_status)s, %(corrected_status)s, %(failure_reason)s::text,
+SELECT tenant_id, id, attempt_id, %(recorded_status)s, %(corrected_status)s,
+       CASE WHEN %(corrected_status)s = 'Failed' THEN %(failure_reason)s::text END,
        %(corrected_by)s, %(evidence_ref)s, %(why)s
 FROM export_jobs
 WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s

@@ -85,7 +85,7 @@ def _roles_section(server_url: str) -> str:
         elif line.startswith("GRANT ") and len(words) > 3 and words[1] in names and words[3] in names:
             kept.append(re.sub(r" GRANTED BY \w+", "", line))
     body = "\n".join(f"-- {line}" for line in sorted(kept))
-    return f"-- The roles 0003 and 0005 create (cluster objects, checked by the same test):\n{body}\n"
+    return f"-- The roles 0003, 0005 and 0019 create (cluster objects, checked by the same test):\n{body}\n"
 
 
 def _with_database(url: str, database: str) -> str:

@@ -21,6 +21,23 @@ BEGIN
     RAISE EXCEPTION 'the history of switch changes is append-only' USING ERRCODE = 'insufficient_privilege';
 END $$;
 
+CREATE FUNCTION public.delivery_switch_scope_owner() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    is_global boolean := NEW.scope = 'global' OR (TG_OP = 'UPDATE' AND OLD.scope = 'global');
+BEGIN
+    IF is_global AND current_user = 'exports_api' THEN
+        RAISE EXCEPTION 'the global delivery switch is the platform''s (exports_platform), not exports_api''s'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_delivery_switches_global_owner';
+    END IF;
+    IF NOT is_global AND current_user = 'exports_platform' THEN
+        RAISE EXCEPTION 'exports_platform changes the global delivery switch only, not a % switch', NEW.scope
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_delivery_switches_global_owner';
+    END IF;
+    RETURN NEW;
+END $$;
+
 CREATE FUNCTION public.delivery_switches_guard() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -64,6 +81,22 @@ BEGIN
        AND NOT (OLD.status = 'Running' AND NEW.status = 'Queued') THEN
         RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued)', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_backoff';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.export_jobs_correction_code_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM outcome_corrections c
+        WHERE c.job_id = OLD.id AND c.attempt_id = OLD.attempt_id
+          AND c.from_status = OLD.status AND c.to_status = NEW.status
+          AND c.failure_reason IS NOT DISTINCT FROM NEW.failure_reason) THEN
+        RAISE EXCEPTION 'export %: the correction % -> % of attempt % records another failure code than %',
+                OLD.id, OLD.status, NEW.status, OLD.attempt_id, coalesce(NEW.failure_reason, 'none')
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_correction_code';
     END IF;
     RETURN NEW;
 END $$;
@@ -160,6 +193,22 @@ BEGIN
     RAISE EXCEPTION 'export % replaces export %: its list and destination are the original''s and never change',
             OLD.id, OLD.replaces_job_id
         USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_replacement_terms';
+END $$;
+
+CREATE FUNCTION public.export_jobs_transition_event_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    wanted text := CASE WHEN OLD.status = 'OutcomeUnknown' THEN 'Reconciled' ELSE 'Corrected' END;
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM export_attempt_events e
+        WHERE e.job_id = OLD.id AND e.attempt_id = OLD.attempt_id AND e.kind = wanted) THEN
+        RAISE EXCEPTION 'export %: % -> % of attempt % must commit with its % event',
+                OLD.id, OLD.status, NEW.status, OLD.attempt_id, wanted
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_transition_event';
+    END IF;
+    RETURN NULL;
 END $$;
 
 CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
@@ -595,7 +644,11 @@ CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btre
 
 CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_changes_append_only();
 
+CREATE TRIGGER tr_delivery_switch_changes_scope_owner BEFORE INSERT ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
+
 CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switches_guard();
+
+CREATE TRIGGER tr_delivery_switches_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
 
 CREATE TRIGGER tr_destinations_guard BEFORE UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
 
@@ -603,11 +656,15 @@ CREATE TRIGGER tr_export_jobs_backoff_guard BEFORE UPDATE OF available_at, trans
 
 CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_guard();
 
+CREATE TRIGGER tr_export_jobs_guard_correction_code BEFORE UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((old.status = ANY (ARRAY['Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_correction_code_guard();
+
 CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_insert_guard();
 
 CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_no_delete();
 
 CREATE TRIGGER tr_export_jobs_replacement_terms BEFORE UPDATE OF destination_id, list_name ON public.export_jobs FOR EACH ROW WHEN (((old.replaces_job_id IS NOT NULL) AND ((new.destination_id IS DISTINCT FROM old.destination_id) OR (new.list_name IS DISTINCT FROM old.list_name)))) EXECUTE FUNCTION public.export_jobs_replacement_terms_guard();
+
+CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status ON public.export_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.status = ANY (ARRAY['OutcomeUnknown'::text, 'Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_transition_event_guard();
 
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
 
@@ -707,20 +764,26 @@ GRANT SELECT ON TABLE public.deliveries TO exports_worker;
 GRANT SELECT ON TABLE public.deliveries TO exports_reconciler;
 
 GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_platform;
 
 GRANT SELECT ON TABLE public.delivery_switches TO exports_worker;
 GRANT SELECT,INSERT ON TABLE public.delivery_switches TO exports_api;
 GRANT SELECT ON TABLE public.delivery_switches TO exports_recovery;
+GRANT SELECT,INSERT ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT UPDATE(scope) ON TABLE public.delivery_switches TO exports_worker;
 
 GRANT UPDATE(enabled) ON TABLE public.delivery_switches TO exports_api;
+GRANT UPDATE(enabled) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT UPDATE(reason) ON TABLE public.delivery_switches TO exports_api;
+GRANT UPDATE(reason) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT UPDATE(changed_by) ON TABLE public.delivery_switches TO exports_api;
+GRANT UPDATE(changed_by) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_api;
+GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT SELECT ON TABLE public.destinations TO exports_api;
 GRANT SELECT ON TABLE public.destinations TO exports_worker;
@@ -842,14 +905,16 @@ GRANT SELECT ON TABLE public.tenants TO exports_worker;
 GRANT SELECT ON TABLE public.tenants TO exports_reconciler;
 GRANT SELECT ON TABLE public.tenants TO exports_recovery;
 
--- The roles 0003 and 0005 create (cluster objects, checked by the same test):
+-- The roles 0003, 0005 and 0019 create (cluster objects, checked by the same test):
 -- ALTER ROLE exports_api WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
 -- ALTER ROLE exports_dispatcher WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
+-- ALTER ROLE exports_platform WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
 -- ALTER ROLE exports_reconciler WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
 -- ALTER ROLE exports_recovery WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
 -- ALTER ROLE exports_worker WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;
 -- CREATE ROLE exports_api;
 -- CREATE ROLE exports_dispatcher;
+-- CREATE ROLE exports_platform;
 -- CREATE ROLE exports_reconciler;
 -- CREATE ROLE exports_recovery;
 -- CREATE ROLE exports_worker;

@@ -9,7 +9,9 @@ for the scope's Queued jobs whose whole scope is now enabled. Fail-closed: a sco
 is paused, and a switch that cannot be read is shown as paused, never as running.
 
 Operators of a tenant switch their tenant and its destinations (API and command line); the global switch
-belongs to the platform's operators, who switch it from the command line only.
+belongs to the platform's operators, who switch it from the command line only, over a pool of the database
+role ``exports_platform``: the API's role may not change it (migration 0019), so the 403 here is not the only
+thing that keeps it the platform's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pydantic import Field, TypeAdapter
 from db.errors import StoreError, UnknownReference
 from db.pool import open_pool
 from db.stores.api import ApiStore
+from db.stores.platform import PlatformStore
+from db.stores.switching import SwitchChanges
 from domain.controls import DeliverySwitch, SwitchChange, SwitchScope
 from service.commands import Body, Reason
 from service.outcomes import Answer, Kind, refusal
@@ -134,10 +138,14 @@ def banner_lines(switches: list[DeliverySwitch]) -> list[str]:
 
 
 class Switches:
-    """The switch operations over an ``exports_api`` store."""
+    """The switch operations over an ``exports_api`` store, and an ``exports_platform`` one for the global
+    switch where the platform's operators run them (the command line); the API has none."""
 
-    def __init__(self, store: ApiStore, *, wake_batch: int = WAKE_BATCH) -> None:
+    def __init__(
+        self, store: ApiStore, *, platform: PlatformStore | None = None, wake_batch: int = WAKE_BATCH
+    ) -> None:
         self.store = store
+        self.platform = platform
         self.wake_batch = wake_batch
 
     # -- reads ----------------------------------------------------------------------------------------
@@ -243,8 +251,17 @@ class Switches:
 
     async def _set(self, operator: Operator, request: AnySwitch, *, enabled: bool) -> SwitchChange | Answer:
         scoped = self._scope_filter(operator, request)
+        writer: SwitchChanges = self.store
+        if scope_of(request) == SwitchScope.GLOBAL:
+            if self.platform is None:
+                return refusal(
+                    Kind.FORBIDDEN,
+                    "the global switch is changed over the platform's database role (exports_platform):"
+                    " python starter.py pause --global",
+                )
+            writer = self.platform
         try:
-            return await self.store.set_delivery_switch(
+            return await writer.set_delivery_switch(
                 scope=scope_of(request),
                 tenant_id=scoped["tenant_id"],
                 destination_id=scoped["destination_id"],
@@ -297,12 +314,22 @@ class Switches:
 
 
 @contextlib.asynccontextmanager
-async def open_switches(settings: Settings) -> AsyncIterator[Switches]:
-    """The switch operations over an ``exports_api`` pool opened from ``settings.database_url``."""
+async def open_switches(settings: Settings, *, platform: bool = False) -> AsyncIterator[Switches]:
+    """The switch operations over an ``exports_api`` pool opened from ``settings.database_url``, and with
+    ``platform`` an ``exports_platform`` pool for the global switch (the login must be granted that role)."""
     if not settings.database_url:
         raise ValueError("EXPORTS_DATABASE_URL is not set")
     pool = await open_pool(settings.database_url, "exports_api", max_size=2, name="switches")
     try:
-        yield Switches(ApiStore(pool))
+        if not platform:
+            yield Switches(ApiStore(pool))
+            return
+        platform_pool = await open_pool(
+            settings.database_url, "exports_platform", max_size=1, name="switches-platform"
+        )
+        try:
+            yield Switches(ApiStore(pool), platform=PlatformStore(platform_pool))
+        finally:
+            await platform_pool.close()
     finally:
         await pool.close()

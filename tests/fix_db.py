@@ -10,6 +10,7 @@ import pytest
 from db.pool import open_pool
 from db.stores.api import ApiStore
 from db.stores.outbox import DispatcherStore
+from db.stores.platform import PlatformStore
 from db.stores.protocol import WorkerStore
 from db.stores.reconciler import ReconcilerStore
 from db.stores.recovery import RecoveryStore
@@ -60,6 +61,14 @@ async def api_store(database: TestDatabase) -> AsyncIterator[ApiStore]:
 async def reconciler_store(database: TestDatabase) -> AsyncIterator[ReconcilerStore]:
     pool = await open_pool(database.app_url, "exports_reconciler", max_size=4)
     yield ReconcilerStore(pool)
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def platform_store(database: TestDatabase) -> AsyncIterator[PlatformStore]:
+    """The global delivery switch, as the platform's role (``starter.py pause --global``)."""
+    pool = await open_pool(database.app_url, "exports_platform", max_size=2)
+    yield PlatformStore(pool)
     await pool.close()
 
 

@@ -12,6 +12,7 @@ what the code can even ask, so a process reaches only the statements its grants 
 | `DispatcherStore` (outbox.py) | ``exports_dispatcher`` | outbox |
 | `ApiStore` (api.py) | ``exports_api`` | requests (create, replace, edit), the cancellation ledger, switches, sessions, reads |
 | `ReconcilerStore` (reconciler.py) | ``exports_reconciler`` | reconciliation and corrections, reads |
+| `PlatformStore` (platform.py) | ``exports_platform`` | the global delivery switch (the switch change of switching.py, which the API's switches room shares) |
 
 Import a store from its module: this package imports nothing, so importing one store does not import
 the others (the import contracts in pyproject.toml keep each process to its role's rooms).

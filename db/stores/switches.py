@@ -1,5 +1,6 @@
-"""The delivery switches (role ``exports_api``): set one with its change record, read a tenant's switches,
-their history and what a scope holds, and re-wake what a resume let through.
+"""The delivery switches (role ``exports_api``): set a tenant's or destination's with its change record
+(:mod:`db.stores.switching`; the global one is the platform's, :mod:`db.stores.platform`), read a tenant's
+switches, their history and what a scope holds, and re-wake what a resume let through.
 """
 
 from __future__ import annotations
@@ -8,24 +9,17 @@ import logging
 from datetime import datetime
 from uuid import UUID
 
-from db.errors import (
-    InvariantViolation,
-    translated,
-)
-from db.queries import fetch_maybe
-from db.rows import (
-    JobIdRow,
-    SwitchStateRow,
-)
-from db.stores.base import StoreBase
-from domain.controls import DeliverySwitch, ScopeActivity, SwitchChange, SwitchScope
+from db.rows import JobIdRow
+from db.stores.switching import SwitchChanges
+from domain.controls import DeliverySwitch, ScopeActivity, SwitchChange
 from observability.tracing import current_traceparent
 
 log = logging.getLogger(__name__)
 
 
-class SwitchStatements(StoreBase):
-    """The delivery switches: set, read, history, scope activity, and the resume's re-wake."""
+class SwitchStatements(SwitchChanges):
+    """The delivery switches: set (a tenant's and its destinations'), read, history, scope activity, and the
+    resume's re-wake."""
 
     async def wake_resumed_queued(
         self,
@@ -49,43 +43,6 @@ class SwitchStatements(StoreBase):
             JobIdRow,
         )
         return [r.job_id for r in rows]
-
-    async def set_delivery_switch(
-        self,
-        *,
-        scope: SwitchScope,
-        tenant_id: UUID | None,
-        destination_id: UUID | None,
-        enabled: bool,
-        reason: str,
-        changed_by: str,
-    ) -> SwitchChange:
-        """Pause (``enabled=False``) or resume one scope, with who and why, and append the change to the
-        history: one short transaction that locks the scope's row first (so it serializes with every
-        claim and cutoff 2 that read it FOR SHARE), then upserts it with its history entry.
-
-        A destination that is not the tenant's raises ``UnknownReference``.
-        """
-        params = {
-            "scope": scope.value,
-            "tenant_id": tenant_id,
-            "destination_id": destination_id,
-            "enabled": enabled,
-            "reason": reason,
-            "changed_by": changed_by,
-        }
-        # Another tenant's destination raises UnknownReference (db/errors.py's table).
-        async with translated(), self.pool.connection() as conn, conn.transaction():
-            before = await fetch_maybe(conn, "lock_delivery_switch", params, SwitchStateRow)
-            changed = await fetch_maybe(
-                conn,
-                "set_delivery_switch",
-                {**params, "was_enabled": before.enabled if before else None},
-                SwitchChange,
-            )
-        if changed is None:
-            raise InvariantViolation("set_delivery_switch committed without returning its change")
-        return changed
 
     async def tenant_switches(self, tenant_id: UUID | None) -> list[DeliverySwitch]:
         """The global switch, the tenant's and one per destination of the tenant (``enabled`` is

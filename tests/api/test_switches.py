@@ -11,7 +11,8 @@ import uuid
 
 import psycopg
 
-from service.switches import UNREADABLE, Switches
+from service.outcomes import Kind
+from service.switches import SWITCH_REQUEST, UNREADABLE, Operator, Switches
 from tests.api.conftest import client_for, make_tenant, sign_in
 from tests.api.test_starter import starter
 
@@ -162,6 +163,18 @@ async def test_switches_that_cannot_be_read_are_shown_as_paused(factory, databas
         finally:
             await conn.execute("GRANT SELECT ON delivery_switches TO exports_api")
     assert await Switches(api_store).banner(acme.id) == []
+
+
+async def test_the_global_switch_is_changed_only_over_the_platforms_role(factory, api_store):
+    # Even a platform operator's request is refused when the service holds only the API's store: it never
+    # falls back to the exports_api pool, which the database refuses the global switch anyway (0019).
+    before = await factory.admin("SELECT * FROM delivery_switches WHERE scope = 'global'", {})
+    request = SWITCH_REQUEST.validate_python({"scope": "global", "reason": "partner-wide incident"})
+
+    answer = await Switches(api_store).pause(Operator("pat.platform", None, platform=True), request)
+
+    assert answer.kind == Kind.FORBIDDEN and "exports_platform" in answer.text
+    assert await factory.admin("SELECT * FROM delivery_switches WHERE scope = 'global'", {}) == before
 
 
 # -- the command line ------------------------------------------------------------------------------------

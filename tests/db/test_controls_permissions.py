@@ -1,8 +1,10 @@
 """Least privilege for the controls' tables (issue 9), enforced by the database: each role reads and writes
 only what its part needs. The worker reads principals and switches and may lock (FOR SHARE) switch and
 destination rows, but a trigger refuses every update it could make with the lock-only grant; only the API
-changes switches; the history of changes is append-only for everyone, the owner included; principals and
-destinations are an administrator's. Every refusal is a real statement against a real row."""
+changes a tenant's and its destinations' switches, and only the platform's role the global one (issue 23.5:
+"global is 403" holds in the database too); the history of changes is append-only for everyone, the owner
+included; principals and destinations are an administrator's. Every refusal is a real statement against a
+real row."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from db.errors import NotPermitted
 from db.pool import Role
+from domain.controls import SwitchScope
 
 ROLES: list[Role] = [
     "exports_api",
@@ -22,6 +26,7 @@ ROLES: list[Role] = [
     "exports_recovery",
     "exports_dispatcher",
     "exports_reconciler",
+    "exports_platform",
 ]
 
 
@@ -46,8 +51,6 @@ async def scope(factory, api_store) -> dict[str, Any]:
     """A tenant, an enabled destination, one recorded switch change."""
     tenant = await factory.tenant()
     destination = await factory.destination(tenant)
-    from domain.controls import SwitchScope
-
     await api_store.set_delivery_switch(
         scope=SwitchScope.DESTINATION,
         tenant_id=tenant,
@@ -61,8 +64,8 @@ async def scope(factory, api_store) -> dict[str, Any]:
 
 async def state(factory, scope) -> list[Any]:
     reads = [
-        "SELECT * FROM delivery_switches WHERE tenant_id = %(t)s ORDER BY scope",
-        "SELECT * FROM delivery_switch_changes WHERE tenant_id = %(t)s ORDER BY id",
+        "SELECT * FROM delivery_switches WHERE tenant_id = %(t)s OR scope = 'global' ORDER BY scope",
+        "SELECT * FROM delivery_switch_changes WHERE tenant_id = %(t)s OR scope = 'global' ORDER BY id",
         "SELECT * FROM destinations WHERE id = %(d)s",
         "SELECT * FROM principals WHERE tenant_id = %(t)s ORDER BY name",
     ]
@@ -75,6 +78,13 @@ _CHANGES = {
     "switch": "UPDATE delivery_switches SET enabled = false WHERE tenant_id = %(t)s",
     "switch insert": "INSERT INTO delivery_switches (scope, tenant_id, enabled, reason, changed_by)"
     " VALUES ('tenant', %(t)s, false, 'x', 'x')",
+    "global switch": "UPDATE delivery_switches SET enabled = false, reason = 'x', changed_by = 'x',"
+    " changed_at = clock_timestamp() WHERE scope = 'global'",
+    # The global row exists (0006), so this would conflict for anyone allowed: a refusal comes first.
+    "global switch insert": "INSERT INTO delivery_switches (scope, enabled, reason, changed_by)"
+    " VALUES ('global', false, 'x', 'x')",
+    "global history insert": "INSERT INTO delivery_switch_changes (scope, enabled, reason, changed_by,"
+    " changed_at) VALUES ('global', false, 'forged', 'x', clock_timestamp())",
     "switch delete": "DELETE FROM delivery_switches WHERE tenant_id = %(t)s",
     "history update": "UPDATE delivery_switch_changes SET reason = 'tampered' WHERE tenant_id = %(t)s",
     "history delete": "DELETE FROM delivery_switch_changes WHERE tenant_id = %(t)s",
@@ -92,12 +102,14 @@ _CHANGES = {
 # What each role may do among those; everything else is refused to it.
 _ALLOWED = {
     "exports_api": {"switch", "switch insert", "history insert"},
+    "exports_platform": {"global switch", "global switch insert", "global history insert"},
 }
 
 
 @pytest.mark.parametrize(
     ("role", "change"),
-    # The allowed ones are exercised through the API's own statements in test_switches.
+    # The allowed ones are exercised through the API's and the platform's own statements (test_switches and
+    # below).
     [(r, c) for r in ROLES for c in sorted(_CHANGES) if c not in _ALLOWED.get(r, set())],
 )
 async def test_each_role_changes_only_what_its_part_needs(database, factory, scope, role, change):
@@ -172,12 +184,18 @@ async def test_the_exact_grants_on_the_controls_tables(database):
             " AND grantee LIKE 'exports_%%' ORDER BY 1, 2, 3"
         )
         update_columns = await cur.fetchall()
+    # The API's and the platform's grants on the switches are the same: which scope each may write is the
+    # trigger's (0019), a grant cannot say it.
     assert table_grants == [
         ("exports_api", "delivery_switch_changes", "INSERT"),
         ("exports_api", "delivery_switch_changes", "SELECT"),
         ("exports_api", "delivery_switches", "INSERT"),
         ("exports_api", "delivery_switches", "SELECT"),
         ("exports_api", "principals", "SELECT"),
+        ("exports_platform", "delivery_switch_changes", "INSERT"),
+        ("exports_platform", "delivery_switch_changes", "SELECT"),
+        ("exports_platform", "delivery_switches", "INSERT"),
+        ("exports_platform", "delivery_switches", "SELECT"),
         ("exports_recovery", "delivery_switches", "SELECT"),  # recovery opens no session to a paused partner
         ("exports_worker", "delivery_switches", "SELECT"),
         ("exports_worker", "principals", "SELECT"),
@@ -187,7 +205,66 @@ async def test_the_exact_grants_on_the_controls_tables(database):
         ("exports_api", "delivery_switches", "changed_by"),
         ("exports_api", "delivery_switches", "enabled"),
         ("exports_api", "delivery_switches", "reason"),
+        ("exports_platform", "delivery_switches", "changed_at"),
+        ("exports_platform", "delivery_switches", "changed_by"),
+        ("exports_platform", "delivery_switches", "enabled"),
+        ("exports_platform", "delivery_switches", "reason"),
         ("exports_worker", "delivery_switches", "scope"),  # for FOR SHARE only; the trigger refuses updates
         ("exports_worker", "destinations", "id"),  # likewise
         ("exports_worker", "principals", "name"),  # likewise: cutoff 2 reads the creator FOR SHARE (23.6)
     ]
+
+
+# -- the global switch is the platform's (issue 23.5) ------------------------------------------------------
+
+
+def global_switch(*, enabled: bool, changed_by: str = "pat.platform") -> dict[str, Any]:
+    return {
+        "scope": SwitchScope.GLOBAL,
+        "tenant_id": None,
+        "destination_id": None,
+        "enabled": enabled,
+        "reason": "partner-wide incident",
+        "changed_by": changed_by,
+    }
+
+
+async def test_the_api_role_is_refused_the_global_switch_even_when_the_service_check_is_bypassed(
+    factory, scope, api_store, kit
+):
+    # The service answers 403 before it gets here; this is the statement sent anyway, over the API's pool.
+    before = await state(factory, scope)
+    with pytest.raises(NotPermitted) as refused:
+        await api_store.set_delivery_switch(**global_switch(enabled=False, changed_by="mallory"))
+    cause = refused.value.__cause__
+    assert isinstance(cause, psycopg.errors.InsufficientPrivilege)
+    assert cause.diag.constraint_name == "ck_delivery_switches_global_owner"
+
+    # The history entry alone, which set_delivery_switch writes in the same statement, is refused too.
+    held = await kit.hold("exports_api")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        await held.execute(_CHANGES["global history insert"])
+    await held.rollback()
+    assert await state(factory, scope) == before
+
+
+async def test_the_platform_role_switches_the_global_scope_and_no_other(factory, scope, platform_store):
+    before = await state(factory, scope)
+    paused = await platform_store.set_delivery_switch(**global_switch(enabled=False))
+    try:
+        assert (paused.scope, paused.enabled, paused.was_enabled) == (SwitchScope.GLOBAL, False, True)
+        for other in (
+            {"scope": SwitchScope.TENANT, "tenant_id": scope["t"], "destination_id": None},
+            {"scope": SwitchScope.DESTINATION, "tenant_id": scope["t"], "destination_id": scope["d"]},
+        ):
+            with pytest.raises(NotPermitted):
+                await platform_store.set_delivery_switch(
+                    **other, enabled=False, reason="not mine", changed_by="pat.platform"
+                )
+    finally:
+        resumed = await platform_store.set_delivery_switch(**global_switch(enabled=True))
+    assert (resumed.enabled, resumed.was_enabled, resumed.changed_by) == (True, False, "pat.platform")
+    switches, history, *rest = await state(factory, scope)
+    assert [r for r in switches if r["scope"] != "global"] == [r for r in before[0] if r["scope"] != "global"]
+    assert [h["scope"] for h in history[len(before[1]) :]] == ["global", "global"]
+    assert rest == before[2:]

@@ -361,7 +361,8 @@ async def test_correction_to_failed_needs_a_code_and_to_completed_drops_it(facto
     assert (await factory.job(failed.id)).failure_reason is None
 
     # Even the reconciler's own direct UPDATE, along its recorded correction, cannot leave a code on a
-    # non-Failed row.
+    # non-Failed row: the correction to Completed records none, and the row ends with the code its correction
+    # recorded (0019's trigger, which refuses before ck_export_jobs_failure would).
     other, other_attempt = await failed_original(factory)
     direct = await kit.hold("exports_reconciler")
     assert await direct.run("record_correction", correction_to_completed(other, other_attempt))
@@ -369,7 +370,7 @@ async def test_correction_to_failed_needs_a_code_and_to_completed_drops_it(facto
         await direct.execute(
             "UPDATE export_jobs SET status = 'Completed' WHERE id = %(id)s", {"id": other.id}
         )
-    assert check.value.diag.constraint_name == "ck_export_jobs_failure"
+    assert check.value.diag.constraint_name == "ck_export_jobs_correction_code"
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,13 @@ from db.pool import Role
 from domain.models import CancellationOutcome, ExportJob
 from tests.db.race import cancel
 
-ROLES: list[Role] = ["exports_api", "exports_worker", "exports_dispatcher", "exports_reconciler"]
+ROLES: list[Role] = [
+    "exports_api",
+    "exports_worker",
+    "exports_dispatcher",
+    "exports_reconciler",
+    "exports_platform",
+]
 APPEND_ONLY = ["export_attempt_events", "cancellation_requests", "deliveries"]
 
 
@@ -196,6 +202,36 @@ async def test_the_dispatchers_only_outbox_writes_are_published_at_and_its_lease
 )
 async def test_dispatcher_can_do_nothing_else(database, seeded, statement, params):
     await assert_refused(database, "exports_dispatcher", statement, {"id": seeded.id, **params})
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT id FROM export_jobs LIMIT 1",
+        "UPDATE export_jobs SET woken_at = clock_timestamp() WHERE id = %(id)s",
+        "INSERT INTO outbox (message_id, kind, job_id, created_at)"
+        " VALUES (gen_random_uuid(), 'ExportReady', %(id)s, clock_timestamp())",
+        "SELECT 1 FROM export_attempt_events LIMIT 1",
+        "SELECT email FROM contacts LIMIT 1",
+        "SELECT credential_ref FROM destinations LIMIT 1",
+        "SELECT token_sha256 FROM api_tokens LIMIT 1",
+        "SELECT delivery_scope_open(gen_random_uuid(), gen_random_uuid())",
+    ],
+)
+async def test_the_platform_role_can_do_nothing_but_the_global_switch(database, seeded, statement):
+    # exports_platform (0019) exists for `starter.py pause --global` alone; the global row is the only one it
+    # may write (tests/db/test_controls_permissions.py).
+    await assert_refused(database, "exports_platform", statement, {"id": seeded.id})
+
+
+async def test_the_platform_roles_grants_are_on_the_switch_tables_only(factory):
+    rows = await factory.admin(
+        "SELECT DISTINCT table_name FROM information_schema.role_table_grants WHERE grantee = 'exports_platform'"
+        " UNION SELECT DISTINCT table_name FROM information_schema.column_privileges"
+        " WHERE grantee = 'exports_platform'",
+        {},
+    )
+    assert {r["table_name"] for r in rows} == {"delivery_switches", "delivery_switch_changes"}
 
 
 # -- export_jobs: each role writes only the columns of its own transitions ----------------------------

@@ -71,9 +71,13 @@ ROLES: list[Role | None] = [
     "exports_recovery",
     "exports_dispatcher",
     "exports_reconciler",
+    "exports_platform",
     None,
 ]
+NO_UPDATE_GRANT = ("exports_dispatcher", "exports_platform")  # refused by privileges before any trigger
 TRIGGER_CONSTRAINTS = {"ck_export_jobs_state_machine", "ck_export_jobs_recorded_outcome"}
+# Leaving these commits with the attempt's event (0019; tests/db/test_outcome_events.py holds that rule).
+EVENT_OF_LEAVING = {"OutcomeUnknown": "Reconciled", "Completed": "Corrected", "Failed": "Corrected"}
 
 
 def role_name(role: Role | None) -> str:
@@ -113,6 +117,19 @@ async def refusal(conn: psycopg.AsyncConnection, statement: Any, params: dict[st
     return refused.value
 
 
+async def take_edge(conn: psycopg.AsyncConnection, job: Any, statement: Any, params: dict[str, Any]) -> None:
+    """The direct UPDATE along an edge in one transaction, with the event the edge commits with, if any."""
+    async with conn.transaction():
+        await conn.execute(statement, params)
+        kind = EVENT_OF_LEAVING.get(job.status.value)
+        if kind is not None:
+            await conn.execute(
+                "INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, recorded_at)"
+                " VALUES (%(j)s, %(a)s, %(k)s, 'a direct update', clock_timestamp())",
+                {"j": job.id, "a": job.attempt_id, "k": kind},
+            )
+
+
 def direct_update(from_status: str, to_status: str) -> sql.Composed:
     """The direct UPDATE of one job (``%(id)s``) along an edge to ``%(to)s``, with the columns its target needs."""
     assignment = "status = %(to)s"
@@ -143,7 +160,7 @@ async def test_status_change_off_the_diagram_is_refused_for_every_role(
             "UPDATE export_jobs SET status = %(to)s WHERE id = %(id)s",
             {"to": to_status, "id": job.id},
         )
-        if role == "exports_dispatcher":
+        if role in NO_UPDATE_GRANT:
             assert isinstance(refused, psycopg.errors.InsufficientPrivilege), role_name(role)
         else:
             # Refused by the trigger itself, not by a missing grant or an unrelated check.
@@ -168,13 +185,21 @@ async def test_each_edge_is_open_to_its_roles_and_refused_to_every_other(
     if from_status in ("Completed", "Failed"):
         await connections["exports_reconciler"].execute(
             "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status,"
-            " corrected_by, evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, %(f)s, %(to)s, 'lee', 'ref', 'why')",
-            {"t": job.tenant_id, "j": job.id, "a": job.attempt_id, "f": from_status, "to": to_status},
+            " failure_reason, corrected_by, evidence_ref, why)"
+            " VALUES (%(t)s, %(j)s, %(a)s, %(f)s, %(to)s, %(code)s, 'lee', 'ref', 'why')",
+            {
+                "t": job.tenant_id,
+                "j": job.id,
+                "a": job.attempt_id,
+                "f": from_status,
+                "to": to_status,
+                "code": "NotDelivered" if to_status == "Failed" else None,
+            },
         )
     statement = direct_update(from_status, to_status)
 
     if allowed:
-        await connections[role].execute(statement, {"to": to_status, "id": job.id})
+        await take_edge(connections[role], job, statement, {"to": to_status, "id": job.id})
         assert (await factory.job(job.id)).status == JobStatus(to_status)
     else:
         refused = await refusal(connections[role], statement, {"to": to_status, "id": job.id})
@@ -254,11 +279,12 @@ async def test_the_reconciler_changes_a_recorded_outcome_only_by_changing_its_st
     refused = await refusal(reconciler, flip, {"id": job.id})
     assert refused.diag.constraint_name == "ck_export_jobs_correction"
     await reconciler.execute(
-        "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, corrected_by,"
-        " evidence_ref, why) VALUES (%(t)s, %(j)s, %(a)s, 'Completed', 'Failed', 'lee', 'ref', 'why')",
+        "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, failure_reason,"
+        " corrected_by, evidence_ref, why)"
+        " VALUES (%(t)s, %(j)s, %(a)s, 'Completed', 'Failed', 'NotDelivered', 'lee', 'ref', 'why')",
         {"t": job.tenant_id, "j": job.id, "a": job.attempt_id},
     )
-    await reconciler.execute(flip, {"id": job.id})
+    await take_edge(reconciler, job, flip, {"id": job.id})
     assert (await factory.job(job.id)).status == JobStatus.FAILED
 
     # ... once per attempt: flipping back has no correction to go along, and a second one cannot be recorded.
@@ -332,8 +358,11 @@ async def test_recovery_settles_an_outcome_unknown_which_has_no_lease(factory, c
     job, _ = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
     assert job.lease_expires_at is None
 
-    await connections[RECOVERY].execute(
-        direct_update("OutcomeUnknown", to_status), {"to": to_status, "id": job.id}
+    await take_edge(
+        connections[RECOVERY],
+        job,
+        direct_update("OutcomeUnknown", to_status),
+        {"to": to_status, "id": job.id},
     )
 
     assert (await factory.job(job.id)).status == JobStatus(to_status)

@@ -15,7 +15,7 @@ from domain.models import AuthorizationResult, ClaimResult, JobStatus
 from tests.db.race import authorize, cancel
 
 
-async def switch(api_store, tenant_id, destination_id=None, *, enabled, reason="test", by="sam.ops"):
+async def switch(store, tenant_id, destination_id=None, *, enabled, reason="test", by="sam.ops"):
     scope = (
         SwitchScope.GLOBAL
         if tenant_id is None
@@ -23,7 +23,7 @@ async def switch(api_store, tenant_id, destination_id=None, *, enabled, reason="
         if destination_id is None
         else SwitchScope.DESTINATION
     )
-    return await api_store.set_delivery_switch(
+    return await store.set_delivery_switch(
         scope=scope,
         tenant_id=tenant_id,
         destination_id=destination_id,
@@ -87,14 +87,15 @@ async def test_a_disabled_row_pauses_even_when_its_other_scopes_are_enabled(fact
     assert await claim(worker_store, job) == ClaimResult.PAUSED
 
 
-async def test_the_global_switch_pauses_every_tenant(factory, api_store, worker_store):
+async def test_the_global_switch_pauses_every_tenant(factory, platform_store, worker_store):
+    # The platform's role switches it (0019); the API's may not (tests/db/test_controls_permissions.py).
     first, second = await factory.queued(), await factory.queued()
-    await switch(api_store, None, enabled=False, by="platform-ops")
+    await switch(platform_store, None, enabled=False, by="platform-ops")
     try:
         assert await claim(worker_store, first) == ClaimResult.PAUSED
         assert await claim(worker_store, second) == ClaimResult.PAUSED
     finally:
-        await switch(api_store, None, enabled=True, by="platform-ops")
+        await switch(platform_store, None, enabled=True, by="platform-ops")
     assert await claim(worker_store, first) == ClaimResult.CLAIMED
 
 

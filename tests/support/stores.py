@@ -8,6 +8,7 @@ from db.pool import Role
 from db.stores.api import ApiStore
 from db.stores.base import StoreBase
 from db.stores.outbox import DispatcherStore
+from db.stores.platform import PlatformStore
 from db.stores.protocol import WorkerStore
 from db.stores.reconciler import ReconcilerStore
 from db.stores.recovery import RecoveryStore
@@ -18,6 +19,7 @@ STORE_OF_ROLE: dict[str, type[StoreBase]] = {
     "exports_recovery": RecoveryStore,
     "exports_dispatcher": DispatcherStore,
     "exports_reconciler": ReconcilerStore,
+    "exports_platform": PlatformStore,
 }
 
 
