@@ -287,6 +287,8 @@ async def test_bulk_cancel_from_the_command_line(database, factory):
         database, "bulk-cancel", "--destination-name", "partner-old", "--dry-run", tenant=tenant
     )
     assert code == 0 and out.startswith("2 live exports match (2 queued, 0 running, 0 delivering)")
+    token = out.split("to cancel exactly these: --preview ")[1].split()[0]
+    later = await factory.queued(tenant, destination)  # not in the set the dry run counted
 
     code, out, _ = await starter(
         database,
@@ -296,13 +298,17 @@ async def test_bulk_cancel_from_the_command_line(database, factory):
         str(destination),
         "--reason",
         "contract ended",
+        "--preview",
+        token,
         tenant=tenant,
     )
     assert code == 0, out
     answer = json.loads(out)
     assert answer["outcome_kind"] == "created" and answer["outcomes"] == {"CanceledWhileQueued": 2}
+    assert answer["not_in_preview"] == [str(later.id)]
     for job in jobs:
         assert await factory.status(job.id) == JobStatus.CANCELED
+    assert await factory.status(later.id) == JobStatus.QUEUED
 
     code, _, err = await starter(database, "bulk-cancel", "--destination", str(destination), tenant=tenant)
     assert code == 2 and "--reason is required" in err
