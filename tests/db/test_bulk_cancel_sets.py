@@ -264,3 +264,31 @@ async def test_a_lane_whose_backend_is_terminated_mid_pipeline_answers_committed
     ]
     assert await api_store.batch_jobs_without_request(batch.tenant_id, batch.id) == [held, last]
     assert await factory.status(first) == JobStatus.CANCELED
+
+
+# -- who may touch the previews and the signals -----------------------------------------------------------
+
+
+async def test_only_the_api_previews_and_records_signals_and_nobody_rewrites_a_signal(database):
+    roles = ["exports_api", "exports_worker", "exports_recovery", "exports_dispatcher", "exports_reconciler"]
+    privileges = ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"]
+    async with await psycopg.AsyncConnection.connect(database.admin_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT r, t, p FROM unnest(%(roles)s::text[]) r, unnest(%(tables)s::text[]) t,"
+            " unnest(%(privileges)s::text[]) p WHERE has_table_privilege(r, t, p)",
+            {
+                "roles": roles,
+                "tables": ["cancellation_previews", "cancellation_stop_signals"],
+                "privileges": privileges,
+            },
+        )
+        granted = set(await cur.fetchall())
+    assert granted == {
+        # a preview expires: the API deletes expired ones on the way, as it does console sessions
+        ("exports_api", "cancellation_previews", "SELECT"),
+        ("exports_api", "cancellation_previews", "INSERT"),
+        ("exports_api", "cancellation_previews", "DELETE"),
+        # a delivered signal is history
+        ("exports_api", "cancellation_stop_signals", "SELECT"),
+        ("exports_api", "cancellation_stop_signals", "INSERT"),
+    }
