@@ -266,17 +266,24 @@ def cmd_bulk_cancel(args: argparse.Namespace, settings: Settings) -> int:
         if args.dry_run:
             return await ops.bulk_cancel_preview(caller, destination_id, args.list_name)
         body = BulkCancel(
-            batch_id=batch_id, destination_id=destination_id, list_name=args.list_name, reason=args.reason
+            batch_id=batch_id,
+            destination_id=destination_id,
+            list_name=args.list_name,
+            reason=args.reason,
+            preview_token=args.preview,
         )
         return await ops.bulk_cancel(caller, body, source=CancellationSource.CLI)
 
     def render(answer: Any) -> str:
         if args.dry_run:
             s = answer.body["by_status"]
-            return (
+            text = (
                 f"{answer.body['matching']} live exports match ({s['Queued']} queued, {s['Running']} running, "
                 f"{s['Delivering']} delivering); nothing was recorded"
             )
+            if answer.body["preview_token"]:
+                text += f"\nto cancel exactly these: --preview {answer.body['preview_token']}"
+            return text
         lines = [answer.body["message"], f"(batch {batch_id})"]
         lines += [f"  busy: export {b['export_id']} (request {b['request_id']})" for b in answer.body["busy"]]
         return "\n".join(lines)
@@ -581,7 +588,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--list", dest="list_name", help="only this list (default: every list)")
     sub.add_argument("--reason", help="recorded with the batch and every request (required unless --dry-run)")
     sub.add_argument("--batch-id", type=_uuid, help="reuse to retry the Busy ones; nothing is recorded twice")
-    sub.add_argument("--dry-run", action="store_true", help="only count the live exports that match")
+    sub.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only count the live exports that match (prints a --preview token)",
+    )
+    sub.add_argument(
+        "--preview",
+        type=_uuid,
+        help="the token a --dry-run printed: cancel exactly the exports it counted (default: those live now)",
+    )
 
     sub = command("replace", cmd_replace, "create a replacement delivery of the original")
     acting(sub)

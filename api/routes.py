@@ -325,8 +325,28 @@ async def list_destinations(caller: CallerDep, ops: ExportsDep) -> JSONResponse:
 @batches.get(
     "/preview",
     operation_id="preview_bulk_cancel",
-    summary="How many live exports a bulk cancel with this filter would cover now (the confirmation)",
-    responses=ERRORS,
+    summary="The live exports a bulk cancel with this filter would cover now (the confirmation), and a token for that set",
+    description=(
+        "Counts the live exports (Queued, Running, Delivering) by status and lists their IDs "
+        "(`export_ids`). Records no cancellation; keeps that exact set for 15 minutes under `preview_token` "
+        "(null when nothing matches), which only you, in your tenant, can submit to POST "
+        "/cancellation-batches to cancel exactly those exports."
+    ),
+    responses={
+        200: {
+            "description": "matching, by_status, export_ids, preview_token, expires_at",
+            "links": {
+                "ConfirmBulkCancel": {
+                    "operationId": "bulk_cancel",
+                    "requestBody": {
+                        "destination_id": "$request.query.destination_id",
+                        "preview_token": "$response.body#/preview_token",
+                    },
+                }
+            },
+        },
+        **ERRORS,
+    },
 )
 async def preview_bulk_cancel(
     caller: CallerDep,
@@ -340,7 +360,12 @@ async def preview_bulk_cancel(
 @batches.post(
     "",
     operation_id="bulk_cancel",
-    summary="Cancel every live export of a destination (or of one list), each through its own request",
+    summary="Cancel the previewed exports of a destination (or of one list), each through its own request",
+    description=(
+        "With `preview_token` the batch covers exactly the exports that preview counted: one that ended "
+        "since gets its own outcome (AlreadyEnded, TooLate, ...), and one that became live since is not "
+        "touched and is listed in `not_in_preview`. Without it, the exports live when the batch is recorded."
+    ),
     status_code=201,
     responses={
         200: {
@@ -361,8 +386,18 @@ async def preview_bulk_cancel(
                 "them): retry with the same batch ID after Retry-After; nothing is recorded twice"
             )
         },
-        400: {"description": "This batch ID belongs to a different bulk cancel, or the body is not JSON"},
-        422: {"description": "Invalid body, or a destination_id that is not your tenant's"},
+        400: {
+            "description": (
+                "This batch ID belongs to a different bulk cancel (another filter, operator or preview), "
+                "or the body is not JSON"
+            )
+        },
+        422: {
+            "description": (
+                "Invalid body; a destination_id that is not your tenant's; or a preview_token that is not "
+                "your unexpired preview of this destination and list (preview again)"
+            )
+        },
         **{k: v for k, v in BODY_ERRORS.items() if k != 422},
     },
 )
@@ -373,7 +408,7 @@ async def bulk_cancel(body: BulkCancel, caller: CallerDep, ops: ExportsDep) -> J
 @batches.get(
     "/{batch_id}",
     operation_id="get_cancellation_batch",
-    summary="A recorded bulk cancel: its counts, and the exports still without a request",
+    summary="A recorded bulk cancel: its counts, the exports still without a request, and the live ones it does not cover",
     responses={
         202: {"description": "Some exports it covers have no request yet (Busy): resubmit the batch"},
         404: {"description": "No such batch in your tenant"},

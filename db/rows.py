@@ -135,7 +135,8 @@ class LedgerAnswer(ExportJob):
 
 
 class CancellationBatch(Row):
-    """One ``cancellation_batches`` row: who asked, when, for which filter, why, and how many matched."""
+    """One ``cancellation_batches`` row: who asked, when, for which filter, why, how many it covers, and the
+    preview whose set it confirmed (``None``: the exports live when it was recorded)."""
 
     tenant_id: UUID
     id: UUID
@@ -145,15 +146,29 @@ class CancellationBatch(Row):
     list_name: str | None
     matched: int
     recorded_at: datetime
+    preview_id: UUID | None
+
+
+class PreviewedExport(Row):
+    """One live export a bulk cancel's preview counted, and the token its set was kept under (``None`` with
+    no row at all when nothing matched)."""
+
+    preview_id: UUID | None
+    expires_at: datetime | None
+    job_id: UUID
+    status: JobStatus
+
+
+class StopToSignal(Row):
+    """A bulk cancel's StopRequested request whose running attempt has not been signalled yet."""
+
+    request_id: UUID
+    job_id: UUID
+    workflow_id: str
 
 
 class OutcomeCount(Row):
     outcome: CancellationOutcome
-    n: int
-
-
-class StatusCount(Row):
-    status: JobStatus
     n: int
 
 

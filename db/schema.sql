@@ -275,9 +275,24 @@ CREATE TABLE public.cancellation_batches (
     list_name text,
     matched integer NOT NULL,
     recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    preview_id uuid,
     CONSTRAINT cancellation_batches_list_name_check CHECK (((list_name IS NULL) OR ((length(list_name) >= 1) AND (length(list_name) <= 200)))),
     CONSTRAINT cancellation_batches_matched_check CHECK ((matched >= 0)),
     CONSTRAINT cancellation_batches_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000)))
+);
+
+CREATE TABLE public.cancellation_previews (
+    tenant_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    previewed_by text NOT NULL,
+    destination_id uuid NOT NULL,
+    list_name text,
+    job_ids uuid[] NOT NULL,
+    previewed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT cancellation_previews_job_ids_check CHECK ((cardinality(job_ids) > 0)),
+    CONSTRAINT cancellation_previews_list_name_check CHECK (((list_name IS NULL) OR ((length(list_name) >= 1) AND (length(list_name) <= 200)))),
+    CONSTRAINT ck_cancellation_previews_expiry CHECK ((expires_at > previewed_at))
 );
 
 CREATE TABLE public.cancellation_requests (
@@ -294,6 +309,13 @@ CREATE TABLE public.cancellation_requests (
     recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     batch_id uuid,
     CONSTRAINT cancellation_requests_outcome_check CHECK ((outcome = ANY (ARRAY['CanceledWhileQueued'::text, 'StopRequested'::text, 'StopAlreadyRequested'::text, 'AlreadyCanceled'::text, 'AlreadyEnded'::text, 'TooLate'::text])))
+);
+
+CREATE TABLE public.cancellation_stop_signals (
+    tenant_id uuid NOT NULL,
+    request_id uuid NOT NULL,
+    workflow_id text NOT NULL,
+    signalled_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
 );
 
 CREATE TABLE public.console_sessions (
@@ -561,8 +583,14 @@ ALTER TABLE ONLY public.cancellation_batch_jobs
 ALTER TABLE ONLY public.cancellation_batches
     ADD CONSTRAINT pk_cancellation_batches PRIMARY KEY (tenant_id, id);
 
+ALTER TABLE ONLY public.cancellation_previews
+    ADD CONSTRAINT pk_cancellation_previews PRIMARY KEY (tenant_id, id);
+
 ALTER TABLE ONLY public.cancellation_requests
     ADD CONSTRAINT pk_cancellation_requests PRIMARY KEY (tenant_id, id);
+
+ALTER TABLE ONLY public.cancellation_stop_signals
+    ADD CONSTRAINT pk_cancellation_stop_signals PRIMARY KEY (tenant_id, request_id);
 
 ALTER TABLE ONLY public.contacts
     ADD CONSTRAINT pk_contacts PRIMARY KEY (tenant_id, list_name, id);
@@ -601,6 +629,8 @@ ALTER TABLE ONLY public.export_jobs
     ADD CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id);
 
 CREATE INDEX ix_attempt_events_job ON public.export_attempt_events USING btree (job_id, id);
+
+CREATE INDEX ix_cancellation_previews_expires ON public.cancellation_previews USING btree (expires_at);
 
 CREATE INDEX ix_cancellation_requests_batch ON public.cancellation_requests USING btree (tenant_id, batch_id) WHERE (batch_id IS NOT NULL);
 
@@ -676,6 +706,9 @@ ALTER TABLE ONLY public.api_tokens
 ALTER TABLE ONLY public.cancellation_batches
     ADD CONSTRAINT cancellation_batches_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
+ALTER TABLE ONLY public.cancellation_previews
+    ADD CONSTRAINT cancellation_previews_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
 ALTER TABLE ONLY public.console_sessions
     ADD CONSTRAINT console_sessions_token_sha256_fkey FOREIGN KEY (token_sha256) REFERENCES public.api_tokens(token_sha256) ON DELETE CASCADE;
 
@@ -703,11 +736,17 @@ ALTER TABLE ONLY public.cancellation_batch_jobs
 ALTER TABLE ONLY public.cancellation_batches
     ADD CONSTRAINT fk_cancellation_batches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
+ALTER TABLE ONLY public.cancellation_previews
+    ADD CONSTRAINT fk_cancellation_previews_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
 ALTER TABLE ONLY public.cancellation_requests
     ADD CONSTRAINT fk_cancellation_requests_batch FOREIGN KEY (tenant_id, batch_id) REFERENCES public.cancellation_batches(tenant_id, id);
 
 ALTER TABLE ONLY public.cancellation_requests
     ADD CONSTRAINT fk_cancellation_requests_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
+
+ALTER TABLE ONLY public.cancellation_stop_signals
+    ADD CONSTRAINT fk_cancellation_stop_signals_request FOREIGN KEY (tenant_id, request_id) REFERENCES public.cancellation_requests(tenant_id, id);
 
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT fk_deliveries_original FOREIGN KEY (tenant_id, original_job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
@@ -747,6 +786,8 @@ GRANT SELECT,INSERT ON TABLE public.cancellation_batch_jobs TO exports_api;
 
 GRANT SELECT,INSERT ON TABLE public.cancellation_batches TO exports_api;
 
+GRANT SELECT,INSERT,DELETE ON TABLE public.cancellation_previews TO exports_api;
+
 GRANT SELECT,INSERT ON TABLE public.cancellation_requests TO exports_api;
 GRANT SELECT ON TABLE public.cancellation_requests TO exports_worker;
 GRANT SELECT ON TABLE public.cancellation_requests TO exports_reconciler;
@@ -754,6 +795,8 @@ GRANT SELECT ON TABLE public.cancellation_requests TO exports_reconciler;
 GRANT SELECT(id) ON TABLE public.cancellation_requests TO exports_recovery;
 
 GRANT SELECT(recorded_at) ON TABLE public.cancellation_requests TO exports_recovery;
+
+GRANT SELECT,INSERT ON TABLE public.cancellation_stop_signals TO exports_api;
 
 GRANT SELECT,INSERT,DELETE ON TABLE public.console_sessions TO exports_api;
 

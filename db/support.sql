@@ -210,24 +210,63 @@ SET ROLE exports_dispatcher;
 -- Wake-ups: the outbox's insert trigger sends a NOTIFY on this channel after each committed insert.
 LISTEN outbox;
 
--- name: record_cancellation_batch
--- Records a bulk cancel (who, the filter, why) and the live exports of the tenant it covers, fixed now,
--- in one statement; nothing when the batch ID is already recorded in this tenant (the caller reads it).
--- Each covered export then gets its own request through cancel_and_record.
-WITH live AS (
-    SELECT id FROM export_jobs
+-- name: record_cancellation_preview
+-- What a bulk cancel with this filter would cover now (the confirmation the operator reads): each live export
+-- of the tenant with its status, and that exact set kept under a new preview token bound to the tenant and
+-- the principal who saw it, in one statement, so the set kept is the set counted. No token when nothing
+-- matches. Expired previews are removed on the way.
+WITH expired AS (
+    DELETE FROM cancellation_previews WHERE expires_at < clock_timestamp()),
+live AS (
+    SELECT id, status, created_at FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
       AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
       AND status IN ('Queued', 'Running', 'Delivering')),
+kept AS (
+    INSERT INTO cancellation_previews (tenant_id, previewed_by, destination_id, list_name, job_ids, expires_at)
+    SELECT %(tenant_id)s, %(previewed_by)s, %(destination_id)s, %(list_name)s::text, array_agg(id ORDER BY id),
+           clock_timestamp() + make_interval(secs => %(ttl_seconds)s)
+    FROM live
+    HAVING count(*) > 0
+    RETURNING id, expires_at)
+SELECT (SELECT id FROM kept) AS preview_id, (SELECT expires_at FROM kept) AS expires_at,
+       l.id AS job_id, l.status
+FROM live l
+ORDER BY l.created_at, l.id;
+
+-- name: record_cancellation_batch
+-- Records a bulk cancel (who, the filter, why) and the exports of the tenant it covers, fixed now, in one
+-- statement; nothing when the batch ID is already recorded in this tenant (the caller reads it), or when the
+-- preview it confirms is not this principal's unexpired preview of this filter in this tenant. With a
+-- preview it covers exactly the set the preview counted, whatever their status now; without one, the
+-- exports live now. Each covered export then gets its own request through cancel_and_record.
+WITH preview AS (
+    SELECT job_ids FROM cancellation_previews
+    WHERE tenant_id = %(tenant_id)s AND id = %(preview_id)s::uuid AND previewed_by = %(requested_by)s
+      AND destination_id = %(destination_id)s AND list_name IS NOT DISTINCT FROM %(list_name)s::text
+      AND expires_at > clock_timestamp()),
+covers AS (
+    -- the previewed set: an export of it that ended meanwhile is covered too, and the ledger gives it its
+    -- honest outcome (AlreadyEnded, TooLate, ...); one that became live after the preview is not in it
+    SELECT j.id FROM preview p JOIN export_jobs j ON j.id = ANY (p.job_ids)
+    WHERE j.tenant_id = %(tenant_id)s
+    UNION ALL
+    SELECT id FROM export_jobs
+    WHERE %(preview_id)s::uuid IS NULL
+      AND tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
+      AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+      AND status IN ('Queued', 'Running', 'Delivering')),
 batch AS (
-    INSERT INTO cancellation_batches (tenant_id, id, requested_by, reason, destination_id, list_name, matched)
+    INSERT INTO cancellation_batches (tenant_id, id, requested_by, reason, destination_id, list_name, matched,
+                                      preview_id)
     SELECT %(tenant_id)s, %(batch_id)s, %(requested_by)s, %(reason)s, %(destination_id)s, %(list_name)s::text,
-           (SELECT count(*) FROM live)
+           (SELECT count(*) FROM covers), %(preview_id)s::uuid
+    WHERE %(preview_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM preview)
     ON CONFLICT ON CONSTRAINT pk_cancellation_batches DO NOTHING
     RETURNING *),
 covered AS (
     INSERT INTO cancellation_batch_jobs (tenant_id, batch_id, job_id)
-    SELECT b.tenant_id, b.id, live.id FROM batch b, live)
+    SELECT b.tenant_id, b.id, c.id FROM batch b, covers c)
 SELECT * FROM batch;
 
 -- name: find_cancellation_batch
@@ -244,20 +283,49 @@ WHERE m.tenant_id = %(tenant_id)s AND m.batch_id = %(batch_id)s
                   WHERE r.tenant_id = m.tenant_id AND r.batch_id = m.batch_id AND r.job_id = m.job_id)
 ORDER BY j.created_at, j.id;
 
+-- name: batch_live_exports_not_covered
+-- The exports live now under a bulk cancel's filter that it does not cover: they became live after its
+-- preview (or after it was recorded). The batch never touches them; its answer names them.
+SELECT j.id AS job_id FROM cancellation_batches b
+JOIN export_jobs j ON j.tenant_id = b.tenant_id AND j.destination_id = b.destination_id
+WHERE b.tenant_id = %(tenant_id)s AND b.id = %(batch_id)s
+  AND (b.list_name IS NULL OR j.list_name = b.list_name)
+  AND j.status IN ('Queued', 'Running', 'Delivering')
+  AND NOT EXISTS (SELECT 1 FROM cancellation_batch_jobs m
+                  WHERE m.tenant_id = b.tenant_id AND m.batch_id = b.id AND m.job_id = j.id)
+ORDER BY j.created_at, j.id;
+
+-- name: batch_requests_of_jobs
+-- The requests a bulk cancel recorded for these exports: the re-read after a lane lost its connection, whose
+-- segment's transactions may have committed before the answer was lost (the row, not the exception, says).
+SELECT * FROM cancellation_requests
+WHERE tenant_id = %(tenant_id)s AND batch_id = %(batch_id)s AND job_id = ANY (%(job_ids)s::uuid[]);
+
 -- name: batch_outcomes
 -- How many requests of a bulk cancel were recorded with each outcome.
 SELECT outcome, count(*)::int AS n FROM cancellation_requests
 WHERE tenant_id = %(tenant_id)s AND batch_id = %(batch_id)s
 GROUP BY outcome;
 
--- name: count_live_exports
--- The live exports of a tenant that a bulk cancel with this filter would cover, by status: what the
--- console's confirmation shows before the operator commits to it.
-SELECT status, count(*)::int AS n FROM export_jobs
-WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
-  AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
-  AND status IN ('Queued', 'Running', 'Delivering')
-GROUP BY status;
+-- name: batch_stops_to_signal
+-- A bulk cancel's StopRequested requests that no submission of the batch has signalled yet and whose attempt
+-- still runs under them: what every submission signals, a replay included, so a stop request committed by a
+-- lane whose answer was lost is signalled too. The signal only speeds the stop; cutoff 2 enforces it.
+SELECT r.id AS request_id, r.job_id, j.workflow_id
+FROM cancellation_requests r
+JOIN export_jobs j ON j.tenant_id = r.tenant_id AND j.id = r.job_id
+WHERE r.tenant_id = %(tenant_id)s AND r.batch_id = %(batch_id)s AND r.outcome = 'StopRequested'
+  AND j.status = 'Running' AND j.stop_request_id = r.id AND j.workflow_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM cancellation_stop_signals s
+                  WHERE s.tenant_id = r.tenant_id AND s.request_id = r.id)
+ORDER BY r.recorded_at, r.id;
+
+-- name: record_stop_signals
+-- The stop signals Temporal took for a bulk cancel's requests, so no later submission sends them again.
+INSERT INTO cancellation_stop_signals (tenant_id, request_id, workflow_id)
+SELECT %(tenant_id)s, s.request_id, s.workflow_id
+FROM unnest(%(request_ids)s::uuid[], %(workflow_ids)s::text[]) AS s (request_id, workflow_id)
+ON CONFLICT ON CONSTRAINT pk_cancellation_stop_signals DO NOTHING;
 
 -- name: open_console_session
 -- Opens a console session for a known token: stores the session ID's hash and its expiry, never the ID.

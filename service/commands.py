@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, StringConstraints, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 
 from domain.models import FailureCode
 
@@ -137,13 +137,22 @@ class CorrectExport(Body):
 
 
 class BulkCancel(Body):
-    """POST /cancellation-batches: cancel every live export of a destination (optionally of one list).
+    """POST /cancellation-batches: cancel the live exports of a destination (optionally of one list).
 
     ``batch_id`` is the client's, reused on retry: the same batch ID replays the outcomes recorded and
-    decides only the exports that were Busy.
+    decides only the exports that were Busy. ``preview_token`` is the token a preview of the same filter
+    gave this caller: the batch then covers exactly the exports that preview counted, and nothing that
+    became live since; without it, the exports live when the batch is recorded.
     """
 
     batch_id: UUID
     destination_id: UUID
     list_name: Name | None = None
     reason: Reason
+    preview_token: UUID | None = Field(
+        default=None,
+        description=(
+            "The preview_token of GET /cancellation-batches/preview for this destination and list, by you: "
+            "cancel exactly the exports it counted. Omitted: the exports live when the batch is recorded."
+        ),
+    )

@@ -1,6 +1,8 @@
 // The export list: live refresh by polling the server-rendered rows (no build step), and bulk cancel with
-// a confirmation that shows how many live exports match before anything is recorded. A bulk cancel's
-// batch ID is made once per confirmed action and reused on retry, so a retry records nothing twice.
+// a confirmation that shows how many live exports match before anything is recorded. The confirmation
+// submits the preview's token, so the batch covers exactly the exports it counted: one queued after the
+// review is not touched, and the answer names it. A bulk cancel's batch ID is made once per confirmed
+// action and reused on retry, so a retry records nothing twice.
 (function () {
   "use strict";
   const headers = { "Content-Type": "application/json", "X-Console-Request": "1" };
@@ -38,7 +40,7 @@
   const confirmBox = $("bulk-confirm");
   const result = $("bulk-result");
   const retry = $("bulk-retry");
-  let pending = null; // {batch_id, destination_id, list_name, reason}: reused until every export is decided
+  let pending = null; // {batch_id, destination_id, list_name, reason, preview_token}: reused until every export is decided
 
   function filter() {
     const list = $("bulk-list").value.trim();
@@ -61,11 +63,12 @@
       ? `No live export of ${where} matches.`
       : `${body.matching} live export${body.matching === 1 ? "" : "s"} of ${where} match: ` +
         `${s.Queued} queued, ${s.Running} running, ${s.Delivering} delivering (too late to stop). ` +
-        "Each gets its own cancellation request with this reason.";
+        "Each gets its own cancellation request with this reason; an export queued after this review is not " +
+        "included (review again to include it).";
     $("bulk-go").hidden = body.matching === 0;
     $("bulk-go").textContent = `Cancel ${body.matching} export${body.matching === 1 ? "" : "s"}`;
     confirmBox.hidden = false;
-    pending = { batch_id: newId(), ...f, reason };
+    pending = { batch_id: newId(), ...f, reason, preview_token: body.preview_token };
   });
 
   $("bulk-back").addEventListener("click", () => { confirmBox.hidden = true; pending = null; });

@@ -29,7 +29,8 @@ from db.rows import (
     JobIdRow,
     LedgerAnswer,
     OutcomeCount,
-    StatusCount,
+    PreviewedExport,
+    StopToSignal,
 )
 from db.stores.reads import Reads
 from domain.models import (
@@ -37,7 +38,6 @@ from domain.models import (
     CancellationRequest,
     CancellationResult,
     ExportJob,
-    JobStatus,
     Statement,
 )
 from observability.statements import observe_statement, record_transition
@@ -133,6 +133,29 @@ class LedgerStatements(Reads):
             return _from_earlier(earlier, job_id, requested_by)
         return _ledger_result(answers, job_id, request_id, requested_by)
 
+    async def record_cancellation_preview(
+        self,
+        *,
+        tenant_id: UUID,
+        previewed_by: str,
+        destination_id: UUID,
+        list_name: str | None,
+        ttl_seconds: int,
+    ) -> list[PreviewedExport]:
+        """The live exports a bulk cancel with this filter would cover now, each with its status, and that
+        exact set kept under a new preview token (on every row; no rows, no token) for ``ttl_seconds``."""
+        return await self._rows(
+            "record_cancellation_preview",
+            {
+                "tenant_id": tenant_id,
+                "previewed_by": previewed_by,
+                "destination_id": destination_id,
+                "list_name": list_name,
+                "ttl_seconds": ttl_seconds,
+            },
+            PreviewedExport,
+        )
+
     async def record_cancellation_batch(
         self,
         *,
@@ -142,11 +165,14 @@ class LedgerStatements(Reads):
         reason: str,
         destination_id: UUID,
         list_name: str | None,
-    ) -> tuple[CancellationBatch, bool]:
-        """Record a bulk cancel and the live exports it covers, in one statement; or find it recorded.
+        preview_id: UUID | None = None,
+    ) -> tuple[CancellationBatch, bool] | None:
+        """Record a bulk cancel and the exports it covers, in one statement; or find it recorded.
 
-        Returns the batch and whether it was recorded now. Raises ``UnknownReference`` for a destination
-        that is not the tenant's.
+        With ``preview_id`` it covers exactly the set that preview counted; without, the exports live now.
+        Returns the batch and whether it was recorded now; ``None`` when the batch ID is new and the preview
+        is not this principal's unexpired preview of this filter in this tenant (nothing recorded). Raises
+        ``UnknownReference`` for a destination that is not the tenant's.
         """
         params = {
             "tenant_id": tenant_id,
@@ -155,15 +181,18 @@ class LedgerStatements(Reads):
             "reason": reason,
             "destination_id": destination_id,
             "list_name": list_name,
+            "preview_id": preview_id,
         }
         # Another tenant's destination raises UnknownReference (db/errors.py's table).
         created = await self._row("record_cancellation_batch", params, CancellationBatch)
         if created is not None:
             return created, True
         earlier = await self.find_cancellation_batch(tenant_id, batch_id)
-        if earlier is None:
+        if earlier is not None:
+            return earlier, False
+        if preview_id is None:
             raise InvariantViolation(f"batch {batch_id} was neither recorded nor found")
-        return earlier, False
+        return None
 
     async def find_cancellation_batch(self, tenant_id: UUID, batch_id: UUID) -> CancellationBatch | None:
         """A recorded bulk cancel of this tenant, or ``None``."""
@@ -185,12 +214,38 @@ class LedgerStatements(Reads):
         )
         return {r.outcome: r.n for r in rows}
 
+    async def batch_live_exports_not_covered(self, tenant_id: UUID, batch_id: UUID) -> list[UUID]:
+        """The exports live now under a batch's filter that it does not cover (live since its preview, or
+        since it was recorded): the batch never touches them."""
+        rows = await self._rows(
+            "batch_live_exports_not_covered", {"tenant_id": tenant_id, "batch_id": batch_id}, JobIdRow
+        )
+        return [r.job_id for r in rows]
+
+    async def batch_stops_to_signal(self, tenant_id: UUID, batch_id: UUID) -> list[StopToSignal]:
+        """A batch's StopRequested requests not signalled yet whose attempt still runs under them."""
+        return await self._rows(
+            "batch_stops_to_signal", {"tenant_id": tenant_id, "batch_id": batch_id}, StopToSignal
+        )
+
+    async def record_stop_signals(self, tenant_id: UUID, signalled: list[StopToSignal]) -> None:
+        """Record the stop signals Temporal took, so no later submission of the batch sends them again."""
+        if not signalled:
+            return
+        params = {
+            "tenant_id": tenant_id,
+            "request_ids": [s.request_id for s in signalled],
+            "workflow_ids": [s.workflow_id for s in signalled],
+        }
+        async with translated(), self.pool.connection() as conn:
+            await execute(conn, "record_stop_signals", params)
+
     async def _cancel_segment(
         self,
         conn: AsyncConnection[Any],
         segment: list[int],
         requests: list[tuple[UUID, UUID]],
-        results: list[CancellationResult],
+        results: list[CancellationResult | None],
         tenant_id: UUID,
         batch_id: UUID,
         requested_by: str,
@@ -257,17 +312,6 @@ class LedgerStatements(Reads):
             handled = {i for i, _, _ in done} | {failed}
             pending = [i for i in pending if i not in handled]  # skipped by the server, or never sent
 
-    async def count_live_exports(
-        self, tenant_id: UUID, destination_id: UUID, list_name: str | None
-    ) -> dict[JobStatus, int]:
-        """How many live exports (Queued, Running, Delivering) a bulk cancel with this filter would cover."""
-        rows = await self._rows(
-            "count_live_exports",
-            {"tenant_id": tenant_id, "destination_id": destination_id, "list_name": list_name},
-            StatusCount,
-        )
-        return {r.status: r.n for r in rows}
-
     async def request_cancellations(
         self,
         *,
@@ -282,14 +326,15 @@ class LedgerStatements(Reads):
         """One ledger transaction per ``(job ID, request ID)``, each as ``request_cancellation`` runs it,
         on ``concurrency`` connections at once (each job's lock is held only for its own round trip).
 
-        Returns each job's result in the order given.
+        Returns each job's result in the order given. A lane that loses its connection leaves its segment's
+        fate unknown (its transactions may have committed before the answer was lost): those are re-read
+        from the ledger once every lane is done, each answered with what was recorded (Busy when nothing
+        was); when the re-read fails too, ``TransientStoreError``. An export no lane reached is Busy.
         """
-        results: list[CancellationResult] = [
-            CancellationResult(request_id=request_id, outcome=CancellationOutcome.BUSY)
-            for _, request_id in requests
-        ]
+        results: list[CancellationResult | None] = [None] * len(requests)
         todo = iter(range(len(requests)))
         failures: list[StoreError] = []
+        unanswered: list[int] = []  # sent in a pipeline whose answer was lost
 
         async def lane() -> None:
             try:
@@ -311,11 +356,11 @@ class LedgerStatements(Reads):
                                 lock_timeout,
                             )
                         except TransientStoreError as exc:
-                            # Their fate is unknown, like a Busy one's is not: either way a retry of the same
-                            # batch decides them, or returns what was recorded. This lane's connection is gone.
-                            log.warning(
-                                "batch %s: %d exports got no answer (%s)", batch_id, len(segment), exc
-                            )
+                            # An exception is not a "no": the ledger is re-read below. This lane's
+                            # connection is gone; the other lanes take the segments left.
+                            lost = [i for i in segment if results[i] is None]
+                            unanswered.extend(lost)
+                            log.warning("batch %s: %d exports got no answer (%s)", batch_id, len(lost), exc)
                             return
             except TransientStoreError as exc:
                 log.warning("batch %s: a lane got no connection (%s)", batch_id, exc)
@@ -326,7 +371,49 @@ class LedgerStatements(Reads):
         await asyncio.gather(*(lane() for _ in range(lanes)))
         if failures:
             raise failures[0]
-        return results
+        if unanswered:
+            await self._reread_unanswered(tenant_id, batch_id, requests, results, unanswered)
+        return [
+            r
+            if r is not None
+            else CancellationResult(request_id=requests[i][1], outcome=CancellationOutcome.BUSY)
+            for i, r in enumerate(results)
+        ]
+
+    async def _reread_unanswered(
+        self,
+        tenant_id: UUID,
+        batch_id: UUID,
+        requests: list[tuple[UUID, UUID]],
+        results: list[CancellationResult | None],
+        unanswered: list[int],
+    ) -> None:
+        """Answer the exports whose ledger transactions were sent on a connection that was then lost, from
+        what the ledger recorded for them (on another connection). A request found committed is answered
+        with its outcome, and a change of the job it made is counted as cancel_and_record's transition; one
+        not found recorded nothing (its transaction rolled back with the connection) and stays Busy."""
+        params = {
+            "tenant_id": tenant_id,
+            "batch_id": batch_id,
+            "job_ids": [requests[i][0] for i in unanswered],
+        }
+        recorded = {
+            r.job_id: r for r in await self._rows("batch_requests_of_jobs", params, CancellationRequest)
+        }
+        for i in unanswered:
+            job_id, request_id = requests[i]
+            request = recorded.get(job_id)
+            if request is None or request.id != request_id:
+                continue
+            if request.outcome in _CHANGES_THE_JOB:
+                record_transition(
+                    Statement.CANCEL_AND_RECORD,
+                    True,
+                    tenant_id=tenant_id,
+                    job_id=job_id,
+                    request_id=request_id,
+                )
+            results[i] = CancellationResult(request_id=request_id, outcome=request.outcome, request=request)
 
 
 @contextlib.asynccontextmanager

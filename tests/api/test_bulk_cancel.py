@@ -46,6 +46,7 @@ async def test_preview_counts_the_live_exports_and_records_nothing(client, facto
     assert every.status_code == 200
     assert every.json()["matching"] == 3
     assert every.json()["by_status"] == {"Queued": 2, "Running": 1, "Delivering": 0}
+    assert len(every.json()["export_ids"]) == 3 and every.json()["preview_token"]
     assert vip.json()["matching"] == 1
     rows = await factory.admin(
         "SELECT count(*) AS n FROM cancellation_batches WHERE tenant_id = %(t)s", {"t": keys.id}
@@ -156,8 +157,124 @@ async def test_another_tenants_destination_or_batch_looks_missing(client, factor
 
     assert create.status_code == 422
     assert preview.json()["matching"] == 0
+    assert preview.json()["export_ids"] == [] and preview.json()["preview_token"] is None
     assert read.status_code == 404
     assert (await factory.job(theirs.id)).status == JobStatus.CANCELED  # by acme's own batch only
+
+
+# -- the confirmation covers the set it counted (issue 23, point 7) ----------------------------------------
+
+
+async def previewed(client, keys, **params):
+    r = await client.get(
+        "/cancellation-batches/preview",
+        params={"destination_id": str(keys.destination_id), **params},
+        headers=keys.operator,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def requests_of(factory, job_id) -> int:
+    rows = await factory.admin(
+        "SELECT count(*) AS n FROM cancellation_requests WHERE job_id = %(id)s", {"id": job_id}
+    )
+    return rows[0]["n"]
+
+
+async def test_the_confirmed_preview_cancels_exactly_the_exports_it_counted_and_names_those_live_since(
+    client, factory, database
+):
+    keys = await make_tenant(factory, database, "confirm")
+    queued = await factory.queued(keys.id, keys.destination_id)
+    canceled_since = await factory.queued(keys.id, keys.destination_id)
+    running, _ = await factory.running(await factory.queued(keys.id, keys.destination_id))
+    seen = await previewed(client, keys)
+    assert sorted(seen["export_ids"]) == sorted(str(j.id) for j in (queued, canceled_since, running))
+    # After the review: someone cancels one of the set, and a new export is queued.
+    await factory.cancel(canceled_since)
+    later = await factory.queued(keys.id, keys.destination_id)
+    body = bulk_body(keys, preview_token=seen["preview_token"])
+
+    r = await client.post("/cancellation-batches", json=body, headers=keys.operator)
+
+    assert r.status_code == 201, r.text
+    answer = r.json()
+    assert answer["matched"] == 3 and answer["preview_token"] == seen["preview_token"]
+    assert answer["outcomes"] == {"CanceledWhileQueued": 1, "AlreadyCanceled": 1, "StopRequested": 1}
+    assert answer["not_in_preview"] == [str(later.id)]
+    assert answer["message"].endswith(
+        f"1 live export not in the previewed set was not touched: {str(later.id)[:8]}."
+    )
+    assert await factory.status(later.id) == JobStatus.QUEUED
+    assert await requests_of(factory, later.id) == 0
+    read = await client.get(f"/cancellation-batches/{body['batch_id']}", headers=keys.operator)
+    assert read.json()["not_in_preview"] == [str(later.id)]
+    assert read.json()["outcomes"] == answer["outcomes"]
+
+
+async def test_a_preview_token_confirms_nothing_for_another_tenant_caller_or_filter(
+    client, factory, database, acme
+):
+    async def batches() -> int:
+        rows = await factory.admin(
+            "SELECT count(*) AS n FROM cancellation_batches WHERE tenant_id = ANY(%(t)s)",
+            {"t": [keys.id, acme.id]},
+        )
+        return rows[0]["n"]
+
+    keys = await make_tenant(factory, database, "token")
+    job = await factory.queued(keys.id, keys.destination_id)
+    token = (await previewed(client, keys))["preview_token"]
+    await factory.queued(acme.id, acme.destination_id)
+    acme_token = (await previewed(client, acme))["preview_token"]
+    before = await batches()
+
+    refused = [
+        # acme's operator with this tenant's token, for acme's destination
+        await client.post(
+            "/cancellation-batches", json=bulk_body(acme, preview_token=token), headers=acme.operator
+        ),
+        # this tenant's operator with acme's token
+        await client.post(
+            "/cancellation-batches", json=bulk_body(keys, preview_token=acme_token), headers=keys.operator
+        ),
+        # another principal of this tenant
+        await client.post(
+            "/cancellation-batches", json=bulk_body(keys, preview_token=token), headers=keys.reconciler
+        ),
+        # another filter
+        await client.post(
+            "/cancellation-batches",
+            json=bulk_body(keys, preview_token=token, list_name="vip"),
+            headers=keys.operator,
+        ),
+    ]
+
+    for r in refused:
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"].startswith("preview_token: no preview") and "errors" not in r.json()
+    assert await factory.status(job.id) == JobStatus.QUEUED
+    assert await batches() == before
+
+
+async def test_a_batch_id_replayed_with_another_preview_is_400_and_the_same_one_replays(
+    client, factory, database
+):
+    keys = await make_tenant(factory, database, "replay-token")
+    await factory.queued(keys.id, keys.destination_id)
+    first = (await previewed(client, keys))["preview_token"]
+    second = (await previewed(client, keys))["preview_token"]
+    body = bulk_body(keys, preview_token=first)
+    assert (await client.post("/cancellation-batches", json=body, headers=keys.operator)).status_code == 201
+
+    other = await client.post(
+        "/cancellation-batches", json={**body, "preview_token": second}, headers=keys.operator
+    )
+    same = await client.post("/cancellation-batches", json=body, headers=keys.operator)
+
+    assert other.status_code == 400 and "different bulk cancel" in other.json()["detail"]
+    assert same.status_code == 200 and same.json()["replayed"] is True
 
 
 @pytest.mark.slow
@@ -170,6 +287,8 @@ async def test_bulk_cancel_from_the_command_line(database, factory):
         database, "bulk-cancel", "--destination-name", "partner-old", "--dry-run", tenant=tenant
     )
     assert code == 0 and out.startswith("2 live exports match (2 queued, 0 running, 0 delivering)")
+    token = out.split("to cancel exactly these: --preview ")[1].split()[0]
+    later = await factory.queued(tenant, destination)  # not in the set the dry run counted
 
     code, out, _ = await starter(
         database,
@@ -179,13 +298,17 @@ async def test_bulk_cancel_from_the_command_line(database, factory):
         str(destination),
         "--reason",
         "contract ended",
+        "--preview",
+        token,
         tenant=tenant,
     )
     assert code == 0, out
     answer = json.loads(out)
     assert answer["outcome_kind"] == "created" and answer["outcomes"] == {"CanceledWhileQueued": 2}
+    assert answer["not_in_preview"] == [str(later.id)]
     for job in jobs:
         assert await factory.status(job.id) == JobStatus.CANCELED
+    assert await factory.status(later.id) == JobStatus.QUEUED
 
     code, _, err = await starter(database, "bulk-cancel", "--destination", str(destination), tenant=tenant)
     assert code == 2 and "--reason is required" in err

@@ -15,7 +15,14 @@ import pytest
 from pydantic import BaseModel
 
 from db.queries import all_queries, q
-from db.rows import CancellationBatch, ClaimAnswer, CutoffAnswer, LedgerAnswer
+from db.rows import (
+    CancellationBatch,
+    ClaimAnswer,
+    CutoffAnswer,
+    LedgerAnswer,
+    PreviewedExport,
+    StopToSignal,
+)
 from domain.destination import Destination
 from domain.models import (
     AttemptEvent,
@@ -244,6 +251,9 @@ _RETURNED_ROWS: list[tuple[str, type[BaseModel]]] = [
     ("find_cancellation_request", CancellationRequest),
     ("record_cancellation_batch", CancellationBatch),
     ("find_cancellation_batch", CancellationBatch),
+    ("record_cancellation_preview", PreviewedExport),
+    ("batch_requests_of_jobs", CancellationRequest),
+    ("batch_stops_to_signal", StopToSignal),
     ("take_unpublished", OutboxMessage),
     ("claim_if_queued", ClaimAnswer),
     ("authorize_delivery_if_running", CutoffAnswer),

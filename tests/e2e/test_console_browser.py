@@ -3,7 +3,8 @@ Cancel on a queued export, on a building one, and after cutoff 2 reads the seed'
 answer keeps the request ID for the retry; each new click is a new request; Cancel shows only where it can
 matter. Sign-in from another origin is refused, the cookie is a session, sign-out ends it. The list filters
 by status, destination and list, searches by export ID, pages by keyset, refreshes live, and bulk cancel
-confirms how many exports match before it records anything."""
+confirms how many exports match before it records anything, then cancels exactly those (an export queued
+after the review is not touched, and the answer names it)."""
 
 from __future__ import annotations
 
@@ -371,6 +372,36 @@ async def test_bulk_cancel_from_the_list_confirms_the_count_then_cancels_each(pa
     )
     assert [await factory.status(j.id) for j in jobs] == [JobStatus.CANCELED] * 3
     assert (await factory.job(running.id)).stop_request_id is not None
+
+
+async def test_bulk_cancel_confirms_the_previewed_set_and_leaves_an_export_queued_after_the_review(
+    page, site, factory
+):
+    from playwright.async_api import expect
+
+    destination = await factory.destination(site.tenant_id, name="partner-confirmed")
+    jobs = [await factory.queued(site.tenant_id, destination) for _ in range(2)]
+    await page.goto(f"{site.url}/console")
+    await page.click("#bulk-details summary")
+    await page.select_option("#bulk-destination", str(destination))
+    await page.fill("#bulk-reason", "contract ended")
+    await page.click("#bulk-review")
+    await expect(page.locator("#bulk-count")).to_contain_text("2 live exports of partner-confirmed match")
+    await expect(page.locator("#bulk-go")).to_have_text("Cancel 2 exports")
+
+    later = await factory.queued(site.tenant_id, destination)  # queued while the operator reads the count
+    await page.click("#bulk-go")
+
+    await expect(page.locator("#bulk-result")).to_have_text(
+        "2 live exports matched: 2 canceled while queued."
+        f" 1 live export not in the previewed set was not touched: {str(later.id)[:8]}."
+    )
+    assert [await factory.status(j.id) for j in jobs] == [JobStatus.CANCELED] * 2
+    assert await factory.status(later.id) == JobStatus.QUEUED
+    requests = await factory.admin(
+        "SELECT count(*) AS n FROM cancellation_requests WHERE job_id = %(id)s", {"id": later.id}
+    )
+    assert requests == [{"n": 0}]
 
 
 async def test_the_list_page_reads_well(page, site, factory):
