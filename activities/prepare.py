@@ -288,6 +288,9 @@ class PrepareActivity:
             return ReleaseCause.WORKFLOW, f"workflow not confirmed ({exc.status.name})"
         except (RuntimeError, TimeoutError) as exc:
             return ReleaseCause.WORKFLOW, f"workflow not confirmed ({type(exc).__name__})"
+        if described.status in (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CANCELED):
+            # A person ended it (the Web UI, the CLI): not a failure of the export, and no loop.
+            return ReleaseCause.TERMINATED, f"workflow {described.status.name.lower()}"
         if described.status != WorkflowExecutionStatus.RUNNING:
             status = described.status.name.lower() if described.status else "gone"
             return ReleaseCause.WORKFLOW, f"workflow {status}"

@@ -142,7 +142,10 @@ class ReleaseCause(StrEnum):
     POLICY = (
         "policy"  # at cutoff 2 the creator may no longer export, or the list is gone: the next claim rejects
     )
-    WORKFLOW = "workflow"  # its workflow is gone, or could not be confirmed (Temporal unreachable, throttled)
+    TERMINATED = "terminated"  # a person terminated its workflow in Temporal: nobody's failure, a fresh wake-up runs it
+    WORKFLOW = (
+        "workflow"  # its workflow is gone, timed out, or not confirmed (Temporal unreachable, throttled)
+    )
     TRANSIENT = "transient"  # the build was interrupted by the database, or cutoff 2 could not read a fact
 
 

@@ -170,11 +170,13 @@ async def test_past_the_bound_a_give_back_ends_the_job_failed_with_every_give_ba
     assert await factory.outbox_count(job.id) == outbox_before  # nothing wakes a job that ended
 
 
-async def test_a_drain_or_a_pause_neither_counts_nor_waits_even_after_failures(factory, worker_store):
+async def test_a_drain_a_pause_a_policy_refusal_or_a_terminate_neither_counts_nor_waits(
+    factory, worker_store
+):
     job, attempt = await factory.running()
     assert await give_back(worker_store, job.id, attempt) == ReleaseResult.RELEASED  # a failure: it waits
     await factory.end_wait(job.id)
-    for cause in (ReleaseCause.DRAIN, ReleaseCause.PAUSED, ReleaseCause.POLICY):
+    for cause in (ReleaseCause.DRAIN, ReleaseCause.PAUSED, ReleaseCause.POLICY, ReleaseCause.TERMINATED):
         job, attempt = await factory.running(await factory.job(job.id))
         assert await give_back(worker_store, job.id, attempt, cause=cause) == ReleaseResult.RELEASED
         row = await factory.job(job.id)
