@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.outcomes import Kind
+from service.permissions import ROLES
 from settings import Settings
 
 EXIT_OK = 0
@@ -655,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--database-url")
     sub.add_argument("--tenant", type=_uuid, required=True)
     sub.add_argument("--principal", required=True)
-    sub.add_argument("--role", choices=["operator", "reconciler"], default="operator")
+    sub.add_argument("--role", choices=list(ROLES), default="operator")
 
     sub = command("seed-demo", cmd_seed_demo, "seed a tenant, destination and contacts; mint tokens")
     sub.add_argument("--database-url")

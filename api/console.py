@@ -24,6 +24,7 @@ from api.switches import banner_for
 from domain.models import JobStatus
 from service.auth import SESSION_TTL_SECONDS, Caller, close_session, csrf_token_for, open_session
 from service.exports import ID_PREFIX_PATTERN, Exports, decode_cursor
+from service.permissions import Action, may
 from service.views import cancel_can_matter, short, stamp, status_line
 
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -118,7 +119,13 @@ async def logout(request: Request, csrf: Annotated[str, Form(max_length=100)] = 
 
 def _page_context(request: Request, caller: Caller) -> dict[str, Any]:
     session_id = request.cookies.get(COOKIE_NAME, "")
-    return {"caller": caller, "csrf": csrf_token_for(session_id) if session_id else ""}
+    return {
+        "caller": caller,
+        "csrf": csrf_token_for(session_id) if session_id else "",
+        # what the page offers follows the role (a viewer reads); the service refuses the rest anyway
+        "may_cancel": may(caller.role, Action.CANCEL),
+        "may_switch": may(caller.role, Action.SWITCH),
+    }
 
 
 def _filters(
@@ -169,7 +176,7 @@ async def _list_context(
         "q": q or "",
         "paged": bound is not None,
         "status_line": lambda job: status_line(job, []),
-        "cancel_can_matter": cancel_can_matter,
+        "cancel_can_matter": lambda job: may(caller.role, Action.CANCEL) and cancel_can_matter(job),
         "live_statuses": [s.value for s in LIVE_STATUSES],
     }
 
@@ -225,5 +232,9 @@ async def export_detail(request: Request, export_id: str) -> Response:
     return templates.TemplateResponse(
         request,
         "detail.html",
-        {**_page_context(request, caller), "d": detail, "can_cancel": cancel_can_matter(detail.job)},
+        {
+            **_page_context(request, caller),
+            "d": detail,
+            "can_cancel": may(caller.role, Action.CANCEL) and cancel_can_matter(detail.job),
+        },
     )

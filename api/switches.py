@@ -46,7 +46,7 @@ SwitchesDep = Annotated[Switches, Depends(switches)]
 
 
 def _operator(caller: Caller) -> Operator:
-    return Operator(principal=caller.principal, tenant_id=caller.tenant_id)
+    return Operator(principal=caller.principal, tenant_id=caller.tenant_id, role=caller.role)
 
 
 @router.get(

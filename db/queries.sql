@@ -172,7 +172,7 @@ destination AS (
     FOR SHARE OF d),
 creator AS (
     -- rules.policy.evaluate_policy's creator checks (a test holds the two to the same answers)
-    SELECT p.revoked_at IS NULL AND p.role IN ('operator', 'reconciler')
+    SELECT p.revoked_at IS NULL AND p.role IN ('operator', 'reconciler', 'admin')
            AND (p.export_lists IS NULL OR job.list_name = ANY (p.export_lists)) AS may_export
     FROM principals p, job
     WHERE job.status = 'Running' AND p.tenant_id = job.tenant_id AND p.name = job.created_by

@@ -257,7 +257,7 @@ CREATE TABLE public.api_tokens (
     principal text NOT NULL,
     role text NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    CONSTRAINT api_tokens_role_check CHECK ((role = ANY (ARRAY['operator'::text, 'reconciler'::text])))
+    CONSTRAINT api_tokens_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text])))
 );
 
 CREATE TABLE public.cancellation_batch_jobs (
@@ -541,7 +541,7 @@ CREATE TABLE public.principals (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT ck_principals_revoked CHECK (((revoked_at IS NULL) = (revoked_by IS NULL))),
     CONSTRAINT principals_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
-    CONSTRAINT principals_role_check CHECK ((role = ANY (ARRAY['operator'::text, 'reconciler'::text])))
+    CONSTRAINT principals_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text])))
 );
 
 CREATE TABLE public.schema_migrations (

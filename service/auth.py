@@ -5,14 +5,12 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from typing import Literal
 from uuid import UUID
 
 from db.admin import insert_token
 from db.stores.api import ApiStore
+from service.permissions import ROLES, Role
 
-Role = Literal["operator", "reconciler"]
-ROLES: tuple[Role, ...] = ("operator", "reconciler")
 MAX_TOKEN_LENGTH = 200
 
 
@@ -53,8 +51,7 @@ async def caller_for_token(store: ApiStore, token: str) -> Caller | None:
     row = await store.find_token(token_sha256(token))
     if row is None or row.role not in ROLES:
         return None
-    role: Role = "reconciler" if row.role == "reconciler" else "operator"
-    return Caller(tenant_id=row.tenant_id, principal=row.principal, role=role)
+    return Caller(tenant_id=row.tenant_id, principal=row.principal, role=row.role)
 
 
 SESSION_TTL_SECONDS = 8 * 3600
@@ -96,8 +93,7 @@ async def caller_for_session(store: ApiStore, session_id: str) -> Caller | None:
     row = await store.find_console_session(session_sha256(session_id))
     if row is None or row.role not in ROLES:
         return None
-    role: Role = "reconciler" if row.role == "reconciler" else "operator"
-    return Caller(tenant_id=row.tenant_id, principal=row.principal, role=role)
+    return Caller(tenant_id=row.tenant_id, principal=row.principal, role=row.role)
 
 
 async def close_session(store: ApiStore, session_id: str) -> bool:

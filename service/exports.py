@@ -45,6 +45,7 @@ from service.commands import (
     ReplaceExport,
 )
 from service.outcomes import Answer, Kind, refusal
+from service.permissions import Action, may, refused
 from service.signals import NoSignaller, StopSignaller, TemporalStopSignaller, signal_stop_best_effort
 from service.views import (
     TERMINAL_STATUSES,
@@ -312,6 +313,9 @@ class Exports:
     async def create(self, caller: Caller, body: CreateExport, idempotency_key: str | None) -> Answer:
         """Create an export once per idempotency key: a replay with the same request returns the first job
         (200), the same key with a different request is a 409, and a new key creates a job (201)."""
+        forbidden = refused(caller.role, Action.EXPORT)
+        if forbidden is not None:
+            return forbidden
         if idempotency_key is None:
             return refusal(
                 Kind.MALFORMED,
@@ -351,6 +355,9 @@ class Exports:
 
         428 without If-Match, 412 when the version moved on, 409 when the export is no longer queued.
         """
+        forbidden = refused(caller.role, Action.EXPORT)
+        if forbidden is not None:
+            return forbidden
         if if_match is None:
             return refusal(
                 Kind.PRECONDITION_REQUIRED,
@@ -417,6 +424,9 @@ class Exports:
         Every answer, Busy included, is counted in ``fenced_exports_cancellations_total`` under ``source``
         (the API and console, or ``cli`` for ``starter.py cancel``).
         """
+        forbidden = refused(caller.role, Action.CANCEL)
+        if forbidden is not None:
+            return forbidden
         result = await self.store.request_cancellation(
             tenant_id=caller.tenant_id,
             job_id=job_id,
@@ -526,12 +536,18 @@ class Exports:
         """Cancel every live export of a destination (or of one of its lists), each through its own
         request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones.
         Each export's answer is counted in ``fenced_exports_cancellations_total`` under ``source``."""
+        forbidden = refused(caller.role, Action.CANCEL)
+        if forbidden is not None:
+            return forbidden
         return await self.bulk.submit(caller, body, source=source)
 
     async def bulk_cancel_preview(
         self, caller: Caller, destination_id: UUID, list_name: str | None
     ) -> Answer:
         """How many live exports a bulk cancel with this filter would cover now."""
+        forbidden = refused(caller.role, Action.CANCEL)
+        if forbidden is not None:
+            return forbidden
         return await self.bulk.preview(caller, destination_id, list_name)
 
     async def cancellation_batch(self, caller: Caller, batch_id: UUID) -> Answer:
@@ -542,6 +558,9 @@ class Exports:
 
     async def replace(self, caller: Caller, job_id: UUID, body: ReplaceExport) -> Answer:
         """Create a replacement for a named person; a replacement of a replacement resolves to its original."""
+        forbidden = refused(caller.role, Action.EXPORT)
+        if forbidden is not None:
+            return forbidden
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:
             return refusal(Kind.NOT_FOUND, "no such export")
@@ -580,7 +599,7 @@ class Exports:
     async def reconcile(self, caller: Caller, job_id: UUID, body: ReconcileExport) -> Answer:
         """Resolve an OutcomeUnknown attempt to Completed or Failed(NotDelivered) from evidence, once;
         reconcilers only (403 for others, and nothing is recorded)."""
-        if caller.role != "reconciler":
+        if not may(caller.role, Action.RECONCILE):
             # 000 "Reconciliation": a person with the reconciler's duty records what evidence cannot settle;
             # an operator's "Completed" would let the same contacts reach the partner twice by a replacement.
             return refusal(
@@ -624,13 +643,13 @@ class Exports:
         """The reconciler's statements over the database role this process uses for ``caller``: the
         ``exports_reconciler`` pool for a reconciler, the caller's own ``exports_api`` pool for anyone else, so
         the database refuses a non-reconciler's reconciliation even if a service check were missing."""
-        if caller.role == "reconciler" and self.reconciler_store is not None:
+        if may(caller.role, Action.RECONCILE) and self.reconciler_store is not None:
             return self.reconciler_store
         return ReconcilerStore(self.store.pool)
 
     async def correct(self, caller: Caller, job_id: UUID, body: CorrectExport) -> Answer:
         """Correct a recorded Completed/Failed once, with who and why; reconcilers only (403 for others)."""
-        if caller.role != "reconciler" or self.reconciler_store is None:
+        if not may(caller.role, Action.RECONCILE) or self.reconciler_store is None:
             return refusal(Kind.FORBIDDEN, "corrections need the reconciler role")
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
         if job is None:

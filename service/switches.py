@@ -33,6 +33,7 @@ from db.stores.switching import SwitchChanges
 from domain.controls import DeliverySwitch, SwitchChange, SwitchScope
 from service.commands import Body, Reason
 from service.outcomes import Answer, Kind, refusal
+from service.permissions import Action, refused
 from service.views import stamp
 from settings import Settings
 
@@ -90,6 +91,7 @@ class Operator:
     principal: str
     tenant_id: UUID | None
     platform: bool = False  # the command line, run by the platform's operators
+    role: str = "operator"  # the principal's tenant role (service.permissions): a viewer may not switch
 
 
 def switch_json(switch: DeliverySwitch) -> dict[str, Any]:
@@ -234,6 +236,10 @@ class Switches:
     # -- helpers --------------------------------------------------------------------------------------
 
     def _refusal(self, operator: Operator, request: AnySwitch) -> Answer | None:
+        if not operator.platform:
+            forbidden = refused(operator.role, Action.SWITCH)
+            if forbidden is not None:
+                return forbidden
         if scope_of(request) == SwitchScope.GLOBAL and not operator.platform:
             return refusal(
                 Kind.FORBIDDEN,

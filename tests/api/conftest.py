@@ -27,7 +27,7 @@ from tests.support.factories import Factory
 
 @dataclass(frozen=True)
 class TenantKeys:
-    """A tenant with a destination and two callers: an operator and a reconciler."""
+    """A tenant with a destination and its callers: an operator, a reconciler, a viewer and an admin."""
 
     id: UUID
     destination_id: UUID
@@ -35,6 +35,8 @@ class TenantKeys:
     reconciler: dict[str, str]
     operator_name: str
     reconciler_name: str
+    viewer: dict[str, str]
+    admin: dict[str, str]
 
 
 async def make_tenant(factory: Factory, database: TestDatabase, name: str) -> TenantKeys:
@@ -47,6 +49,12 @@ async def make_tenant(factory: Factory, database: TestDatabase, name: str) -> Te
     reconciler = await mint_token(
         database.admin_url, tenant_id=tenant_id, principal=reconciler_name, role="reconciler"
     )
+    viewer = await mint_token(
+        database.admin_url, tenant_id=tenant_id, principal=f"vic.view@{name}", role="viewer"
+    )
+    admin = await mint_token(
+        database.admin_url, tenant_id=tenant_id, principal=f"ada.admin@{name}", role="admin"
+    )
     return TenantKeys(
         id=tenant_id,
         destination_id=destination_id,
@@ -54,6 +62,8 @@ async def make_tenant(factory: Factory, database: TestDatabase, name: str) -> Te
         reconciler={"Authorization": f"Bearer {reconciler}"},
         operator_name=operator_name,
         reconciler_name=reconciler_name,
+        viewer={"Authorization": f"Bearer {viewer}"},
+        admin={"Authorization": f"Bearer {admin}"},
     )
 
 
@@ -117,9 +127,10 @@ async def snapshot(factory: Factory, job_id: UUID) -> dict[str, Any]:
     return {**row, **counts[0]}
 
 
-async def sign_in(client: httpx.AsyncClient, keys: TenantKeys) -> str:
-    """Sign the console in as ``keys``' operator, as a browser on this site would (the login form's
-    anti-forgery token, our own Origin); the client keeps the session cookie. Returns the session ID."""
+async def sign_in(client: httpx.AsyncClient, keys: TenantKeys, as_role: str = "operator") -> str:
+    """Sign the console in as ``keys``' operator (or the caller of ``as_role``), as a browser on this site
+    would (the login form's anti-forgery token, our own Origin); the client keeps the session cookie.
+    Returns the session ID."""
     import re
 
     from api.auth import COOKIE_NAME
@@ -129,7 +140,10 @@ async def sign_in(client: httpx.AsyncClient, keys: TenantKeys) -> str:
     assert csrf is not None
     r = await client.post(
         "/console/login",
-        data={"token": keys.operator["Authorization"].removeprefix("Bearer "), "csrf": csrf.group(1)},
+        data={
+            "token": getattr(keys, as_role)["Authorization"].removeprefix("Bearer "),
+            "csrf": csrf.group(1),
+        },
         headers={"Origin": "http://testserver"},
     )
     assert r.status_code == 303, r.text

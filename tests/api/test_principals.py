@@ -16,7 +16,7 @@ async def test_a_revoked_principal_loses_the_api_and_the_console_at_once(make_ap
     bearer = {"Authorization": f"Bearer {token}"}
     async with client_for(make_app()) as client:
         assert (await client.get("/exports", headers=bearer)).status_code == 200
-        await sign_in(client, TenantKeys(tenant, destination, bearer, {}, "kim.ops", ""))
+        await sign_in(client, TenantKeys(tenant, destination, bearer, {}, "kim.ops", "", {}, {}))
         assert (await client.get("/console")).status_code == 200
 
         assert await revoke_principal(

@@ -63,6 +63,8 @@ async def test_a_stop_request_is_still_reported_first(factory, worker_store):
         "UPDATE principals SET export_lists = ARRAY['newsletter'] WHERE tenant_id = %(t)s AND name = %(n)s",
         "UPDATE principals SET export_lists = ARRAY['main', 'other'] WHERE tenant_id = %(t)s AND name = %(n)s",
         "DELETE FROM contacts WHERE tenant_id = %(t)s",
+        "UPDATE principals SET role = 'viewer' WHERE tenant_id = %(t)s AND name = %(n)s",  # may not export
+        "UPDATE principals SET role = 'admin' WHERE tenant_id = %(t)s AND name = %(n)s",
     ],
 )
 async def test_cutoff_2_and_the_policy_check_agree_on_the_creator_and_the_list(factory, worker_store, change):
