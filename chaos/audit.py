@@ -90,6 +90,7 @@ class AuditInput:
     load_ended_at: float = 0.0
     shutdown_grace_seconds: float = 15.0
     recovery_every_seconds: float = 30.0
+    max_transient_releases: int = 6  # the workers' EXPORTS_MAX_TRANSIENT_RELEASES
 
 
 @dataclass
@@ -145,6 +146,7 @@ class Auditor:
             self._events_agree_with_status,
             self._http_5xx,
             self._outcomes,
+            self._give_backs,
             self._slow_to_settle,
             self._process_exits,
             self._drains,
@@ -732,7 +734,18 @@ class Auditor:
         for job_id, job in self.jobs.items():
             if job["status"] != "OutcomeUnknown":
                 continue
+            if job["fence_expected"] and job["rename_fenced_at"] is None:
+                # The rename request is never sent without its fence: this attempt never wrote the final name,
+                # and recovery settles such a row from its fences (23.2). Left unknown, a person waits for
+                # what the row already proves.
+                self.violate(
+                    "outcome_unknown_proved_not_delivered",
+                    job_id,
+                    "OutcomeUnknown although the rename fence was never written (the rename was never sent)",
+                    attempt_id=str(job["attempt_id"]),
+                )
             cause, info = self._unknown_cause(job_id, job)
+            info["rename_request_sent"] = job["rename_fenced_at"] is not None or not job["fence_expected"]
             unknown[cause].append(job_id)
             likely[cause][
                 info["faults_near"][0].split(" ")[0] if info["faults_near"] else "no fault nearby"
@@ -770,6 +783,48 @@ class Auditor:
                 ):
                     requeued[event["kind"]] += 1
         self.result.counts["recovery_takeovers"] = dict(requeued)
+
+    def _give_backs(self) -> None:
+        """No job is given back for failures more often than the bound (23.1), and one that reached it ended
+        Failed (AttemptsExhausted) with the give-back's event; every give-back is counted by its cause."""
+        bound = self.inp.max_transient_releases
+        by_cause: Counter[str] = Counter()
+        for job_id, job in self.jobs.items():
+            released = [e for e in self._job_events(job_id) if e["kind"] == "Released"]
+            causes = [(e["detail"] or "").split(":", 1)[0] for e in released]
+            by_cause.update(causes)
+            counted = sum(1 for c in causes if c in ("transient", "workflow"))
+            if counted > bound or job["transient_releases"] > bound:
+                self.violate(
+                    "released_past_the_bound",
+                    job_id,
+                    f"given back {counted} times for failures (row says {job['transient_releases']}), bound {bound}",
+                )
+            if counted != job["transient_releases"]:
+                self.violate(
+                    "give_backs_disagree_with_the_row",
+                    job_id,
+                    f"{counted} Released events for failures, transient_releases {job['transient_releases']}",
+                )
+            gave_up = [
+                e
+                for e in self._job_events(job_id, job["attempt_id"], "AttemptsExhausted")
+                if e["worker_id"] and (e["detail"] or "").startswith("given back")
+            ]
+            if gave_up and (job["status"], job["failure_reason"], counted) != (
+                "Failed",
+                "AttemptsExhausted",
+                bound,
+            ):
+                self.violate(
+                    "give_back_bound_not_applied",
+                    job_id,
+                    f"gave up after {counted} give-backs, bound {bound}, ended {job['status']} {job['failure_reason']}",
+                )
+        self.result.counts["releases_by_cause"] = dict(by_cause.most_common())
+        self.result.counts["jobs_given_back_for_failures"] = sum(
+            1 for job in self.jobs.values() if job["transient_releases"]
+        )
 
     def _unknown_cause(self, job_id: str, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         attempt = str(job["attempt_id"])

@@ -50,6 +50,10 @@ class SoakConfig:
     sweep_every_seconds: float = 5.0
     shutdown_grace_seconds: float = 5.0
     max_attempts: int = 3
+    # give-backs for failures (23.1): short waits, so a job given back after a fault settles within the run
+    release_backoff_base_seconds: float = 1.0
+    release_backoff_cap_seconds: float = 8.0
+    max_transient_releases: int = 6
     lists: dict[str, int] = field(default_factory=lambda: dict(LISTS))
     verbose: bool = False
 

@@ -120,6 +120,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 logs=logs,
                 shutdown_grace_seconds=config.shutdown_grace_seconds,
                 recovery_every_seconds=config.recovery_every_seconds,
+                max_transient_releases=config.max_transient_releases,
                 load_ended_at=load_ended_at,
             )
         ).run()

@@ -67,6 +67,10 @@ def add_job(auditor: Auditor, status: str, *, key: str | None = None, **columns:
         "version": 1,
         "replaces_job_id": None,
         "workflow_id": None,
+        "fence_expected": False,
+        "upload_fenced_at": None,
+        "rename_fenced_at": None,
+        "transient_releases": 0,
         **columns,
     }
     auditor.jobs[str(job_id)] = job
@@ -371,3 +375,57 @@ def test_a_worker_that_exits_by_itself_is_a_violation(tmp_path: Path) -> None:
     quiet = make_auditor(tmp_path)
     quiet._process_exits()
     assert invariants(quiet) == []
+
+
+def test_a_job_given_back_past_the_bound_or_disagreeing_with_its_row_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path, max_transient_releases=2)
+    within = add_job(auditor, "Completed", transient_releases=2)
+    for detail in (
+        "transient: build interrupted: CopyFailed",
+        "drain: worker draining",
+        "workflow: workflow gone",
+    ):
+        add_event(auditor, within, "Released", detail)
+    past = add_job(auditor, "Queued", transient_releases=3)
+    for _ in range(3):
+        add_event(auditor, past, "Released", "transient: build interrupted: CopyFailed")
+    hidden = add_job(auditor, "Queued", transient_releases=0)
+    add_event(auditor, hidden, "Released", "transient: cutoff 2 not decided: NotPermitted")
+    gave_up_early = add_job(auditor, "Failed", failure_reason="AttemptsExhausted", transient_releases=1)
+    add_event(auditor, gave_up_early, "Released", "transient: build interrupted: CopyFailed")
+    add_event(
+        auditor, gave_up_early, "AttemptsExhausted", "given back 1 time after failures (the limit); ..."
+    )
+
+    auditor._give_backs()
+
+    assert sorted((v.invariant, v.job_id) for v in auditor.result.violations) == sorted(
+        [
+            ("released_past_the_bound", str(past["id"])),
+            ("give_backs_disagree_with_the_row", str(hidden["id"])),
+            ("give_back_bound_not_applied", str(gave_up_early["id"])),
+        ]
+    )
+    assert auditor.result.counts["releases_by_cause"] == {"transient": 6, "drain": 1, "workflow": 1}
+
+
+def test_an_outcome_unknown_whose_fences_prove_it_never_renamed_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    sent = add_job(auditor, "OutcomeUnknown", fence_expected=True, upload_fenced_at=NOW, rename_fenced_at=NOW)
+    never = add_job(
+        auditor, "OutcomeUnknown", fence_expected=True, upload_fenced_at=NOW, rename_fenced_at=None
+    )
+    for job in (sent, never):
+        add_event(auditor, job, "Claimed")
+        add_event(auditor, job, "DeliveryAuthorized")
+        add_event(auditor, job, "Finished", "OutcomeUnknown: the rename's answer was lost")
+
+    auditor._outcomes()
+
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("outcome_unknown_proved_not_delivered", str(never["id"]))
+    ]
+    sent_by_job = {
+        d["job_id"]: d["rename_request_sent"] for d in auditor.result.findings["outcome_unknown_jobs"]
+    }
+    assert sent_by_job == {str(sent["id"]): True, str(never["id"]): False}
