@@ -43,10 +43,10 @@ history), then ``VACUUM ANALYZE``, as autovacuum would have done. Nothing prints
 
 from __future__ import annotations
 
-import json
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import select
 import shutil
 import tempfile

@@ -121,7 +121,9 @@ def recipients(home: GpgHome, armored_keys: tuple[str, ...]) -> list[Recipient]:
         keys = [line.split(":") for line in listing.splitlines() if line.startswith(("pub:", "fpr:"))]
         primaries = [i for i, fields in enumerate(keys) if fields[0] == "pub"]
         if len(primaries) != 1:
-            raise EncodingError("RecipientKeyUnusable", f"recipient key {index}: {len(primaries)} keys, not one")
+            raise EncodingError(
+                "RecipientKeyUnusable", f"recipient key {index}: {len(primaries)} keys, not one"
+            )
         pub = keys[primaries[0]]
         if pub[1] in ("e", "r", "i", "d", "n"):
             raise EncodingError("RecipientKeyUnusable", f"recipient key {index}: validity {pub[1]}")
@@ -299,7 +301,9 @@ def start_stream(
     return GpgStream(process, status_file)
 
 
-def _run(args: list[str], what: str, *, stdin: bytes | None = None, code: str = "RecipientKeyUnusable") -> str:
+def _run(
+    args: list[str], what: str, *, stdin: bytes | None = None, code: str = "RecipientKeyUnusable"
+) -> str:
     """Run a short gpg command; its standard output. Its other output is never repeated (user IDs)."""
     try:
         done = subprocess.run(

@@ -293,8 +293,8 @@ def _authorized_summary(detail: str | None) -> str:
     if not isinstance(data, dict):
         return detail or ""
     parts = [str(data.get("file", ""))]
-    shape = data.get("format") if isinstance(data.get("format"), dict) else {}
-    if shape.get("compression") == "gzip":
+    shape = data.get("format")
+    if isinstance(shape, dict) and shape.get("compression") == "gzip":
         parts.append("gzip")
     recipients = data.get("recipients") or []
     if recipients:

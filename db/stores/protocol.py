@@ -153,7 +153,13 @@ class ProtocolStatements(Reads):
         SHA-256 and rows, and whatever ``evidence`` adds (the builder's: the plaintext's hash and size, the
         format, the OpenPGP fingerprints). IDs, sizes, hashes and fingerprints only.
         """
-        detail = {"file": final_name, "bytes": length, "sha256": sha256.hex(), "rows": rows, **(evidence or {})}
+        detail = {
+            "file": final_name,
+            "bytes": length,
+            "sha256": sha256.hex(),
+            "rows": rows,
+            **(evidence or {}),
+        }
         answers = await self._unless_lost(
             "authorize_delivery_if_running",
             {

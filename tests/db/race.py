@@ -5,8 +5,8 @@ within a bounded time, and only then does the first commit or roll back. Nothing
 
 from __future__ import annotations
 
-import json
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator

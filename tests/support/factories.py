@@ -134,7 +134,9 @@ class Factory:
             "pgp_signing_key_ref": None,
         }
         row.update(fields)
-        row = {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}  # arrays, as psycopg sends lists
+        row = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in row.items()
+        }  # arrays, as psycopg sends lists
         await self.admin(
             "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref,"
             " remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,"
