@@ -17,16 +17,19 @@ import hashlib
 import os
 import queue
 import threading
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from isal import isal_zlib
 
 from domain.file_format import FileFormat
 from encoding.errors import EncodingError, EncodingStopped
 from encoding.openpgp import GpgHome, GpgStream, import_signing_key, recipients, start_stream
 
-GZIP_LEVEL = 6  # gzip's own default: the same bytes a partner's `gzip` would make of the CSV, at its speed
+# ISA-L's deflate (the ``isal`` wheel), standard gzip output that any gunzip reads: on 1M contacts here
+# level 1 took 0.07 s where zlib's level 6 (gzip's default) took 0.56 s, for a file 3 % larger.
+GZIP_LEVEL = 1
 _QUEUE_BLOCKS = 4  # blocks of about 1 MiB waiting for the compressor: the memory bound between stages
 _READ_BYTES = 1 << 20
 _POLL_SECONDS = 0.1
@@ -137,13 +140,15 @@ class FileWriter:
     # -- the caller's side --------------------------------------------------------------------------
 
     def write(self, block: bytes) -> None:
-        """Hash ``block`` as plaintext and pass it on; waits while the stages are behind (a few blocks),
-        raising :class:`EncodingStopped` if the caller stops meanwhile and the stages' error if one failed."""
+        """Pass ``block`` on (hashed as plaintext on the way); waits while the stages are behind (a few
+        blocks), raising :class:`EncodingStopped` if the caller stops meanwhile and the stages' error if one
+        failed. A plain CSV is hashed and written here; otherwise the stage thread hashes it, off the COPY
+        reader's path."""
         self._raise_if_failed()
-        self._plain.update(block)
         self._plain_size += len(block)
         if self.format.plain:
             assert self._sink is not None
+            self._plain.update(block)
             self._sink.write(block)
             return
         self._put(block)
@@ -188,7 +193,9 @@ class FileWriter:
     def _encode(self) -> None:
         """The stage thread: gzip when asked, then into gpg's stdin or the file."""
         compressor = (
-            zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31) if self.format.compression == "gzip" else None
+            isal_zlib.compressobj(GZIP_LEVEL, isal_zlib.DEFLATED, 31)  # 31: the gzip container
+            if self.format.compression == "gzip"
+            else None
         )
         assert self._sink is not None
         sink = self._sink
@@ -210,6 +217,7 @@ class FileWriter:
             if item is _DONE:
                 break
             assert isinstance(item, bytes)
+            self._plain.update(item)
             data = compressor.compress(item) if compressor is not None else item
             if data:
                 downstream(data)
@@ -289,7 +297,7 @@ def _as_encoding_error(exc: BaseException, gpg: GpgStream | None) -> EncodingErr
         return EncodingError("OpenPgpFailed", "gpg stopped reading")
     if isinstance(exc, OSError):
         return EncodingError("WriteFailed", _os_code(exc))
-    if isinstance(exc, zlib.error):
+    if isinstance(exc, isal_zlib.error):
         return EncodingError("CompressFailed", type(exc).__name__)
     return EncodingError("Unexpected", type(exc).__name__)
 
