@@ -38,6 +38,14 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory since its exec (VmHWM; ru_maxrss would carry the parent's over)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def gpg_pipe(source: Path, out: Path, partner: GpgIdentity, signer: GpgIdentity | None) -> None:
     fmt = FileFormat(
         recipient_keys=(partner.public_key,), signing_key_ref=str(signer.secret_key_file) if signer else None
@@ -58,7 +66,7 @@ def python_gnupg(source: Path, out: Path, partner: GpgIdentity, signer: GpgIdent
         gpg.import_keys(partner.public_key)
         extra: dict[str, object] = {}
         if signer is not None:
-            gpg.import_keys(signer.secret_key_file.read_text())
+            gpg.import_keys_file(str(signer.secret_key_file))
             extra = {"sign": signer.fingerprint, "passphrase": ""}
         with source.open("rb") as data:
             done = gpg.encrypt_file(
@@ -126,7 +134,7 @@ def measure_in_child(
         )
         + f"c, w = b._cpu(), time.perf_counter(); b.CANDIDATES[{name!r}][1](Path({str(source)!r}), Path({str(out)!r}), p, s); "
         "w, c = time.perf_counter() - w, b._cpu() - c; "
-        "print(f'{w:.3f} {c:.3f} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}')"
+        "print(f'{w:.3f} {c:.3f} {b.peak_rss_mb():.0f}')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -144,7 +152,11 @@ def main(mib: int) -> None:
         with source.open("wb") as data:
             for _ in range(mib):
                 data.write(os.urandom(BLOCK))
-        expected = hashlib.sha256(source.read_bytes()).digest()
+        digest = hashlib.sha256()
+        with source.open("rb") as data:
+            while block := data.read(BLOCK):
+                digest.update(block)
+        expected = digest.digest()
         size = mib * BLOCK
         print(f"{mib} MiB random, cpus: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}; MB = 10^6 bytes")
         print(
@@ -167,9 +179,10 @@ def main(mib: int) -> None:
                 ok = decrypted.returncode == 0 and hashlib.sha256(decrypted.data).digest() == expected
                 if signer is not None:
                     ok = ok and decrypted.has("VALIDSIG", tenant.fingerprint)
+                why = "" if ok else f" (exit {decrypted.returncode}, {[s.split()[1] for s in decrypted.status][:8]})"
                 print(
                     f"{name:<32} {mode:<14} {size / 1e6 / float(wall):6.0f} {float(wall):7.2f} {float(cpu):6.2f}"
-                    f" {rss:>10}  {'same data' + (', signature valid' if signer else '') if ok else 'FAILED'}"
+                    f" {rss:>10}  {'same data' + (', signature valid' if signer else '') if ok else 'FAILED' + why}"
                 )
     finally:
         partner.close()
