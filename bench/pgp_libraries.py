@@ -179,7 +179,11 @@ def main(mib: int) -> None:
                 ok = decrypted.returncode == 0 and hashlib.sha256(decrypted.data).digest() == expected
                 if signer is not None:
                     ok = ok and decrypted.has("VALIDSIG", tenant.fingerprint)
-                why = "" if ok else f" (exit {decrypted.returncode}, {[s.split()[1] for s in decrypted.status][:8]})"
+                why = (
+                    ""
+                    if ok
+                    else f" (exit {decrypted.returncode}, {[s.split()[1] for s in decrypted.status][:8]})"
+                )
                 print(
                     f"{name:<32} {mode:<14} {size / 1e6 / float(wall):6.0f} {float(wall):7.2f} {float(cpu):6.2f}"
                     f" {rss:>10}  {'same data' + (', signature valid' if signer else '') if ok else 'FAILED' + why}"
