@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import logging
 import select
 import shutil
@@ -35,6 +36,7 @@ from db.queries import q
 from domain.file_format import FileFormat
 from domain.models import final_name_for
 from encoding import EncodedFile, EncodingError, EncodingStopped, FileWriter, open_file_writer
+from encoding.openpgp import remove_home
 
 log = logging.getLogger("fenced.builder")
 
@@ -133,7 +135,7 @@ async def build_export(
             tenant_id,
             list_name,
             path,
-            _Encoding(file_format, signing_passphrase),
+            _Encoding(file_format, signing_passphrase, gpg_root_for(work_dir), str(attempt_id)),
             progress,
             progress_interval,
         )
@@ -158,6 +160,39 @@ async def build_export(
 class _Encoding:
     file_format: FileFormat
     passphrase: str | None = field(default=None, repr=False)
+    gpg_root: Path | None = None
+    label: str = ""
+
+
+def gpg_root_for(work_dir: Path) -> Path:
+    """Where this work directory's builds keep their private GnuPG homes (one per OpenPGP file, named by
+    attempt): a short path under the system's temporary directory (the agent's socket must fit in 108
+    bytes), one per work directory, so a scavenger only ever looks at its own."""
+    tag = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"fx-gpg-{tag}"
+
+
+def gpg_homes(work_dir: Path) -> dict[UUID, list[Path]]:
+    """The GnuPG homes builds in ``work_dir`` left, by the attempt ID their name carries (a killed worker's
+    may hold an imported signing key)."""
+    found: dict[UUID, list[Path]] = {}
+    try:
+        entries = list(gpg_root_for(work_dir).iterdir())
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        try:
+            attempt_id = UUID(entry.name[:36])
+        except ValueError:
+            continue
+        if entry.is_dir():
+            found.setdefault(attempt_id, []).append(entry)
+    return found
+
+
+def remove_gpg_home(path: Path) -> None:
+    """Stop a GnuPG home's agent and remove it (with any imported key); never raises."""
+    remove_home(path)
 
 
 def copy_statement(file_format: FileFormat) -> bytes:
@@ -270,7 +305,12 @@ def _stream_copy(
     cannot be used fails before the query is sent.
     """
     writer = open_file_writer(
-        path, encoding.file_format, should_stop=stop.is_set, passphrase=encoding.passphrase
+        path,
+        encoding.file_format,
+        should_stop=stop.is_set,
+        passphrase=encoding.passphrase,
+        gpg_root=encoding.gpg_root,
+        label=encoding.label,
     )
     try:
         tagged, messages = _copy_into(pgconn, writer, stop, counters)

@@ -63,25 +63,22 @@ class GpgHome:
     agent_started: bool = False
 
     @classmethod
-    def create(cls) -> GpgHome:
-        # Under the system's temporary directory, not the build directory: a Unix socket path is limited to
-        # 108 bytes, and the agent's socket lives in the home.
+    def create(cls, root: Path | None = None, label: str = "") -> GpgHome:
+        """A new home under ``root`` (default: the system's temporary directory), named ``{label}-...``
+        so that whoever removes what a killed process left (the scavenger) can tell whose it was."""
+        # Short, not under the build directory: a Unix socket path is limited to 108 bytes, and the agent's
+        # socket lives in the home.
         try:
-            return cls(Path(tempfile.mkdtemp(prefix=_HOME_PREFIX)))
+            if root is not None:
+                root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            prefix = f"{label}-" if label else _HOME_PREFIX
+            return cls(Path(tempfile.mkdtemp(prefix=prefix, dir=root)))
         except OSError as exc:
             raise EncodingError("WorkDirUnusable", _os_code(exc)) from None
 
     def close(self) -> None:
         """Stop the agent an import started, and remove the home (with any imported secret key)."""
-        if self.agent_started:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(
-                    ["gpgconf", "--homedir", str(self.path), "--kill", "gpg-agent"],
-                    capture_output=True,
-                    timeout=GPG_TIMEOUT_SECONDS,
-                    check=False,
-                )
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_home(self.path, agent=self.agent_started)
 
     def base_args(self) -> list[str]:
         return [
@@ -95,6 +92,19 @@ class GpgHome:
             "--no-auto-key-retrieve",
             "--no-auto-key-locate",
         ]
+
+
+def remove_home(path: Path, *, agent: bool = True) -> None:
+    """Stop a GnuPG home's agent (if it may have one) and remove the home; never raises."""
+    if agent:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["gpgconf", "--homedir", str(path), "--kill", "gpg-agent"],
+                capture_output=True,
+                timeout=GPG_TIMEOUT_SECONDS,
+                check=False,
+            )
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass(frozen=True)

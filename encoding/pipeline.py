@@ -92,6 +92,8 @@ class FileWriter:
         *,
         should_stop: Callable[[], bool],
         passphrase: str | None = None,
+        gpg_root: Path | None = None,
+        label: str = "",
     ) -> None:
         self.path = path
         self.format = file_format
@@ -110,7 +112,7 @@ class FileWriter:
         self._sink: _Sink | None = None
         try:
             if file_format.openpgp:
-                self._home = GpgHome.create()
+                self._home = GpgHome.create(gpg_root, label)
                 found = recipients(self._home, file_format.recipient_keys)
                 self._recipients = tuple(r.fingerprint for r in found)
                 if file_format.signing_key_ref is not None:
@@ -279,10 +281,17 @@ def open_file_writer(
     *,
     should_stop: Callable[[], bool] = lambda: False,
     passphrase: str | None = None,
+    gpg_root: Path | None = None,
+    label: str = "",
 ) -> FileWriter:
     """Create ``path`` (0600, exclusively) and the stages ``file_format`` needs; the partner's keys are
-    checked and the signing key imported first, so a bad key fails before any data is read."""
-    return FileWriter(path, file_format, should_stop=should_stop, passphrase=passphrase)
+    checked and the signing key imported first, so a bad key fails before any data is read.
+
+    An OpenPGP file's private GnuPG home is made under ``gpg_root`` (default: the system's temporary
+    directory) and named ``{label}-...``, so a home a killed process left can be found and removed."""
+    return FileWriter(
+        path, file_format, should_stop=should_stop, passphrase=passphrase, gpg_root=gpg_root, label=label
+    )
 
 
 def _as_encoding_error(exc: BaseException, gpg: GpgStream | None) -> EncodingError:
