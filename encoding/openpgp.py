@@ -26,6 +26,7 @@ from typing import IO
 
 from encoding.errors import EncodingError
 
+_GPG_ERR_BAD_PASSPHRASE, _GPG_ERR_NO_PASSPHRASE = 11, 177  # libgpg-error codes
 GPG_TIMEOUT_SECONDS = 30.0  # a key inspection or import; the stream itself is bounded by its input
 _HOME_PREFIX = "fx-gpg-"
 # The status keywords worth reporting (``--status-fd``); every other line of gpg's output is dropped.
@@ -208,7 +209,7 @@ class GpgStream:
             raise EncodingError("OpenPgpFailed", "gpg did not finish") from None
         if code != 0:
             raise EncodingError(
-                "SigningKeyLocked" if self._has("BAD_PASSPHRASE", "MISSING_PASSPHRASE") else "OpenPgpFailed",
+                "SigningKeyLocked" if self._locked() else "OpenPgpFailed",
                 f"gpg exit {code}{self.status_summary()}",
             )
 
@@ -234,6 +235,17 @@ class GpgStream:
 
     def _has(self, *keywords: str) -> bool:
         return any(fields[0] in keywords for fields in self._statuses())
+
+    def _locked(self) -> bool:
+        """The signing key would not unlock: a wrong or missing passphrase (GnuPG's error codes 11 and 177 in
+        a FAILURE status, or its passphrase keywords)."""
+        if self._has("BAD_PASSPHRASE", "MISSING_PASSPHRASE"):
+            return True
+        for fields in self._statuses():
+            if fields[0] == "FAILURE" and len(fields) > 2 and fields[2].isdigit():
+                if int(fields[2]) & 0xFFFF in (_GPG_ERR_BAD_PASSPHRASE, _GPG_ERR_NO_PASSPHRASE):
+                    return True
+        return False
 
     def status_summary(self) -> str:
         """GnuPG's status keywords, with their reason codes only (no user ID, no key ID)."""

@@ -48,22 +48,15 @@ class GpgIdentity:
     secret_key_file: Path
 
     @classmethod
-    def generate(cls, user_id: str, root: Path | None = None) -> GpgIdentity:
+    def generate(cls, user_id: str, root: Path | None = None, passphrase: str = "") -> GpgIdentity:
+        """A new key pair; with ``passphrase``, its secret key file is protected by it."""
         home = Path(tempfile.mkdtemp(prefix="fx-id-", dir=root))
-        _gpg(home, "--passphrase", "", "--quick-gen-key", user_id, "future-default", "default", "never")
+        loopback = ("--pinentry-mode", "loopback", "--passphrase", passphrase)
+        _gpg(home, *loopback, "--quick-gen-key", user_id, "future-default", "default", "never")
         listing = _gpg(home, "--with-colons", "--list-keys").decode()
         fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
         public_key = _gpg(home, "--armor", "--export", fingerprint).decode()
-        secret = _gpg(
-            home,
-            "--armor",
-            "--pinentry-mode",
-            "loopback",
-            "--passphrase",
-            "",
-            "--export-secret-keys",
-            fingerprint,
-        )
+        secret = _gpg(home, "--armor", *loopback, "--export-secret-keys", fingerprint)
         secret_key_file = home / "signing-key.asc"
         secret_key_file.touch(mode=0o600)
         secret_key_file.write_bytes(secret)

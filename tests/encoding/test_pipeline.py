@@ -168,3 +168,31 @@ def test_a_stop_while_the_stages_are_behind_ends_the_write_and_abort_leaves_no_g
 
     assert gpg.process.poll() is not None  # killed, and reaped
     assert writer._home is None  # the private GnuPG home is gone
+
+
+def test_a_protected_signing_key_signs_with_its_passphrase_and_is_locked_without_it(
+    tmp_path, partner_key: GpgIdentity, gpg_root
+):
+    protected = GpgIdentity.generate(
+        "Acme protected <exports@acme.example>", gpg_root, passphrase="s3cret word"
+    )
+    try:
+        partner_key.import_public(protected)
+        fmt = FileFormat(
+            recipient_keys=(partner_key.public_key,), signing_key_ref=str(protected.secret_key_file)
+        )
+        for wrong in (None, "not it"):
+            writer = open_file_writer(tmp_path / f"contacts-{wrong}.csv.pgp", fmt, passphrase=wrong)
+            writer.write(CSV)
+            with pytest.raises(EncodingError) as locked:
+                writer.finish()
+            assert locked.value.code == "SigningKeyLocked" and "not it" not in str(locked.value)
+
+        path = tmp_path / "contacts-k.csv.pgp"
+        writer = open_file_writer(path, fmt, passphrase="s3cret word")
+        writer.write(CSV)
+        encoded = writer.finish()
+        decrypted = partner_key.decrypt(path)
+        assert decrypted.has("VALIDSIG", protected.fingerprint) and encoded.signer == protected.fingerprint
+    finally:
+        protected.close()
