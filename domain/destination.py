@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from domain.file_format import CONTACT_COLUMNS, Compression, ContactColumn, Delimiter, FileFormat
 
@@ -56,8 +56,9 @@ class Destination(BaseModel):
     csv_delimiter: Delimiter = ","
     csv_columns: tuple[ContactColumn, ...] = CONTACT_COLUMNS
     compression: Compression = "none"
-    pgp_recipient_keys: tuple[str, ...] = ()
-    pgp_signing_key_ref: str | None = None
+    # Not in a repr, so a destination that reaches a log line never carries key blocks or the reference.
+    pgp_recipient_keys: tuple[str, ...] = Field(default=(), repr=False)
+    pgp_signing_key_ref: str | None = Field(default=None, repr=False)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Destination:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ContactColumn = Literal["email", "first_name", "last_name"]
 """A column of ``contacts`` a partner may receive (migration 0020 checks the same list)."""
@@ -40,8 +40,8 @@ class FileFormat(BaseModel):
     delimiter: Delimiter = ","
     columns: tuple[ContactColumn, ...] = CONTACT_COLUMNS
     compression: Compression = "none"
-    recipient_keys: tuple[str, ...] = ()
-    signing_key_ref: str | None = None
+    recipient_keys: tuple[str, ...] = Field(default=(), repr=False)
+    signing_key_ref: str | None = Field(default=None, repr=False)
 
     @field_validator("columns")
     @classmethod
