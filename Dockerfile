@@ -29,6 +29,7 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY settings.py worker.py starter.py ./
 COPY domain/ domain/
+COPY encoding/ encoding/
 COPY rules/ rules/
 COPY db/ db/
 COPY partner/ partner/

@@ -179,6 +179,16 @@ class Settings(BaseSettings):
         description="secrets file whose first line is the SFTP key passphrase (a mounted secret), "
         "instead of the value",
     )
+    signing_key_passphrase: SecretStr | None = Field(
+        default=None,
+        description="passphrase of protected OpenPGP signing keys (pgp_signing_key_ref files); never logged; "
+        "or use EXPORTS_SIGNING_KEY_PASSPHRASE_FILE",
+    )
+    signing_key_passphrase_file: Path | None = Field(
+        default=None,
+        description="secrets file whose first line is the signing key passphrase (a mounted secret), "
+        "instead of the value",
+    )
 
     # -- observability (issue 11) -----------------------------------------------------------------------
     log_format: Literal["text", "json", "auto"] = Field(

@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         default="keep",
         help="the partner's cleanup agreement for temporary files (default keep)",
     )
+    parser.add_argument(
+        "--encrypted-every",
+        type=int,
+        default=3,
+        help="every n-th export goes to the destination that receives .csv.gz.pgp (default 3; 0: none)",
+    )
     args = parser.parse_args(argv)
     faults = () if args.faults == "none" else tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_KINDS]
@@ -68,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         run_dir=args.run_dir,
         keep=args.keep,
         temporary_files=args.temporary_files,
+        encrypted_every=max(0, args.encrypted_every),
     )
 
 

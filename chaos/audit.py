@@ -10,6 +10,7 @@ themselves) are gathered as findings.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import json
 from collections import Counter, defaultdict
@@ -29,6 +30,7 @@ from chaos.faults import FaultRecord
 from chaos.histories import connect, delivery_fate, job_of_workflow, open_export_jobs, recovery_run, timeline
 from chaos.stack import PRINCIPAL, Exit
 from chaos.textual import normalize
+from testbed.gpg import GpgIdentity
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
 
 DRAIN_MARGIN_SECONDS = 10.0
@@ -91,6 +93,11 @@ class AuditInput:
     shutdown_grace_seconds: float = 15.0
     recovery_every_seconds: float = 30.0
     max_transient_releases: int = 6  # the workers' EXPORTS_MAX_TRANSIENT_RELEASES
+    # What each destination receives, by ID, when it is not the plain ".csv" (issue #24 item 5), and the
+    # partner's key to decrypt it with (its own GNUPGHOME) and the tenant key's fingerprint it must be signed by.
+    file_suffixes: dict[str, str] = field(default_factory=dict)
+    partner_key: GpgIdentity | None = None
+    signer_fingerprint: str | None = None
 
 
 @dataclass
@@ -264,8 +271,13 @@ class Auditor:
     def _jobs_by_final_name(self) -> dict[str, list[dict[str, Any]]]:
         by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for job in self.jobs.values():
-            by_name[f"contacts-{job['delivery_key']}.csv"].append(job)
+            by_name[self._final_name(job)].append(job)
         return by_name
+
+    def _final_name(self, job: dict[str, Any]) -> str:
+        """The name the job's destination receives: its delivery key and its format's suffix."""
+        suffix = self.inp.file_suffixes.get(str(job.get("destination_id")), ".csv")
+        return f"contacts-{job['delivery_key']}{suffix}"
 
     def _partner_files(self) -> None:
         """No final name under a job that never delivers; none written twice without an agreement; every
@@ -363,7 +375,7 @@ class Auditor:
         for job_id, job in self.jobs.items():
             if job["status"] != "Completed":
                 continue
-            name = job["expected_file_name"] or f"contacts-{job['delivery_key']}.csv"
+            name = job["expected_file_name"] or self._final_name(job)
             path = on_disk.get(name)
             if path is None:
                 self.violate("completed_file_mismatch", job_id, f"Completed but {name} is not on the partner",
@@ -375,6 +387,8 @@ class Auditor:
                 problems.append(f"size {len(data)} != recorded {job['expected_file_bytes']}")
             if hashlib.sha256(data).digest() != bytes(job["expected_file_sha256"] or b""):
                 problems.append("SHA-256 differs from the recorded one")
+            if name.endswith(".pgp"):
+                data = self._decrypted(job_id, job, path, problems)
             rows = data.count(b"\n") - 1
             wanted = self.list_sizes.get(job["list_name"])
             if wanted is not None and rows != wanted:
@@ -392,6 +406,45 @@ class Auditor:
                 self.violate(
                     "completed_file_mismatch", job_id, "; ".join(problems), events=self._summary(job_id)
                 )
+
+    def _decrypted(self, job_id: str, job: dict[str, Any], path: Path, problems: list[str]) -> bytes:
+        """The partner's ``gpg --decrypt`` (and gunzip) of a Completed OpenPGP file, checked against the
+        attempt's evidence: the plaintext's SHA-256 and size, the recipient, the signer. The CSV, or b""."""
+        self.result.counts["encrypted_files_decrypted"] = self.result.counts.get(
+            "encrypted_files_decrypted", 0
+        )
+        if self.inp.partner_key is None:
+            problems.append("an OpenPGP file, and no partner key to decrypt it with")
+            return b""
+        authorized = self._job_events(job_id, job["attempt_id"], "DeliveryAuthorized")
+        try:
+            evidence = json.loads(authorized[-1]["detail"] or "") if authorized else {}
+        except ValueError:
+            evidence = {}
+        if not isinstance(evidence, dict) or "plaintext" not in evidence:
+            problems.append("no file evidence (plaintext hash) with the attempt's DeliveryAuthorized event")
+            return b""
+        decrypted = self.inp.partner_key.decrypt(path)
+        if decrypted.returncode != 0:
+            problems.append(f"the partner's gpg --decrypt failed (exit {decrypted.returncode})")
+            return b""
+        if self.inp.signer_fingerprint and not decrypted.has("VALIDSIG", self.inp.signer_fingerprint):
+            problems.append("no valid signature by the tenant's key")
+        try:
+            csv = gzip.decompress(decrypted.data) if path.name.endswith(".gz.pgp") else decrypted.data
+        except (OSError, EOFError):
+            problems.append("the decrypted file is not gzip")
+            return b""
+        self.result.counts["encrypted_files_decrypted"] += 1
+        if hashlib.sha256(csv).hexdigest() != evidence["plaintext"].get("sha256"):
+            problems.append("the decrypted CSV's SHA-256 differs from the recorded plaintext hash")
+        if len(csv) != evidence["plaintext"].get("bytes"):
+            problems.append(
+                f"the decrypted CSV has {len(csv)} bytes, recorded {evidence['plaintext'].get('bytes')}"
+            )
+        if self.inp.partner_key.fingerprint not in (evidence.get("recipients") or []):
+            problems.append("the evidence does not name the partner's key as a recipient")
+        return csv
 
     # -- stranded and unsettled jobs --------------------------------------------------------------------
 

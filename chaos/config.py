@@ -42,6 +42,9 @@ class SoakConfig:
     run_dir: Path | None = None  # default: a fresh directory under /tmp, kept (logs), partner files removed
     keep: bool = False  # keep the partner's files and the databases' directories too
     temporary_files: str = "keep"  # the partner destination's cleanup agreement ('keep' or 'remove')
+    # Every n-th export goes to a second destination of the same partner that receives gzip, encrypted to
+    # the partner's key and signed with the tenant's (issue #24 item 5); 0: none. The auditor decrypts them.
+    encrypted_every: int = 3
     # The workers' settings (EXPORTS_*): short, so a lease lost to a fault is recovered within the run.
     lease_seconds: float = 6.0
     renew_every_seconds: float = 2.0

@@ -66,7 +66,15 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         load = config.load_seconds
         hard_deadline = t0 + load + config.settle
         driver = Driver(
-            api, board, str(stack.destination_id), plan.exports, t0=t0, hard_deadline=hard_deadline
+            api,
+            board,
+            str(stack.destination_id),
+            plan.exports,
+            t0=t0,
+            hard_deadline=hard_deadline,
+            encrypted_destination_id=str(stack.encrypted_destination_id)
+            if stack.encrypted_destination_id
+            else None,
         )
         injector = FaultInjector(stack, plan.faults, t0=t0, client=client, say=say)
         say("load and faults begin")
@@ -122,6 +130,11 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 recovery_every_seconds=config.recovery_every_seconds,
                 max_transient_releases=config.max_transient_releases,
                 load_ended_at=load_ended_at,
+                file_suffixes={str(stack.encrypted_destination_id): ".csv.gz.pgp"}
+                if stack.encrypted_destination_id
+                else {},
+                partner_key=stack.partner_key,
+                signer_fingerprint=stack.tenant_key.fingerprint if stack.tenant_key else None,
             )
         ).run()
         timings["audit"] = time.monotonic() - audit_started

@@ -3,6 +3,25 @@
 --   python -m db.schema --write  (or: make schema)
 -- tests/db/test_schema_file.py fails when a freshly migrated database differs from this file.
 
+CREATE FUNCTION public.armored_public_keys_ok(keys text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+SELECT cardinality(keys) <= 10
+   AND coalesce((SELECT bool_and(k LIKE '-----BEGIN PGP PUBLIC KEY BLOCK-----%'
+                                 AND k LIKE '%-----END PGP PUBLIC KEY BLOCK-----%'
+                                 AND k NOT LIKE '%PRIVATE KEY%')
+                 FROM unnest(keys) AS k), true)
+$$;
+
+CREATE FUNCTION public.csv_columns_ok(columns text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+SELECT cardinality(columns) >= 1
+   AND array_position(columns, NULL) IS NULL
+   AND columns <@ ARRAY['email', 'first_name', 'last_name']
+   AND (SELECT count(DISTINCT c) FROM unnest(columns) AS c) = cardinality(columns)
+$$;
+
 CREATE FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -406,8 +425,19 @@ CREATE TABLE public.destinations (
     retired_at timestamp with time zone,
     retired_by text,
     temporary_files text DEFAULT 'keep'::text NOT NULL,
+    csv_header boolean DEFAULT true NOT NULL,
+    csv_delimiter text DEFAULT ','::text NOT NULL,
+    csv_columns text[] DEFAULT ARRAY['email'::text, 'first_name'::text, 'last_name'::text] NOT NULL,
+    compression text DEFAULT 'none'::text NOT NULL,
+    pgp_recipient_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    pgp_signing_key_ref text,
     CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
+    CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
     CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
+    CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
+    CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
+    CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
+    CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
     CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
     CONSTRAINT ck_destinations_temporary_files CHECK ((temporary_files = ANY (ARRAY['keep'::text, 'remove'::text]))),
     CONSTRAINT destinations_hash_evidence_check CHECK ((hash_evidence = ANY (ARRAY['none'::text, 'read_back'::text, 'ack_file'::text]))),

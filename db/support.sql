@@ -121,11 +121,13 @@ LIMIT %(limit)s;
 SELECT id, name, host, port, remote_dir FROM destinations WHERE tenant_id = %(tenant_id)s ORDER BY name, id;
 
 -- name: load_destination
--- One tenant's destination with its partner contract, for the worker and recovery. Its kind picks the
--- partner code (partner/kinds.py); SFTP is the one kind and no column stores it yet.
+-- One tenant's destination with its partner contract and the format of the file it receives (0020), for the
+-- worker and recovery. Its kind picks the partner code (partner/kinds.py); SFTP is the one kind and no column
+-- stores it yet.
 SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
        name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,
-       'sftp'::text AS kind
+       'sftp'::text AS kind,
+       csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys, pgp_signing_key_ref
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
 
 -- name: read_delivery_scope
@@ -140,11 +142,13 @@ SELECT set_config('fenced_exports.tenant_id', %(tenant_id)s, true),
        set_config('fenced_exports.list_name', %(list_name)s, true);
 
 -- name: copy_contacts
--- The tenant's contacts in the list, in a stable order, as CSV with a header (scope from set_build_scope).
-COPY (SELECT email, first_name, last_name FROM contacts
+-- The tenant's contacts in the list, in a stable order, as CSV (scope from set_build_scope), in the
+-- destination's format: db/builder.py composes it with psycopg.sql from a checked FileFormat, {columns} as
+-- identifiers of contacts' columns and {header}, {delimiter} as literals (COPY takes no parameters).
+COPY (SELECT {columns} FROM contacts
       WHERE tenant_id = current_setting('fenced_exports.tenant_id')::uuid
         AND list_name = current_setting('fenced_exports.list_name')
-      ORDER BY id) TO STDOUT (FORMAT csv, HEADER true);
+      ORDER BY id) TO STDOUT (FORMAT csv, HEADER {header}, DELIMITER {delimiter});
 
 -- name: lock_migrations
 -- Serializes migrating processes (any constant works; every process uses the same one).
@@ -179,10 +183,13 @@ INSERT INTO tenants (id, name) VALUES (%(id)s, %(name)s) RETURNING id;
 -- Seeds a partner destination (administrator's connection). It starts paused, as every new destination
 -- does, until a switch row enables it (seed_switch, or an operator's resume).
 INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files)
+                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,
+                          csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys,
+                          pgp_signing_key_ref)
 VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
         %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s, %(max_write_request)s,
-        %(temporary_files)s)
+        %(temporary_files)s, %(csv_header)s, %(csv_delimiter)s, %(csv_columns)s, %(compression)s,
+        %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s)
 RETURNING id;
 
 -- name: seed_switch

@@ -5,6 +5,7 @@ real directory (OpenSSH's link+unlink and posix_rename's rename) to the attempt 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 import uuid
@@ -16,6 +17,9 @@ from chaos.audit import AuditInput, Auditor
 from chaos.client import HttpRecord
 from chaos.driver import Answer, CancelRecord, ExportRecord
 from chaos.stack import Exit
+from domain.file_format import FileFormat
+from encoding import open_file_writer
+from testbed.gpg import GpgIdentity
 from testbed.partner_watch import PartnerWatch, WatchEvent, final_writes
 from tests.support.eventually import eventually_sync
 
@@ -429,3 +433,47 @@ def test_an_outcome_unknown_whose_fences_prove_it_never_renamed_is_a_violation(t
         d["job_id"]: d["rename_request_sent"] for d in auditor.result.findings["outcome_unknown_jobs"]
     }
     assert sent_by_job == {str(sent["id"]): True, str(never["id"]): False}
+
+
+def test_a_completed_encrypted_file_is_decrypted_and_checked_against_the_recorded_plaintext(
+    tmp_path: Path, partner_key: GpgIdentity, tenant_key: GpgIdentity
+) -> None:
+    # Issue #24 item 5: the partner's gpg --decrypt (and gunzip) must give the CSV whose hash the attempt
+    # recorded, signed by the tenant's key; a file encrypted from other rows is a violation.
+    good = b"email,first_name,last_name\na@x,A,B\nc@x,C,D\n"
+    destination = str(uuid.uuid4())
+    auditor = make_auditor(
+        tmp_path,
+        file_suffixes={destination: ".csv.gz.pgp"},
+        partner_key=partner_key,
+        signer_fingerprint=tenant_key.fingerprint,
+    )
+    fmt = FileFormat(
+        compression="gzip",
+        recipient_keys=(partner_key.public_key,),
+        signing_key_ref=str(tenant_key.secret_key_file),
+    )
+    flagged_expected = set()
+    for plaintext, recorded in ((good, good), (good[:-5], good)):
+        job = add_job(auditor, "Completed", destination_id=destination)
+        path = tmp_path / f"contacts-{job['delivery_key']}.csv.gz.pgp"
+        writer = open_file_writer(path, fmt)
+        writer.write(plaintext)
+        encoded = writer.finish()
+        job.update(expected_file_bytes=encoded.size, expected_file_sha256=encoded.sha256)
+        evidence = {
+            "plaintext": {"bytes": len(recorded), "sha256": hashlib.sha256(recorded).hexdigest()},
+            "recipients": list(encoded.recipients),
+        }
+        add_event(auditor, job, "DeliveryAuthorized", json.dumps(evidence))
+        if plaintext != recorded:
+            flagged_expected.add(str(job["id"]))
+
+    auditor._completed_files()
+
+    flagged = {v.job_id for v in auditor.result.violations if v.invariant == "completed_file_mismatch"}
+    assert flagged == flagged_expected
+    assert auditor.result.counts["encrypted_files_decrypted"] == 2
+    assert {name for job in auditor.jobs.values() for name in [auditor._final_name(job)]} == {
+        p.name for p in tmp_path.glob("*.pgp")
+    }
