@@ -1067,7 +1067,6 @@ GRANT UPDATE(name) ON TABLE public.principals TO exports_worker;
 GRANT SELECT,INSERT ON TABLE public.recurring_export_firings TO exports_api;
 
 GRANT SELECT,INSERT ON TABLE public.recurring_exports TO exports_api;
-GRANT SELECT ON TABLE public.recurring_exports TO exports_worker;
 
 GRANT UPDATE(destination_id) ON TABLE public.recurring_exports TO exports_api;
 

@@ -588,3 +588,7 @@ SELECT * FROM recurring_exports
 WHERE id > %(after)s
 ORDER BY id
 LIMIT %(limit)s;
+
+-- name: find_principal
+-- A principal of a tenant, its role and whether it is revoked (the command line acts as one).
+SELECT name, role, revoked_at FROM principals WHERE tenant_id = %(tenant_id)s AND name = %(name)s;

@@ -104,4 +104,3 @@ class Firing(Row):
     fired_by: str
     recorded_at: datetime
     job_status: str | None = None
-

@@ -157,7 +157,7 @@ class FiringFacts:
     starts_at: datetime | None
     ends_at: datetime | None
     policy: PolicyFacts
-    paused_scope: str | None  # 'global', 'tenant' or 'destination': the first paused switch of the scope
+    paused_scope: str | None  # 'global', 'tenant' or 'destination': the first paused switch, for the message
     paused_scope_reason: str | None
     live_job_id: UUID | None  # the latest export this recurring export created, if Queued/Running/Delivering
     live_job_status: str | None
@@ -196,7 +196,9 @@ def decide_firing(facts: FiringFacts, nominal_time: datetime, *, catchup_firings
     switch of its scope is paused; its previous export is still live (overlap); it is a missed firing beyond
     the ``catchup_firings`` run after an outage. Otherwise: create."""
     if facts.deleted_at is not None:
-        return _skip(SkipReason.RECURRING_DELETED, f"this recurring export was deleted on {_day(facts.deleted_at)}")
+        return _skip(
+            SkipReason.RECURRING_DELETED, f"this recurring export was deleted on {_day(facts.deleted_at)}"
+        )
     if facts.paused:
         why = f" ({facts.paused_reason})" if facts.paused_reason else ""
         return _skip(SkipReason.RECURRING_PAUSED, f"this recurring export is paused{why}")
@@ -209,12 +211,12 @@ def decide_firing(facts: FiringFacts, nominal_time: datetime, *, catchup_firings
     if not policy.allowed:
         assert policy.code is not None
         return _skip(SkipReason(policy.code.value), policy.message.removeprefix("Rejected: "))
-    if facts.paused_scope is not None:
+    if not facts.policy.deliveries_open:  # delivery_scope_open, the claim's gate: a missing switch is paused
         destination = facts.policy.destination_name or str(facts.policy.destination_id)
         why = f" ({facts.paused_scope_reason})" if facts.paused_scope_reason else ""
         return _skip(
             SkipReason.DELIVERIES_PAUSED,
-            f"deliveries {_where(facts.paused_scope, destination)} are paused{why}",
+            f"deliveries {_where(facts.paused_scope or 'destination', destination)} are paused{why}",
         )
     if facts.live_job_id is not None:
         return _skip(

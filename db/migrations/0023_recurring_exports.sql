@@ -118,5 +118,5 @@ GRANT UPDATE (destination_id, list_name, cron, interval_seconds, time_zone, star
               paused_reason, deleted_at, deleted_by, updated_by, updated_at, version)
     ON recurring_exports TO exports_api;
 GRANT SELECT, INSERT ON recurring_export_firings TO exports_api;
--- A worker at start re-creates the Schedules of the recurring exports that have none.
-GRANT SELECT ON recurring_exports TO exports_worker;
+-- A worker reconciles the Schedules at start over the same exports_api pool as its firings; no other role
+-- reads or writes these tables.
