@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 
 from temporalio.client import Client, ScheduleAlreadyRunningError, ScheduleUpdate, ScheduleUpdateInput
@@ -24,6 +24,8 @@ from workflows.recurring_schedule import noted_version, recurring_schedule
 log = logging.getLogger(__name__)
 
 RECONCILE_BATCH = 500
+CONNECT_SECONDS = 10.0
+ClientSource = Callable[[], Awaitable[Client]]  # connects on first use (the API's stop signaller's client)
 
 
 class ScheduleState(StrEnum):
@@ -98,4 +100,3 @@ class ScheduleSync:
             after = rows[-1].id
 
 
-ScheduleSyncFactory = Callable[[], ScheduleSync]
