@@ -9,6 +9,7 @@ paused or deleted row is recorded skipped, so a stale Schedule never creates wha
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from db.stores.recurring import RecurringStatements
 from domain.recurring import RecurringExport
+from service.temporal import TemporalConnectError
 from workflows.recurring_schedule import noted_version, recurring_schedule
 
 log = logging.getLogger(__name__)
@@ -41,18 +43,26 @@ class ScheduleState(StrEnum):
 class ScheduleSync:
     """Applies rows to Schedules over one Temporal client (``None``: nothing is applied, all pending)."""
 
-    def __init__(self, client: Client | None, *, task_queue: str, catchup_window_seconds: float) -> None:
+    def __init__(
+        self, client: Client | ClientSource | None, *, task_queue: str, catchup_window_seconds: float
+    ) -> None:
         self.client = client
         self.task_queue = task_queue
         self.catchup_window_seconds = catchup_window_seconds
 
+    async def _client(self) -> Client | None:
+        if self.client is None or isinstance(self.client, Client):
+            return self.client
+        return await asyncio.wait_for(self.client(), CONNECT_SECONDS)
+
     async def apply(self, row: RecurringExport) -> ScheduleState:
         """Bring ``row``'s Schedule to it; PENDING when Temporal did not answer (logged, never raised)."""
-        if self.client is None:
-            return ScheduleState.PENDING
         try:
-            return await self._apply(self.client, row)
-        except (RPCError, RuntimeError) as exc:
+            client = await self._client()
+            if client is None:
+                return ScheduleState.PENDING
+            return await self._apply(client, row)
+        except (RPCError, RuntimeError, TimeoutError, OSError, TemporalConnectError) as exc:
             log.warning("schedule %s not brought to v%d: %s", row.schedule_id, row.version, exc)
             return ScheduleState.PENDING
 
@@ -98,5 +108,3 @@ class ScheduleSync:
             if len(rows) < RECONCILE_BATCH:
                 return counts
             after = rows[-1].id
-
-

@@ -146,7 +146,9 @@ class RecurringStatements(StoreBase):
         catchup_firings: int,
     ) -> FiringAnswer | None:
         """One firing of ``nominal_time``, decided and recorded in one short transaction (see the module);
-        ``None`` when the tenant has no such recurring export (nothing recorded)."""
+        ``None`` when the tenant has no such recurring export (nothing recorded). The nominal time counts in
+        whole seconds, as the key and Temporal's workflow IDs spell it."""
+        nominal_time = nominal_time.replace(microsecond=0)
         lock = {
             "tenant_id": tenant_id,
             "id": recurring_export_id,
