@@ -14,9 +14,12 @@ from tests.e2e.test_console_browser import browser, page, site  # noqa: F401 - f
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-async def test_the_recurring_page_lists_each_recurring_export_with_its_firings(
-    page, site, factory, api_store
-):  # noqa: F811
+async def test_the_recurring_page_lists_each_recurring_export_with_its_firings(  # noqa: F811
+    page,  # noqa: F811
+    site,  # noqa: F811
+    factory,
+    api_store,
+):
     from playwright.async_api import expect
 
     await factory.principal(site.tenant_id, "ada.admin", role="admin")
