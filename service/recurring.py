@@ -14,15 +14,15 @@ from __future__ import annotations
 from typing import Annotated, Any
 from uuid import UUID, uuid4
 
-from pydantic import AwareDatetime, Field, field_validator, model_validator
+from pydantic import AwareDatetime, ConfigDict, Field, WithJsonSchema, model_validator
 
 from db.errors import UnknownReference
 from db.stores.api import ApiStore
 from domain.models import JobStatus
 from domain.recurring import Firing, RecurringExport
-from rules.recurring import cron_problem, definition_problems, interval_problem, time_zone_problem
+from rules.recurring import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, definition_problems
 from service.auth import Caller
-from service.commands import Body, Name, Reason
+from service.commands import MAX_NAME, NAME_PATTERN, Body, Name, Reason
 from service.exports import if_match_versions
 from service.outcomes import Answer, Kind, refusal
 from service.permissions import Action, refused
@@ -32,12 +32,27 @@ LIVE = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.DELIVERING)
 FIRINGS_SHOWN = 50
 Cron = Annotated[str, Field(min_length=1, max_length=200, examples=["0 2 * * *", "@daily"])]
 TimeZone = Annotated[str, Field(min_length=1, max_length=64, examples=["Europe/Berlin", "UTC"])]
-IntervalSeconds = Annotated[int, Field(examples=[3600])]
+IntervalSeconds = Annotated[
+    int, Field(ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS, examples=[3600, 86400])
+]
+_CRON_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200}
+_ZONE_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 64}
+_INTERVAL_SCHEMA: dict[str, Any] = {
+    "type": "integer",
+    "minimum": MIN_INTERVAL_SECONDS,
+    "maximum": MAX_INTERVAL_SECONDS,
+}
+_UUID_SCHEMA: dict[str, Any] = {"type": "string", "format": "uuid"}
+_NAME_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_NAME,
+    "pattern": NAME_PATTERN,
+}
 
-
-def _check(problem: str | None) -> None:
-    if problem is not None:
-        raise ValueError(problem)
+# What the schema cannot say (a cron expression's fields, a timezone's name, cron or interval but not both, an
+# end after the start) the service checks after the caller's permission: a 422 whose ``problems`` name each
+# field and why, and nothing stored. The schema's own refusals carry ``errors`` (api/app.py).
 
 
 class DefineRecurringExport(Body):
@@ -47,61 +62,40 @@ class DefineRecurringExport(Body):
     destination_id: UUID
     list_name: Name
     cron: Cron | None = Field(
-        default=None, description="five fields (minute hour day-of-month month day-of-week) or @daily, ..."
+        default=None,
+        description="five fields (minute hour day-of-month month day-of-week) or @daily, @hourly, ...; or give "
+        "interval_seconds",
     )
     interval_seconds: IntervalSeconds | None = Field(
-        default=None, description="every N seconds, 60 to 31622400 (366 days); give this or cron"
+        default=None, description="every N seconds, 60 to 31622400 (366 days); or give cron"
     )
     time_zone: TimeZone = Field(description="IANA name the cron expression is read in, e.g. Europe/Berlin")
     starts_at: AwareDatetime | None = Field(default=None, description="no firing before this")
     ends_at: AwareDatetime | None = Field(default=None, description="no firing after this")
 
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        _check(cron_problem(value))
-        return value.strip()
-
-    @field_validator("interval_seconds")
-    @classmethod
-    def _interval(cls, value: int | None) -> int | None:
-        if value is not None:
-            _check(interval_problem(value))
-        return value
-
-    @field_validator("time_zone")
-    @classmethod
-    def _time_zone(cls, value: str) -> str:
-        _check(time_zone_problem(value))
-        return value
-
-    @model_validator(mode="after")
-    def _whole(self) -> DefineRecurringExport:
-        problems = definition_problems(
+    def problems(self) -> dict[str, str]:
+        """What is wrong with this definition, by field (empty: it may be stored)."""
+        return definition_problems(
             cron=self.cron,
             interval_seconds=self.interval_seconds,
             time_zone=self.time_zone,
             starts_at=self.starts_at,
             ends_at=self.ends_at,
         )
-        if problems:
-            raise ValueError("; ".join(f"{field}: {why}" for field, why in problems.items()))
-        return self
 
 
 class EditRecurringExport(Body):
     """PATCH /recurring-exports/{id}: fields left out keep their value; giving ``cron`` replaces an interval
-    and ``interval_seconds`` a cron expression; ``starts_at``/``ends_at`` may be null to remove them."""
+    and ``interval_seconds`` a cron expression; ``starts_at``/``ends_at`` may be null to remove them. At least
+    one field; no nulls but those two."""
 
-    model_config = DefineRecurringExport.model_config | {"json_schema_extra": {"minProperties": 1}}
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 1})
 
-    destination_id: UUID | None = None
-    list_name: Name | None = None
-    cron: Cron | None = None
-    interval_seconds: IntervalSeconds | None = None
-    time_zone: TimeZone | None = None
+    destination_id: Annotated[UUID | None, WithJsonSchema(_UUID_SCHEMA)] = None
+    list_name: Annotated[Name | None, WithJsonSchema(_NAME_SCHEMA)] = None
+    cron: Annotated[Cron | None, WithJsonSchema(_CRON_SCHEMA)] = None
+    interval_seconds: Annotated[IntervalSeconds | None, WithJsonSchema(_INTERVAL_SCHEMA)] = None
+    time_zone: Annotated[TimeZone | None, WithJsonSchema(_ZONE_SCHEMA)] = None
     starts_at: AwareDatetime | None = None
     ends_at: AwareDatetime | None = None
 
@@ -114,9 +108,13 @@ class EditRecurringExport(Body):
                 raise ValueError(f"{', '.join(nulls)}: give a value, or leave the field out to keep it")
             if not data:
                 raise ValueError("give at least one field to change")
-            if "cron" in data and "interval_seconds" in data:
-                raise ValueError("give cron or interval_seconds, not both")
         return data
+
+
+def _invalid(problems: dict[str, str]) -> Answer:
+    return refusal(
+        Kind.INVALID, "; ".join(f"{field}: {why}" for field, why in problems.items()), problems=problems
+    )
 
 
 class PauseRecurringExport(Body):
@@ -187,13 +185,16 @@ class RecurringExports:
         forbidden = refused(caller.role, Action.MANAGE_RECURRING)
         if forbidden is not None:
             return forbidden
+        problems = body.problems()
+        if problems:
+            return _invalid(problems)
         try:
             row = await self.store.insert_recurring_export(
                 tenant_id=caller.tenant_id,
                 id=uuid4(),
                 destination_id=body.destination_id,
                 list_name=body.list_name,
-                cron=body.cron,
+                cron=body.cron.strip() if body.cron else None,
                 interval_seconds=body.interval_seconds,
                 time_zone=body.time_zone,
                 starts_at=body.starts_at,
@@ -271,6 +272,8 @@ class RecurringExports:
                 Kind.STALE, f"recurring export {row.id} is at version {row.version} now; read it again"
             )
         given = body.model_fields_set
+        if "cron" in given and "interval_seconds" in given:
+            return _invalid({"cron": "give cron or interval_seconds, not both"})
         cron, interval = row.cron, row.interval_seconds
         if "cron" in given:
             cron, interval = body.cron, None
@@ -282,7 +285,7 @@ class RecurringExports:
         merged: dict[str, Any] = {
             "destination_id": body.destination_id or row.destination_id,
             "list_name": body.list_name or row.list_name,
-            "cron": cron,
+            "cron": cron.strip() if cron else cron,
             "interval_seconds": interval,
             "time_zone": time_zone,
             "starts_at": starts_at,
@@ -292,9 +295,7 @@ class RecurringExports:
             cron=cron, interval_seconds=interval, time_zone=time_zone, starts_at=starts_at, ends_at=ends_at
         )
         if problems:
-            return refusal(
-                Kind.INVALID, "; ".join(f"{field}: {why}" for field, why in problems.items()), errors=problems
-            )
+            return _invalid(problems)
         try:
             edited = await self.store.edit_recurring_export_if_version(
                 tenant_id=caller.tenant_id,
