@@ -9,7 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
+from db.errors import IdempotencyConflict
 from db.stores.recurring import RecurringStatements
 from domain.recurring import FiringOutcome
 from observability.metrics import get_metrics
@@ -35,14 +37,23 @@ class RecurringActivities:
     @activity.defn(name="fire_recurring_export")
     async def fire_recurring_export(self, inp: RecurringFiringInput) -> RecurringFireResult:
         """Create the firing's export, or record why it was skipped; a repeated nominal time is a duplicate."""
-        answer = await self.store.fire_recurring_export(
-            tenant_id=inp.tenant_id,
-            recurring_export_id=inp.recurring_export_id,
-            nominal_time=inp.nominal_time,
-            fired_by=inp.fired_by,
-            late_after_seconds=self.settings.recurring_late_after_seconds,
-            catchup_firings=self.settings.recurring_catchup_firings,
-        )
+        try:
+            answer = await self.store.fire_recurring_export(
+                tenant_id=inp.tenant_id,
+                recurring_export_id=inp.recurring_export_id,
+                nominal_time=inp.nominal_time,
+                fired_by=inp.fired_by,
+                late_after_seconds=self.settings.recurring_late_after_seconds,
+                catchup_firings=self.settings.recurring_catchup_firings,
+            )
+        except IdempotencyConflict as exc:
+            # Only a client's own POST /exports can hold this firing's key for other terms: nothing was
+            # created or recorded, and a retry would find the same; a person reads the failed run.
+            raise ApplicationError(
+                f"the firing's idempotency key names export {exc.job_id}, created for other terms",
+                type="IdempotencyConflict",
+                non_retryable=True,
+            ) from exc
         if answer is None:
             log.warning(
                 "recurring export %s of tenant %s does not exist; firing %s recorded nothing",

@@ -277,3 +277,40 @@ async def test_a_firing_of_a_queued_export_leaves_it_to_the_claim(factory, api_s
     assert answer.outcome == FiringOutcome.CREATED
     facts = await worker_store.read_policy_facts(answer.firing.job_id)
     assert facts is not None and not facts.list_exists and facts.status == JobStatus.QUEUED
+
+
+async def test_a_key_taken_by_the_same_create_is_the_firings_export_and_one_for_other_terms_records_nothing(
+    factory, api_store
+):
+    from db.errors import IdempotencyConflict
+    from rules.fingerprint import create_fingerprint
+
+    row = await recurring(factory, api_store)
+    same, other = now() - timedelta(minutes=1), now()
+    fingerprint = create_fingerprint(
+        tenant_id=row.tenant_id, principal=ADMIN, destination_id=row.destination_id, list_name="newsletter"
+    )
+    earlier = await api_store.create_original(
+        tenant_id=row.tenant_id,
+        destination_id=row.destination_id,
+        list_name="newsletter",
+        created_by=ADMIN,
+        idempotency_key=firing_key(row.id, same),
+        fingerprint=fingerprint,
+    )
+    answer = await fire(api_store, row, same)
+    assert answer.outcome == FiringOutcome.CREATED and answer.firing.job_id == earlier.job_id
+    await factory.cancel(await factory.job(earlier.job_id))
+
+    await api_store.create_original(
+        tenant_id=row.tenant_id,
+        destination_id=row.destination_id,
+        list_name="someone-elses",
+        created_by=ADMIN,
+        idempotency_key=firing_key(row.id, other),
+        fingerprint="forged",
+    )
+    with pytest.raises(IdempotencyConflict):
+        await fire(api_store, row, other)
+    assert [f.nominal_time for f in await api_store.recurring_export_firings(row.tenant_id, row.id)] == [same]
+    assert len(await exports_of(factory, row.tenant_id)) == 2

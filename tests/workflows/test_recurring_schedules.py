@@ -193,8 +193,13 @@ async def test_after_an_outage_at_most_one_missed_firing_runs(firing_worker, fac
     )
     await closed_runs(firing_worker, schedule.id, 4)
 
-    firings = await api_store.recurring_export_firings(caller.tenant_id, recurring_id)
-    assert len(firings) == 4 and all(f.late for f in firings)
+    async def four_recorded():
+        found = await api_store.recurring_export_firings(caller.tenant_id, recurring_id)
+        return found if len(found) >= 4 else None
+
+    firings = await eventually(four_recorded, "four firings recorded", within=WAIT, interval=0.2)
+    assert len(firings) == 4, [(f.nominal_time, f.outcome, f.reason) for f in firings]
+    assert all(f.late for f in firings), [(f.nominal_time, f.recorded_at, f.late) for f in firings]
     assert sum(f.outcome.value == "created" for f in firings) == 1
     assert {f.reason for f in firings if f.reason} <= {SkipReason.OVERLAP, SkipReason.CATCH_UP}
     assert len(await exports_of(factory, caller.tenant_id)) == 1
