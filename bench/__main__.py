@@ -16,6 +16,9 @@ processes: exports/s, latency p50/p95, the ratio to one worker; ``python -m benc
 finished and 100,000 queued exports against an empty one, with their plans; ``python -m bench.scale db -h``),
 ``pgp`` (an encrypted, gzipped, fenced delivery of 1M contacts to OpenSSH sshd against ``psql \\copy | gzip |
 gpg --encrypt`` and ``sftp`` of the same rows, wall and CPU ratios; ``python -m bench.pgp -h``).
+``recurring`` (1,000 recurring exports due in the same minute on the dev server: when the last firing
+starts, when every firing's export exists, and that duplicate firings created nothing twice;
+``python -m bench.recurring -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, dispatch, e2e, obs, pgp, scale, upload
+from bench import builder, bulk_cancel, claims, dispatch, e2e, obs, pgp, recurring, scale, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
@@ -37,6 +40,7 @@ BENCHMARKS = {
     "scale_workers": scale.workers_with_defaults,
     "scale_db": scale.db_with_defaults,
     "pgp": pgp.run_with_defaults,
+    "recurring": recurring.run_with_defaults,
 }
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from chaos.faults import FaultRecord
 from chaos.histories import connect, delivery_fate, job_of_workflow, open_export_jobs, recovery_run, timeline
 from chaos.stack import PRINCIPAL, Exit
 from chaos.textual import normalize
+from domain.recurring import firing_key
 from testbed.gpg import GpgIdentity
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
 
@@ -131,6 +132,10 @@ class Auditor:
         self.attempt_job: dict[str, str] = {}
         self.open_workflow_jobs: set[str] = set()
         self.db_now: float = 0.0
+        self.firings: list[dict[str, Any]] = []  # recurring exports' firings
+        self.recurring_keys: dict[str, list[str]] = defaultdict(
+            list
+        )  # a firing's key -> the exports under it
 
     def violate(self, invariant: str, job_id: str | None, detail: str, **evidence: Any) -> None:
         self.result.violations.append(Violation(invariant, job_id, detail, evidence))
@@ -150,6 +155,7 @@ class Auditor:
             self._cancellations,
             self._client_answers,
             self._idempotency_and_edits,
+            self._recurring_firings,
             self._events_agree_with_status,
             self._http_5xx,
             self._outcomes,
@@ -224,6 +230,16 @@ class Auditor:
                     or {}
                 ).get("s"),
             }
+            self.firings = list(
+                conn.execute(
+                    "SELECT * FROM recurring_export_firings WHERE tenant_id = %(t)s ORDER BY id", tenant
+                )
+            )
+            for row in conn.execute(
+                "SELECT key, job_id FROM idempotency_keys WHERE tenant_id = %(t)s AND key LIKE 'recurring-export-%%'",
+                tenant,
+            ):
+                self.recurring_keys[row["key"]].append(str(row["job_id"]))
             now = conn.execute("SELECT clock_timestamp() AS now").fetchone()
             assert now is not None
             self.db_now = now["now"].timestamp()
@@ -691,6 +707,44 @@ class Auditor:
                     self.violate("terms_edit", record.job_id, f"a stale If-Match answered {edit.status}")
         self.result.counts["edits"] = dict(edits)
         self.result.counts["duplicate_creates"] = dict(duplicates)
+
+    def _recurring_firings(self) -> None:
+        """No firing created two exports: one firing row per recurring export and nominal time, each created
+        one names an export that exists and whose idempotency key is that firing's (schedule ID @ nominal
+        time), no key names two exports, no export is named by two firings, and every export made under a
+        firing's key has its firing recorded (the export and its firing commit together)."""
+        seen: set[tuple[str, str]] = set()
+        by_job: Counter[str] = Counter()
+        created_keys: set[str] = set()
+        for firing in self.firings:
+            recurring, nominal = str(firing["recurring_export_id"]), firing["nominal_time"]
+            if (recurring, nominal.isoformat()) in seen:
+                self.violate("recurring_firing", None, f"two firings recorded for {recurring} at {nominal}")
+            seen.add((recurring, nominal.isoformat()))
+            if firing["outcome"] != "created":
+                continue
+            job_id = str(firing["job_id"])
+            by_job[job_id] += 1
+            key = firing_key(firing["recurring_export_id"], nominal)
+            created_keys.add(key)
+            if job_id not in self.jobs:
+                self.violate(
+                    "recurring_firing", job_id, f"firing of {recurring} at {nominal} names no export"
+                )
+            if self.recurring_keys.get(key) != [job_id]:
+                self.violate("recurring_firing", job_id,
+                             f"firing key {key} names exports {self.recurring_keys.get(key)}, not {job_id}")  # fmt: skip
+        for job_id, n in by_job.items():
+            if n > 1:
+                self.violate("recurring_firing", job_id, f"{n} firings created the same export")
+        for key, jobs in self.recurring_keys.items():
+            if len(jobs) > 1:
+                self.violate("recurring_firing", jobs[0], f"key {key} names {len(jobs)} exports")
+            if key not in created_keys:
+                self.violate("recurring_firing", jobs[0], f"export made under {key} has no firing recorded")
+        outcomes = Counter(f["outcome"] + (f" ({f['reason']})" if f["reason"] else "") for f in self.firings)
+        self.result.counts["recurring_firings"] = dict(outcomes.most_common())
+        self.result.counts["recurring_exports_created"] = sum(by_job.values())
 
     def _events_agree_with_status(self) -> None:
         """The row's status is the one its attempt's last transition event says."""

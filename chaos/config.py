@@ -32,6 +32,7 @@ class SoakConfig:
     ``settle`` bounds the wait for recovery afterwards."""
 
     exports: int = 300
+    recurring: int = 3  # recurring exports defined through the API, firing every minute during the load
     seed: int = 1
     workers: int = 3
     duration: float | None = None  # default: derived from ``exports``

@@ -23,6 +23,7 @@ from chaos.config import SoakConfig
 from chaos.driver import Driver
 from chaos.faults import FaultInjector
 from chaos.plan import make_plan
+from chaos.recurring import ADMIN, RecurringLoad
 from chaos.report import build_report
 from chaos.stack import Stack
 
@@ -52,6 +53,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
     stack = Stack(config, run_dir)
     harness: list[str] = []
     api: ApiClient | None = None
+    admin_api: ApiClient | None = None
     board: StatusBoard | None = None
     drive: asyncio.Task[None] | None = None
     try:
@@ -62,6 +64,17 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         board = StatusBoard(api)
         board.start()
         client = await Client.connect(stack.temporal.address)
+        from service.auth import mint_token
+
+        admin_token = await mint_token(
+            stack.admin_url, tenant_id=stack.tenant_id, principal=ADMIN, role="admin"
+        )
+        admin_api = ApiClient(stack.api_url, admin_token)
+        recurring = RecurringLoad(
+            admin_api, client, str(stack.destination_id), count=config.recurring, list_name="tiny"
+        )
+        await recurring.define()
+        say(f"{len(recurring.records.defined)} recurring exports defined, firing every minute")
         t0 = time.monotonic()
         load = config.load_seconds
         hard_deadline = t0 + load + config.settle
@@ -82,8 +95,15 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         reporter = asyncio.create_task(
             _report_progress(say, driver, board, injector, api, len(plan.exports), loads)
         )
+        duplicates = asyncio.create_task(recurring.duplicates(until=t0 + load), name="recurring-duplicates")
         await injector.run()
         await asyncio.sleep(max(0.0, t0 + load - time.monotonic()))
+        duplicates.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await duplicates
+        await stack.ensure_all_running()
+        await recurring.delete_all()  # the exports they made are untouched, and settle like the others
+        say(f"recurring exports: {recurring.summary()}")
         timings["load"] = time.monotonic() - t0
         load_ended_at = time.time()
 
@@ -102,6 +122,12 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await drive
         harness += driver.errors
+        harness += [f"recurring: {e}" for e in recurring.records.errors if e.startswith("define")]
+        harness += [
+            f"recurring: delete of {r} answered {status}"
+            for r, status in recurring.records.deletions.items()
+            if status != 200
+        ]
 
         say("auditing: database, partner watch, client answers, API log, workflow histories")
         audit_started = time.monotonic()
@@ -164,6 +190,8 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
             await board.stop()
         if api is not None:
             await api.aclose()
+        if admin_api is not None:
+            await admin_api.aclose()
         say("stopping everything the soak started")
         await stack.stop()
 

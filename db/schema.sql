@@ -270,6 +270,34 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.recurring_export_firings_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'the firings of recurring exports are history: append-only'
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE FUNCTION public.recurring_exports_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'recurring exports are never deleted; record the deletion instead'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NEW.tenant_id <> OLD.tenant_id OR NEW.id <> OLD.id OR NEW.created_by <> OLD.created_by
+       OR NEW.created_at <> OLD.created_at THEN
+        RAISE EXCEPTION 'recurring export % identity columns never change', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_recurring_exports_identity';
+    END IF;
+    IF OLD.deleted_at IS NOT NULL THEN
+        RAISE EXCEPTION 'recurring export % was deleted and is final', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_recurring_exports_deleted_final';
+    END IF;
+    RETURN NEW;
+END $$;
+
 CREATE TABLE public.api_tokens (
     token_sha256 bytea NOT NULL,
     tenant_id uuid NOT NULL,
@@ -574,6 +602,65 @@ CREATE TABLE public.principals (
     CONSTRAINT principals_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text])))
 );
 
+CREATE TABLE public.recurring_export_firings (
+    tenant_id uuid NOT NULL,
+    recurring_export_id uuid NOT NULL,
+    nominal_time timestamp with time zone NOT NULL,
+    id bigint NOT NULL,
+    outcome text NOT NULL,
+    reason text,
+    message text NOT NULL,
+    job_id uuid,
+    late boolean NOT NULL,
+    fired_by text NOT NULL,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT ck_recurring_export_firings_outcome CHECK ((((outcome = 'created'::text) AND (reason IS NULL) AND (job_id IS NOT NULL)) OR ((outcome = 'skipped'::text) AND (reason IS NOT NULL) AND ((job_id IS NULL) OR (reason = 'overlap'::text))))),
+    CONSTRAINT recurring_export_firings_fired_by_check CHECK (((length(fired_by) >= 1) AND (length(fired_by) <= 400))),
+    CONSTRAINT recurring_export_firings_message_check CHECK (((length(message) >= 1) AND (length(message) <= 2000))),
+    CONSTRAINT recurring_export_firings_outcome_check CHECK ((outcome = ANY (ARRAY['created'::text, 'skipped'::text]))),
+    CONSTRAINT recurring_export_firings_reason_check CHECK ((reason = ANY (ARRAY['overlap'::text, 'deliveries_paused'::text, 'recurring_paused'::text, 'recurring_deleted'::text, 'catch_up'::text, 'outside_window'::text, 'list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text])))
+);
+
+ALTER TABLE public.recurring_export_firings ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.recurring_export_firings_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.recurring_exports (
+    tenant_id uuid NOT NULL,
+    id uuid NOT NULL,
+    destination_id uuid NOT NULL,
+    list_name text NOT NULL,
+    cron text,
+    interval_seconds integer,
+    time_zone text NOT NULL,
+    starts_at timestamp with time zone,
+    ends_at timestamp with time zone,
+    paused boolean DEFAULT false NOT NULL,
+    paused_reason text,
+    deleted_at timestamp with time zone,
+    deleted_by text,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_by text NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    CONSTRAINT ck_recurring_exports_deleted CHECK (((deleted_at IS NULL) = (deleted_by IS NULL))),
+    CONSTRAINT ck_recurring_exports_paused CHECK ((paused OR (paused_reason IS NULL))),
+    CONSTRAINT ck_recurring_exports_when CHECK (((cron IS NULL) <> (interval_seconds IS NULL))),
+    CONSTRAINT ck_recurring_exports_window CHECK (((starts_at IS NULL) OR (ends_at IS NULL) OR (ends_at > starts_at))),
+    CONSTRAINT recurring_exports_cron_check CHECK (((length(cron) >= 1) AND (length(cron) <= 200))),
+    CONSTRAINT recurring_exports_interval_seconds_check CHECK (((interval_seconds >= 60) AND (interval_seconds <= 31622400))),
+    CONSTRAINT recurring_exports_list_name_check CHECK (((length(list_name) >= 1) AND (length(list_name) <= 200))),
+    CONSTRAINT recurring_exports_paused_reason_check CHECK (((length(paused_reason) >= 1) AND (length(paused_reason) <= 1000))),
+    CONSTRAINT recurring_exports_time_zone_check CHECK (((length(time_zone) >= 1) AND (length(time_zone) <= 64))),
+    CONSTRAINT recurring_exports_version_check CHECK ((version >= 1))
+);
+
 CREATE TABLE public.schema_migrations (
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
@@ -640,6 +727,12 @@ ALTER TABLE ONLY public.outcome_corrections
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT pk_principals PRIMARY KEY (tenant_id, name);
 
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT pk_recurring_export_firings PRIMARY KEY (tenant_id, recurring_export_id, nominal_time);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT pk_recurring_exports PRIMARY KEY (tenant_id, id);
+
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (name);
 
@@ -657,6 +750,12 @@ ALTER TABLE ONLY public.destinations
 
 ALTER TABLE ONLY public.export_jobs
     ADD CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id);
+
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT uq_recurring_export_firings_id UNIQUE (id);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT uq_recurring_exports_id UNIQUE (id);
 
 CREATE INDEX ix_attempt_events_job ON public.export_attempt_events USING btree (job_id, id);
 
@@ -696,11 +795,19 @@ CREATE INDEX ix_outbox_deferred ON public.outbox USING btree (available_at) WHER
 
 CREATE INDEX ix_outbox_unpublished ON public.outbox USING btree (created_at) WHERE (published_at IS NULL);
 
+CREATE INDEX ix_recurring_export_firings_created ON public.recurring_export_firings USING btree (tenant_id, recurring_export_id, id DESC) WHERE (outcome = 'created'::text);
+
+CREATE INDEX ix_recurring_export_firings_recent ON public.recurring_export_firings USING btree (tenant_id, recurring_export_id, id DESC);
+
+CREATE INDEX ix_recurring_exports_tenant_created ON public.recurring_exports USING btree (tenant_id, created_at DESC, id);
+
 CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING btree (job_id, attempt_id, kind) WHERE (kind <> 'DeliveryEvidence'::text);
 
 CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING btree (tenant_id, replaces_job_id) WHERE ((replaces_job_id IS NOT NULL) AND ((status <> ALL (ARRAY['Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text])) OR (failure_reason = 'OriginalDelivered'::text)));
 
 CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btree (tenant_id, delivery_key) WHERE (replaces_job_id IS NULL);
+
+CREATE UNIQUE INDEX uq_recurring_export_firings_job ON public.recurring_export_firings USING btree (job_id) WHERE (outcome = 'created'::text);
 
 CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_changes_append_only();
 
@@ -729,6 +836,10 @@ CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
 
 CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH ROW EXECUTE FUNCTION public.principals_guard();
+
+CREATE TRIGGER tr_recurring_export_firings_append_only BEFORE DELETE OR UPDATE ON public.recurring_export_firings FOR EACH ROW EXECUTE FUNCTION public.recurring_export_firings_append_only();
+
+CREATE TRIGGER tr_recurring_exports_guard BEFORE DELETE OR UPDATE ON public.recurring_exports FOR EACH ROW EXECUTE FUNCTION public.recurring_exports_guard();
 
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
@@ -799,8 +910,23 @@ ALTER TABLE ONLY public.idempotency_keys
 ALTER TABLE ONLY public.outcome_corrections
     ADD CONSTRAINT fk_outcome_corrections_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
 
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT fk_recurring_export_firings_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
+
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT fk_recurring_export_firings_recurring FOREIGN KEY (tenant_id, recurring_export_id) REFERENCES public.recurring_exports(tenant_id, id);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT fk_recurring_exports_creator FOREIGN KEY (tenant_id, created_by) REFERENCES public.principals(tenant_id, name);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT fk_recurring_exports_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT principals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT recurring_exports_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 REVOKE ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
@@ -967,6 +1093,38 @@ GRANT SELECT ON TABLE public.principals TO exports_worker;
 GRANT SELECT ON TABLE public.principals TO exports_api;
 
 GRANT UPDATE(name) ON TABLE public.principals TO exports_worker;
+
+GRANT SELECT,INSERT ON TABLE public.recurring_export_firings TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(destination_id) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(list_name) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(cron) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(interval_seconds) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(time_zone) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(starts_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(ends_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(paused) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(paused_reason) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(deleted_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(deleted_by) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(updated_by) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(updated_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(version) ON TABLE public.recurring_exports TO exports_api;
 
 GRANT SELECT ON TABLE public.schema_migrations TO exports_api;
 GRANT SELECT ON TABLE public.schema_migrations TO exports_worker;

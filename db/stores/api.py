@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from db.stores.ledger import LedgerStatements
+from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
 from db.stores.sessions import SessionStatements
 from db.stores.switches import SwitchStatements
 
 
-class ApiStore(RequestStatements, LedgerStatements, SwitchStatements, SessionStatements):
-    """The API's store: creation, edits, the cancellation ledger, switches, sessions, and the reads."""
+class ApiStore(RequestStatements, LedgerStatements, SwitchStatements, SessionStatements, RecurringStatements):
+    """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
+    their firings, and the reads."""

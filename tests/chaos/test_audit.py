@@ -477,3 +477,42 @@ def test_a_completed_encrypted_file_is_decrypted_and_checked_against_the_recorde
     assert {name for job in auditor.jobs.values() for name in [auditor._final_name(job)]} == {
         p.name for p in tmp_path.glob("*.pgp")
     }
+
+
+def firing(
+    recurring_id: uuid.UUID, nominal: datetime, job: dict[str, Any] | None, reason: str | None = None
+) -> dict:
+    return {
+        "recurring_export_id": recurring_id,
+        "nominal_time": nominal,
+        "outcome": "created" if job else "skipped",
+        "reason": reason,
+        "job_id": job["id"] if job else None,
+    }
+
+
+def test_a_recurring_firing_that_created_two_exports_is_a_violation(tmp_path: Path) -> None:
+    from domain.recurring import firing_key
+
+    auditor = make_auditor(tmp_path)
+    recurring_id = uuid.uuid4()
+    one, two = add_job(auditor, "Completed"), add_job(auditor, "Completed")
+    auditor.firings = [
+        firing(recurring_id, NOW, one),
+        firing(recurring_id, NOW + timedelta(minutes=1), None, "overlap"),
+    ]
+    auditor.recurring_keys[firing_key(recurring_id, NOW)] = [str(one["id"])]
+    auditor._recurring_firings()
+    assert invariants(auditor) == []
+    assert auditor.result.counts["recurring_firings"] == {"created": 1, "skipped (overlap)": 1}
+
+    auditor.recurring_keys[firing_key(recurring_id, NOW)].append(str(two["id"]))  # a second export, same key
+    auditor._recurring_firings()
+    assert "recurring_firing" in invariants(auditor)
+
+    auditor.result.violations.clear()
+    auditor.recurring_keys.clear()
+    auditor.recurring_keys[firing_key(recurring_id, NOW)] = [str(one["id"])]
+    auditor.recurring_keys[firing_key(recurring_id, NOW + timedelta(hours=1))] = [str(two["id"])]  # no firing
+    auditor._recurring_firings()
+    assert invariants(auditor) == ["recurring_firing"]
