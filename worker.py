@@ -57,6 +57,7 @@ from runtime.drain import HostWorkers, serve_then_drain
 from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
 from runtime.search_attributes import register_search_attributes
+from runtime.temporal_calls import until_temporal_answers
 from service.recurring_schedules import ScheduleSync
 from service.temporal import ADDRESS as TEMPORAL_ADDRESS
 from service.temporal import NAMESPACE as TEMPORAL_NAMESPACE
@@ -248,9 +249,14 @@ async def run_worker(
         await wait_for_postgres(settings.database_url, START_RETRY_SECONDS, what="the worker")
     except StoreError as exc:
         raise PostgresUnreachable(str(exc)) from exc
-    search_attributes = await register_search_attributes(client, client.namespace)
+    within = settings.temporal_connect_timeout_seconds
+    search_attributes = await until_temporal_answers(
+        lambda: register_search_attributes(client, client.namespace), "search attributes", within=within
+    )
     if schedules:
-        await ensure_schedules(client, settings)
+        await until_temporal_answers(
+            lambda: ensure_schedules(client, settings), "the Schedules", within=within
+        )
 
     async with contextlib.AsyncExitStack() as resources:
         export = await open_export_activities(
