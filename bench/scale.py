@@ -493,6 +493,7 @@ def cutoff2_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float) ->
         "length": 40_123,
         "sha256": b"\x01" * 32,
         "rows": 400,
+        "destination_version": 1,  # the version the build read, as the worker passes it (issue #24.2)
         "lease_seconds": lease_seconds,
     }
 

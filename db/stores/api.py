@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from db.stores.destinations import DestinationStatements
 from db.stores.ledger import LedgerStatements
 from db.stores.requests import RequestStatements
 from db.stores.sessions import SessionStatements
 from db.stores.switches import SwitchStatements
 
 
-class ApiStore(RequestStatements, LedgerStatements, SwitchStatements, SessionStatements):
-    """The API's store: creation, edits, the cancellation ledger, switches, sessions, and the reads."""
+class ApiStore(
+    RequestStatements, LedgerStatements, SwitchStatements, SessionStatements, DestinationStatements
+):
+    """The API's store: creation, edits, the cancellation ledger, switches, sessions, destinations, and the
+    reads."""

@@ -156,9 +156,12 @@ class ProtocolStatements(Reads):
         length: int,
         sha256: bytes,
         rows: int | None = None,
+        destination_version: int | None = None,
     ) -> AuthorizationResult:
         """Cutoff 2, reporting why delivery was refused from the statement's own answer (or, when that
-        answer was lost, from a re-read)."""
+        answer was lost, from a re-read). ``destination_version`` is the version of the destination the build
+        read: cutoff 2 authorizes delivery only while nothing a delivery uses changed since (``None``: not
+        checked, for callers that built nothing from the destination; the worker always passes it)."""
         answers = await self._unless_lost(
             "authorize_delivery_if_running",
             {
@@ -170,6 +173,7 @@ class ProtocolStatements(Reads):
                 "length": length,
                 "sha256": sha256,
                 "rows": rows,
+                "destination_version": destination_version,
                 "lease_seconds": self.lease_seconds,
             },
             CutoffAnswer,
@@ -196,6 +200,7 @@ class ProtocolStatements(Reads):
             destination_usable=found.destination_usable,
             deliveries_open=found.deliveries_open,
             policy_allows=found.policy_allows,
+            destination_unchanged=found.destination_unchanged,
         )
 
     async def renew_lease(self, job_id: UUID, attempt_id: UUID) -> Renewal:
