@@ -116,6 +116,10 @@ class NameRow(Row):
     name: str
 
 
+class RoleRow(Row):
+    role: str
+
+
 class DestinationName(Row):
     """A destination for display: never its credential reference."""
 

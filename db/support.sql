@@ -160,6 +160,12 @@ SELECT d.id, d.version, to_jsonb(d) AS settings,
 FROM destinations d
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
 
+-- name: principal_role
+-- The role a principal of the tenant holds, while it is not revoked (the command line acts as a named
+-- principal, and a destination's change is an admin's).
+SELECT role FROM principals
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s AND revoked_at IS NULL;
+
 -- name: destination_versions_of
 -- A destination's recorded versions, newest first (only if it is the tenant's): who changed what, when and
 -- why, with the rows before and after.

@@ -19,6 +19,7 @@ from db.rows import (
     DestinationRecord,
     DestinationRetirement,
     DestinationVersion,
+    RoleRow,
 )
 from db.stores.base import StoreBase
 
@@ -117,3 +118,8 @@ class DestinationStatements(StoreBase):
             {"tenant_id": tenant_id, "destination_id": destination_id, "limit": limit},
             DestinationVersion,
         )
+
+    async def principal_role(self, tenant_id: UUID, name: str) -> str | None:
+        """The role ``name`` holds in the tenant, or ``None`` when it is not a principal or is revoked."""
+        row = await self._row("principal_role", {"tenant_id": tenant_id, "name": name}, RoleRow)
+        return row.role if row else None
