@@ -78,21 +78,18 @@ _SUFFIX_OR_NULL: dict[str, Any] = {
 NULLABLE = frozenset({"ack_suffix", "contract_ends_on"})
 
 
-def _no_key_material(value: str | None, field: str) -> str | None:
-    if value is not None and _KEY_MATERIAL.search(value):
-        # Never repeats the value: it may be the secret itself.
-        raise ValueError(f"{field} must be a reference to a secret (a key file's path), never the secret")
-    return value
-
-
-def _pinned_key(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if "PRIVATE" in value.upper() or host_key_blob(value) is None:
-        raise ValueError(
-            "host_key must be the server's public key line, '<type> <base64>', as ssh-keyscan prints it"
-        )
-    return value
+def _edit_schema(schema: dict[str, Any], model: Any = None) -> None:
+    """The published schema of a PATCH body says what the server enforces: the reason and at least one field
+    (``minProperties``), and a field other than the nullable ones takes a value, never null."""
+    schema["minProperties"] = 2
+    for name, prop in schema.get("properties", {}).items():
+        if name in NULLABLE or "anyOf" not in prop:
+            continue
+        kept = [option for option in prop["anyOf"] if option.get("type") != "null"]
+        if len(kept) == 1:
+            rest = {k: v for k, v in prop.items() if k not in ("anyOf", "default")}
+            prop.clear()
+            prop.update({**kept[0], **rest})
 
 
 class DestinationFields(BaseModel):
@@ -120,12 +117,6 @@ class DestinationFields(BaseModel):
     contract_starts_on: Annotated[date | None, WithJsonSchema(_DATE_OR_NULL)] = None
     contract_ends_on: Annotated[date | None, WithJsonSchema(_DATE_OR_NULL)] = None
 
-    @model_validator(mode="after")
-    def _references_and_keys(self) -> DestinationFields:
-        _no_key_material(self.credential_ref, "credential_ref")
-        _pinned_key(self.host_key)
-        return self
-
 
 class CreateDestination(DestinationFields):
     """POST /destinations: a new partner destination of your tenant. It starts paused (resume it with POST
@@ -146,19 +137,12 @@ class CreateDestination(DestinationFields):
     temporary_files: TemporaryFiles = "keep"
     reason: Reason = Field(default="created", description="Why (recorded with the first version)")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> CreateDestination:
-        problem = contract_problem(self.model_dump(exclude={"reason"}))
-        if problem:
-            raise ValueError(problem)
-        return self
-
 
 class EditDestination(DestinationFields):
     """PATCH /destinations/{id}: the fields to change (a field left out keeps its value; ``ack_suffix`` and
     ``contract_ends_on`` may be null to clear them) and why. At least one field besides the reason."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 2})
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_edit_schema)
 
     reason: Reason
 
@@ -193,8 +177,23 @@ class RetireDestination(BaseModel):
     reason: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON, pattern=REASON_PATTERN)]
 
 
+def value_problem(fields: Mapping[str, Any]) -> str | None:
+    """What the schema cannot see inside a value given (``None``: nothing): key material where a reference
+    belongs, a host key that is not a public key line. It answers 422 with a ``detail`` and no ``errors``,
+    before anything is written (the database refuses key material in a reference too). A message never
+    repeats a value: one refused here may be the secret itself."""
+    reference = fields.get("credential_ref")
+    if isinstance(reference, str) and _KEY_MATERIAL.search(reference):
+        return "credential_ref must be a reference to a secret (a key file's path on the worker host), never the secret"
+    host_key = fields.get("host_key")
+    if isinstance(host_key, str) and ("PRIVATE" in host_key.upper() or host_key_blob(host_key) is None):
+        return "host_key must be the server's public key line, '<type> <base64>', as ssh-keyscan prints it"
+    return None
+
+
 def contract_problem(row: Mapping[str, Any]) -> str | None:
-    """What the database's checks would refuse in a destination's contract, said in words (or ``None``)."""
+    """What does not hold between a destination's fields (``None``: it holds), which the schema cannot say:
+    the acknowledgment suffix goes with its evidence kind, the contract ends no earlier than it starts."""
     if (row.get("hash_evidence") == "ack_file") != (row.get("ack_suffix") is not None):
         return "ack_suffix is required with hash_evidence 'ack_file', and only with it"
     starts, ends = row.get("contract_starts_on"), row.get("contract_ends_on")
@@ -317,6 +316,10 @@ class Destinations:
             )
         if not _IDEMPOTENCY_KEY.match(idempotency_key):
             return refusal(Kind.MALFORMED, "Idempotency-Key must be 1-200 visible ASCII characters")
+        given = body.model_dump(mode="json", exclude={"reason"})
+        problem = value_problem(given) or contract_problem(given)
+        if problem:
+            return refusal(Kind.INVALID, problem)
         fingerprint = request_fingerprint(caller, body)
         fields = body.model_dump(exclude={"reason", "contract_starts_on", "contract_ends_on"})
         for attempt in range(2):
@@ -409,7 +412,7 @@ class Destinations:
                 },
                 version=record.version,
             )
-        problem = contract_problem({**current, **changes})
+        problem = value_problem(changes) or contract_problem({**current, **changes})
         if problem:
             return refusal(Kind.INVALID, problem)
         try:

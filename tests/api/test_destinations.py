@@ -422,7 +422,7 @@ async def test_the_command_line_refuses_a_secret_as_a_reference_without_repeatin
         tenant=acme.id,
         principal="ada.admin@acme",
     )
-    assert code == 2 and "credential_ref" in err
+    assert code == 2 and "credential_ref must be a reference" in out + err
     assert "c2VjcmV0" not in out + err
 
 
