@@ -179,7 +179,8 @@ class PrepareActivity:
                         job,
                         attempt,
                         ReleaseCause.DESTINATION_CHANGED,
-                        f"cutoff 2: the destination changed since version {destination_version} was built for",
+                        f"cutoff 2: the destination's delivery terms changed after version {destination_version},"
+                        " which this file was built for",
                     )
                     return given_back.model_copy(update={"cutoff_answers": answers})
                 if answer == AuthorizationResult.POLICY_DENIED:
