@@ -242,7 +242,10 @@ class RecoveryActivities:
         attempt's own receipts, and, in place of an OutcomeUnknown, its temporary file set aside. ``None``
         when the row moved on before the set-aside."""
         assert job.attempt_id is not None
-        destination = await self.store.load_destination(job.tenant_id, job.destination_id)
+        # The partner the attempt was authorized to deliver to, whatever the destination says since (#24.2).
+        destination = await self.store.load_destination(
+            job.tenant_id, job.destination_id, job.destination_version
+        )
         evidence = attempt_evidence(await self.store.job_events(job.id), job.attempt_id)
         observation, error = await self._observe_final_name(destination, job, tries)
         # What recovery saw is kept whatever it decides, under the recovery run's ID.
@@ -250,7 +253,10 @@ class RecoveryActivities:
             job.id,
             job.attempt_id,
             run_id,
-            observation_evidence(observation, job, destination.id, error),
+            {
+                **observation_evidence(observation, job, destination.id, error),
+                "destination_version": destination.version,
+            },
         )
         verdict = decide_delivery(job, evidence, observation, destination, observe_error=error)
         if may_set_aside(job, verdict, observation):
@@ -416,7 +422,9 @@ class RecoveryActivities:
             job = await self.store.get_job(job_id)
             if job is None:
                 return
-            destination = await self.store.load_destination(job.tenant_id, job.destination_id)
+            destination = await self.store.load_destination(
+                job.tenant_id, job.destination_id, job.destination_version
+            )
             if destination.temporary_files != "remove":
                 return
             if not await self.store.delivery_scope_open(job.tenant_id, job.destination_id):

@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from api import console, recurring, routes, switches
+from api import console, destinations, recurring, routes, switches
 from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError, translate
 from observability.health import health_router, instrument_fastapi, standard_readiness
@@ -158,8 +158,9 @@ def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync 
 
     app.include_router(routes.router)
     app.include_router(routes.batches)
-    app.include_router(routes.destinations)
+    app.include_router(destinations.router)
     app.include_router(console.router)
+    app.include_router(destinations.console_router)
     app.include_router(switches.router)
     app.include_router(switches.console_router)
     app.include_router(recurring.router)

@@ -33,7 +33,6 @@ from service.exports import (
 from service.outcomes import Answer, Kind
 
 router = APIRouter(prefix="/exports", tags=["exports"])
-destinations = APIRouter(prefix="/destinations", tags=["exports"])
 batches = APIRouter(prefix="/cancellation-batches", tags=["bulk cancel"])
 
 CallerDep = Annotated[Caller, Depends(authenticate)]
@@ -288,35 +287,6 @@ async def correct_export(
     export_id: UUID, body: CorrectExport, caller: CallerDep, ops: ExportsDep
 ) -> JSONResponse:
     return respond(await ops.correct(caller, export_id, body))
-
-
-@destinations.get(
-    "",
-    operation_id="list_destinations",
-    summary="Your tenant's destinations: the destination_id an export or a bulk cancel names",
-    responses={
-        200: {
-            "description": "The destinations, by ID and name",
-            "links": {
-                "CreateExport": {
-                    "operationId": "create_export",
-                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
-                },
-                "PreviewBulkCancel": {
-                    "operationId": "preview_bulk_cancel",
-                    "parameters": {"destination_id": "$response.body#/destinations/0/id"},
-                },
-                "BulkCancel": {
-                    "operationId": "bulk_cancel",
-                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
-                },
-            },
-        },
-        **ERRORS,
-    },
-)
-async def list_destinations(caller: CallerDep, ops: ExportsDep) -> JSONResponse:
-    return respond(await ops.destinations(caller))
 
 
 # -- bulk cancel ----------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class CutoffAnswer(Row):
     policy_allows: (
         bool  # the creator may still export the list (principal read FOR SHARE), and it has contacts
     )
+    destination_unchanged: bool = True  # nothing a delivery uses changed since the version the build read
 
 
 class FenceAnswer(Row):
@@ -115,6 +116,10 @@ class NameRow(Row):
     name: str
 
 
+class RoleRow(Row):
+    role: str
+
+
 class DestinationName(Row):
     """A destination for display: never its credential reference."""
 
@@ -123,6 +128,62 @@ class DestinationName(Row):
     host: str
     port: int
     remote_dir: str
+    version: int = 1
+    retired_at: datetime | None = None
+
+
+class CreatedDestination(Row):
+    """``create_destination``'s answer: the destination created now, or the one an earlier request with the
+    same Idempotency-Key created (``replayed``), with that request's fingerprint."""
+
+    destination_id: UUID
+    replayed: bool
+    fingerprint: str | None
+
+
+class DestinationEdit(Row):
+    """``edit_destination_if_version``'s answer: whether it matched, the version the row is at, the fields that
+    changed and whether a delivery term was among them; unmatched, whether the destination is retired."""
+
+    matched: bool
+    version: int
+    changed_fields: list[str]
+    delivery_changed: bool
+    retired_at: datetime | None
+
+
+class DestinationRetirement(Row):
+    """``retire_destination``'s answer: whether this call retired it, the version, and the retirement."""
+
+    matched: bool
+    version: int
+    retired_at: datetime | None
+    retired_by: str | None
+
+
+class DestinationRecord(Row):
+    """One destination as it is now: every column as JSON (``settings``, for display after references are
+    masked), and its switch (``None``: never enabled, so paused)."""
+
+    id: UUID
+    version: int
+    settings: dict[str, Any]
+    enabled: bool | None
+
+
+class DestinationVersion(Row):
+    """One recorded version of a destination and the change that made it."""
+
+    version: int
+    change: str
+    changed_by: str
+    changed_role: str
+    reason: str
+    changed_at: datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any]
+    changed_fields: list[str]
+    delivery_changed: bool
 
 
 class LedgerAnswer(ExportJob):

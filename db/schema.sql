@@ -73,18 +73,102 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE TABLE public.destinations (
+    id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    name text NOT NULL,
+    host text NOT NULL,
+    port integer NOT NULL,
+    username text NOT NULL,
+    host_key text NOT NULL,
+    credential_ref text NOT NULL,
+    remote_dir text NOT NULL,
+    name_and_size_identify boolean DEFAULT false NOT NULL,
+    hash_evidence text DEFAULT 'none'::text NOT NULL,
+    ack_suffix text,
+    max_write_request integer DEFAULT 32768 NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    contract_starts_on date DEFAULT ((clock_timestamp() AT TIME ZONE 'UTC'::text))::date NOT NULL,
+    contract_ends_on date,
+    retired_at timestamp with time zone,
+    retired_by text,
+    temporary_files text DEFAULT 'keep'::text NOT NULL,
+    csv_header boolean DEFAULT true NOT NULL,
+    csv_delimiter text DEFAULT ','::text NOT NULL,
+    csv_columns text[] DEFAULT ARRAY['email'::text, 'first_name'::text, 'last_name'::text] NOT NULL,
+    compression text DEFAULT 'none'::text NOT NULL,
+    pgp_recipient_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    pgp_signing_key_ref text,
+    version integer DEFAULT 1 NOT NULL,
+    delivery_version integer DEFAULT 1 NOT NULL,
+    CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
+    CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
+    CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
+    CONSTRAINT ck_destinations_credential_ref CHECK ((((length(credential_ref) >= 1) AND (length(credential_ref) <= 1000)) AND (credential_ref !~ '[[:cntrl:]]'::text) AND (credential_ref !~~ '%-----BEGIN%'::text) AND (credential_ref !~~ '%PRIVATE KEY%'::text))),
+    CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
+    CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
+    CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
+    CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
+    CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
+    CONSTRAINT ck_destinations_temporary_files CHECK ((temporary_files = ANY (ARRAY['keep'::text, 'remove'::text]))),
+    CONSTRAINT ck_destinations_version CHECK (((version >= 1) AND ((delivery_version >= 1) AND (delivery_version <= version)))),
+    CONSTRAINT destinations_hash_evidence_check CHECK ((hash_evidence = ANY (ARRAY['none'::text, 'read_back'::text, 'ack_file'::text]))),
+    CONSTRAINT destinations_max_write_request_check CHECK (((max_write_request >= 1024) AND (max_write_request <= 261120))),
+    CONSTRAINT destinations_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT destinations_port_check CHECK (((port >= 1) AND (port <= 65535)))
+);
+
+CREATE FUNCTION public.destination_delivery_terms(d public.destinations) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+SELECT to_jsonb(d) - ARRAY['name', 'created_at', 'contract_starts_on', 'contract_ends_on', 'retired_at',
+                           'retired_by', 'version', 'delivery_version']
+$$;
+
+CREATE FUNCTION public.destinations_change_recorded() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM destination_versions v
+        WHERE v.tenant_id = NEW.tenant_id AND v.destination_id = NEW.id AND v.version = NEW.version) THEN
+        RAISE EXCEPTION 'destination %: version % must commit with its record in destination_versions',
+                NEW.id, NEW.version
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_change_recorded';
+    END IF;
+    RETURN NULL;
+END $$;
+
 CREATE FUNCTION public.destinations_guard() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := 1;
+        NEW.delivery_version := 1;
+        RETURN NEW;
+    END IF;
     IF current_user = 'exports_worker' THEN
         RAISE EXCEPTION 'exports_worker reads destinations, it never changes them'
             USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_destinations_writer';
     END IF;
-    IF NEW.id <> OLD.id OR NEW.tenant_id <> OLD.tenant_id THEN
+    IF NEW.id <> OLD.id OR NEW.tenant_id <> OLD.tenant_id OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
         RAISE EXCEPTION 'destination % never changes its identity', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_identity';
     END IF;
+    IF OLD.retired_at IS NOT NULL
+       AND (NEW.retired_at IS DISTINCT FROM OLD.retired_at OR NEW.retired_by IS DISTINCT FROM OLD.retired_by) THEN
+        RAISE EXCEPTION 'destination % was retired on %: a retirement is final', OLD.id, OLD.retired_at
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_retirement_final';
+    END IF;
+    IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
+        RAISE EXCEPTION 'destination % is at version %: a change writes version %, one step at a time',
+                OLD.id, OLD.version, OLD.version + 1
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_version_step';
+    END IF;
+    NEW.delivery_version := CASE
+        WHEN destination_delivery_terms(NEW) IS DISTINCT FROM destination_delivery_terms(OLD) THEN NEW.version
+        ELSE OLD.delivery_version END;
     RETURN NEW;
 END $$;
 
@@ -116,6 +200,17 @@ BEGIN
         RAISE EXCEPTION 'export %: the correction % -> % of attempt % records another failure code than %',
                 OLD.id, OLD.status, NEW.status, OLD.attempt_id, coalesce(NEW.failure_reason, 'none')
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_correction_code';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.export_jobs_destination_version_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT (OLD.status = 'Running' AND NEW.status = 'Delivering') THEN
+        RAISE EXCEPTION 'export %: the destination version is recorded by cutoff 2 and never changes', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_destination_version';
     END IF;
     RETURN NEW;
 END $$;
@@ -433,45 +528,29 @@ CREATE TABLE public.delivery_switches (
     CONSTRAINT delivery_switches_scope_check CHECK ((scope = ANY (ARRAY['global'::text, 'tenant'::text, 'destination'::text])))
 );
 
-CREATE TABLE public.destinations (
-    id uuid NOT NULL,
+CREATE TABLE public.destination_versions (
     tenant_id uuid NOT NULL,
-    name text NOT NULL,
-    host text NOT NULL,
-    port integer NOT NULL,
-    username text NOT NULL,
-    host_key text NOT NULL,
-    credential_ref text NOT NULL,
-    remote_dir text NOT NULL,
-    name_and_size_identify boolean DEFAULT false NOT NULL,
-    hash_evidence text DEFAULT 'none'::text NOT NULL,
-    ack_suffix text,
-    max_write_request integer DEFAULT 32768 NOT NULL,
-    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    contract_starts_on date DEFAULT ((clock_timestamp() AT TIME ZONE 'UTC'::text))::date NOT NULL,
-    contract_ends_on date,
-    retired_at timestamp with time zone,
-    retired_by text,
-    temporary_files text DEFAULT 'keep'::text NOT NULL,
-    csv_header boolean DEFAULT true NOT NULL,
-    csv_delimiter text DEFAULT ','::text NOT NULL,
-    csv_columns text[] DEFAULT ARRAY['email'::text, 'first_name'::text, 'last_name'::text] NOT NULL,
-    compression text DEFAULT 'none'::text NOT NULL,
-    pgp_recipient_keys text[] DEFAULT '{}'::text[] NOT NULL,
-    pgp_signing_key_ref text,
-    CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
-    CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
-    CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
-    CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
-    CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
-    CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
-    CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
-    CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
-    CONSTRAINT ck_destinations_temporary_files CHECK ((temporary_files = ANY (ARRAY['keep'::text, 'remove'::text]))),
-    CONSTRAINT destinations_hash_evidence_check CHECK ((hash_evidence = ANY (ARRAY['none'::text, 'read_back'::text, 'ack_file'::text]))),
-    CONSTRAINT destinations_max_write_request_check CHECK (((max_write_request >= 1024) AND (max_write_request <= 261120))),
-    CONSTRAINT destinations_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
-    CONSTRAINT destinations_port_check CHECK (((port >= 1) AND (port <= 65535)))
+    destination_id uuid NOT NULL,
+    version integer NOT NULL,
+    change text NOT NULL,
+    changed_by text NOT NULL,
+    changed_role text NOT NULL,
+    reason text NOT NULL,
+    changed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    before jsonb,
+    after jsonb NOT NULL,
+    changed_fields text[] NOT NULL,
+    delivery_changed boolean NOT NULL,
+    request_key text,
+    request_fingerprint text,
+    CONSTRAINT ck_destination_versions_before CHECK (((change = 'created'::text) = (before IS NULL))),
+    CONSTRAINT ck_destination_versions_request CHECK ((((request_key IS NULL) = (request_fingerprint IS NULL)) AND ((request_key IS NULL) OR (change = 'created'::text)))),
+    CONSTRAINT destination_versions_change_check CHECK ((change = ANY (ARRAY['created'::text, 'edited'::text, 'retired'::text]))),
+    CONSTRAINT destination_versions_changed_by_check CHECK (((length(changed_by) >= 1) AND (length(changed_by) <= 200))),
+    CONSTRAINT destination_versions_changed_role_check CHECK ((changed_role = ANY (ARRAY['admin'::text, 'owner'::text]))),
+    CONSTRAINT destination_versions_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT destination_versions_request_key_check CHECK (((length(request_key) >= 1) AND (length(request_key) <= 200))),
+    CONSTRAINT destination_versions_version_check CHECK ((version >= 1))
 );
 
 CREATE TABLE public.export_attempt_events (
@@ -484,6 +563,7 @@ CREATE TABLE public.export_attempt_events (
     observed_by text,
     detail text,
     recorded_at timestamp with time zone NOT NULL,
+    destination_version integer,
     CONSTRAINT export_attempt_events_kind_check CHECK ((kind = ANY (ARRAY['Claimed'::text, 'DeliveryAuthorized'::text, 'Stopped'::text, 'Failed'::text, 'Finished'::text, 'RequeuedByRecovery'::text, 'StoppedByRecovery'::text, 'AttemptsExhausted'::text, 'ResolvedByRecovery'::text, 'Reconciled'::text, 'Corrected'::text, 'DeliveryEvidence'::text, 'Released'::text, 'UploadFenced'::text, 'RenameFenced'::text])))
 );
 
@@ -532,6 +612,7 @@ CREATE TABLE public.export_jobs (
     rejection_code text,
     available_at timestamp with time zone,
     transient_releases integer DEFAULT 0 NOT NULL,
+    destination_version integer,
     CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
     CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
     CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
@@ -715,6 +796,9 @@ ALTER TABLE ONLY public.contacts
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT pk_deliveries PRIMARY KEY (tenant_id, delivery_key);
 
+ALTER TABLE ONLY public.destination_versions
+    ADD CONSTRAINT pk_destination_versions PRIMARY KEY (tenant_id, destination_id, version);
+
 ALTER TABLE ONLY public.destinations
     ADD CONSTRAINT pk_destinations PRIMARY KEY (id);
 
@@ -803,6 +887,8 @@ CREATE INDEX ix_recurring_exports_tenant_created ON public.recurring_exports USI
 
 CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING btree (job_id, attempt_id, kind) WHERE (kind <> 'DeliveryEvidence'::text);
 
+CREATE UNIQUE INDEX uq_destination_versions_request ON public.destination_versions USING btree (tenant_id, request_key) WHERE (request_key IS NOT NULL);
+
 CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING btree (tenant_id, replaces_job_id) WHERE ((replaces_job_id IS NOT NULL) AND ((status <> ALL (ARRAY['Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text])) OR (failure_reason = 'OriginalDelivered'::text)));
 
 CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btree (tenant_id, delivery_key) WHERE (replaces_job_id IS NULL);
@@ -817,9 +903,13 @@ CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switc
 
 CREATE TRIGGER tr_delivery_switches_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
 
-CREATE TRIGGER tr_destinations_guard BEFORE UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
+CREATE CONSTRAINT TRIGGER tr_destinations_change_recorded AFTER UPDATE ON public.destinations DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.destinations_change_recorded();
+
+CREATE TRIGGER tr_destinations_guard BEFORE INSERT OR UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
 
 CREATE TRIGGER tr_export_jobs_backoff_guard BEFORE UPDATE OF available_at, transient_releases ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_backoff_guard();
+
+CREATE TRIGGER tr_export_jobs_destination_version BEFORE UPDATE OF destination_version ON public.export_jobs FOR EACH ROW WHEN ((new.destination_version IS DISTINCT FROM old.destination_version)) EXECUTE FUNCTION public.export_jobs_destination_version_guard();
 
 CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_guard();
 
@@ -895,6 +985,9 @@ ALTER TABLE ONLY public.deliveries
 ALTER TABLE ONLY public.delivery_switches
     ADD CONSTRAINT fk_delivery_switches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
+ALTER TABLE ONLY public.destination_versions
+    ADD CONSTRAINT fk_destination_versions_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
 ALTER TABLE ONLY public.export_jobs
     ADD CONSTRAINT fk_export_jobs_delivery FOREIGN KEY (tenant_id, delivery_key) REFERENCES public.deliveries(tenant_id, delivery_key);
 
@@ -932,6 +1025,47 @@ REVOKE ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destinatio
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_api;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_recovery;
+
+GRANT SELECT,INSERT ON TABLE public.destinations TO exports_api;
+GRANT SELECT ON TABLE public.destinations TO exports_worker;
+GRANT SELECT ON TABLE public.destinations TO exports_reconciler;
+GRANT SELECT ON TABLE public.destinations TO exports_recovery;
+
+GRANT UPDATE(id) ON TABLE public.destinations TO exports_worker;
+
+GRANT UPDATE(name) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(host) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(port) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(username) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(host_key) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(credential_ref) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(remote_dir) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(name_and_size_identify) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(hash_evidence) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(ack_suffix) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(max_write_request) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(contract_starts_on) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(contract_ends_on) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(retired_at) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(retired_by) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(temporary_files) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
 
 REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
@@ -984,12 +1118,9 @@ GRANT UPDATE(changed_by) ON TABLE public.delivery_switches TO exports_platform;
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_api;
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_platform;
 
-GRANT SELECT ON TABLE public.destinations TO exports_api;
-GRANT SELECT ON TABLE public.destinations TO exports_worker;
-GRANT SELECT ON TABLE public.destinations TO exports_reconciler;
-GRANT SELECT ON TABLE public.destinations TO exports_recovery;
-
-GRANT UPDATE(id) ON TABLE public.destinations TO exports_worker;
+GRANT SELECT,INSERT ON TABLE public.destination_versions TO exports_api;
+GRANT SELECT ON TABLE public.destination_versions TO exports_worker;
+GRANT SELECT ON TABLE public.destination_versions TO exports_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_api;
 GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_worker;
@@ -1064,6 +1195,8 @@ GRANT UPDATE(rejection_code) ON TABLE public.export_jobs TO exports_worker;
 GRANT UPDATE(available_at) ON TABLE public.export_jobs TO exports_worker;
 
 GRANT UPDATE(transient_releases) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(destination_version) ON TABLE public.export_jobs TO exports_worker;
 
 GRANT SELECT ON TABLE public.export_status_edges TO exports_api;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_worker;

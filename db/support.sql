@@ -44,18 +44,137 @@ WHERE tenant_id = %(tenant_id)s AND name = %(name)s AND revoked_at IS NULL
 RETURNING name;
 
 -- name: retire_destination
--- Retires a destination (administrator's connection). Cutoff 2 reads this row FOR SHARE, so an attempt
--- building for it is stopped before delivery, and the policy check rejects what is still queued.
-UPDATE destinations SET retired_at = clock_timestamp(), retired_by = %(retired_by)s
-WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s AND retired_at IS NULL
-RETURNING id;
+-- Retires a destination, as its next version, with its record (who, the role, why, the row before and after)
+-- in the same statement: an admin's request (API) or an administrator's connection. Cutoff 2 reads this row
+-- FOR SHARE, so an attempt building for it is stopped before delivery, and the policy check rejects what is
+-- still queued. A retirement is final; retiring again changes nothing. Answers whether it matched, with the
+-- version the row is at and when it was retired.
+WITH current AS (
+    SELECT d.* FROM destinations d
+    WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s
+    FOR UPDATE),
+retired AS (
+    UPDATE destinations d
+    SET retired_at = clock_timestamp(), retired_by = %(retired_by)s, version = d.version + 1
+    FROM current c
+    WHERE d.tenant_id = c.tenant_id AND d.id = c.id AND c.retired_at IS NULL
+    RETURNING d.*),
+recorded AS (
+    INSERT INTO destination_versions (tenant_id, destination_id, version, change, changed_by, changed_role,
+                                      reason, before, after, changed_fields, delivery_changed)
+    SELECT r.tenant_id, r.id, r.version, 'retired', %(retired_by)s, %(changed_role)s, %(reason)s,
+           to_jsonb(c), to_jsonb(r), ARRAY['retired_at', 'retired_by'], r.delivery_version = r.version
+    FROM retired r, current c
+    RETURNING version)
+SELECT true AS matched, r.version, r.retired_at, r.retired_by FROM retired r
+UNION ALL
+SELECT false, c.version, c.retired_at, c.retired_by FROM current c WHERE NOT EXISTS (SELECT 1 FROM retired);
 
--- name: set_destination_contract
--- Sets a destination's contract window, in UTC days, both ends inclusive; no end means open-ended
--- (administrator's connection).
-UPDATE destinations SET contract_starts_on = %(starts_on)s, contract_ends_on = %(ends_on)s::date
-WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s
-RETURNING id;
+-- name: create_destination
+-- An admin creates a destination of the tenant (API) with its record as version 1, in one statement. An
+-- Idempotency-Key this tenant already used creates nothing: the answer names that earlier creation and its
+-- request's fingerprint, which the service compares. A new destination starts paused, as every one does (it
+-- has no switch row: fail-closed), until an operator resumes it.
+WITH earlier AS (
+    SELECT destination_id, request_fingerprint FROM destination_versions
+    WHERE tenant_id = %(tenant_id)s AND request_key = %(request_key)s),
+created AS (
+    INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
+                              name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
+                              temporary_files, contract_starts_on, contract_ends_on)
+    SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
+           %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s::text,
+           %(max_write_request)s, %(temporary_files)s,
+           coalesce(%(contract_starts_on)s::date, (clock_timestamp() AT TIME ZONE 'UTC')::date),
+           %(contract_ends_on)s::date
+    WHERE NOT EXISTS (SELECT 1 FROM earlier)
+    RETURNING *),
+recorded AS (
+    INSERT INTO destination_versions (tenant_id, destination_id, version, change, changed_by, changed_role,
+                                      reason, before, after, changed_fields, delivery_changed, request_key,
+                                      request_fingerprint)
+    SELECT c.tenant_id, c.id, c.version, 'created', %(changed_by)s, %(changed_role)s, %(reason)s, NULL,
+           to_jsonb(c), ARRAY[]::text[], true, %(request_key)s, %(request_fingerprint)s
+    FROM created c
+    RETURNING destination_id)
+SELECT id AS destination_id, false AS replayed, %(request_fingerprint)s::text AS fingerprint FROM created
+UNION ALL
+SELECT destination_id, true, request_fingerprint FROM earlier;
+
+-- name: edit_destination_if_version
+-- Changes a destination as its next version, only from the version the editor read (none given: whatever it
+-- is now, an administrator's connection) and only while it is not retired, with its record (who, the role,
+-- why, the row before and after, the fields that changed) in the same statement. ``changes`` is a JSON
+-- object of the columns to set (a key absent keeps its value; null clears a nullable one). The trigger sets
+-- delivery_version when a delivery term changed, which makes cutoff 2 refuse what was built before. Answers
+-- whether it matched, with the version the row is at.
+WITH current AS (
+    SELECT d.* FROM destinations d
+    WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s
+    FOR UPDATE),
+edited AS (
+    UPDATE destinations d
+    SET (name, host, port, username, host_key, credential_ref, remote_dir, name_and_size_identify, hash_evidence,
+         ack_suffix, max_write_request, temporary_files, contract_starts_on, contract_ends_on)
+        = (SELECT r.name, r.host, r.port, r.username, r.host_key, r.credential_ref, r.remote_dir,
+                  r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
+                  r.contract_starts_on, r.contract_ends_on
+           FROM jsonb_populate_record(d, %(changes)s::jsonb) AS r),
+        version = d.version + 1
+    FROM current c
+    WHERE d.tenant_id = c.tenant_id AND d.id = c.id AND c.retired_at IS NULL
+      AND (%(expected_version)s::int IS NULL OR c.version = %(expected_version)s::int)
+    RETURNING d.*),
+recorded AS (
+    INSERT INTO destination_versions (tenant_id, destination_id, version, change, changed_by, changed_role,
+                                      reason, before, after, changed_fields, delivery_changed)
+    SELECT e.tenant_id, e.id, e.version, 'edited', %(changed_by)s, %(changed_role)s, %(reason)s,
+           to_jsonb(c), to_jsonb(e),
+           ARRAY(SELECT f.key FROM jsonb_each(to_jsonb(e)) AS f
+                 WHERE f.key NOT IN ('version', 'delivery_version')
+                   AND f.value IS DISTINCT FROM to_jsonb(c) -> f.key
+                 ORDER BY f.key),
+           e.delivery_version = e.version
+    FROM edited e, current c
+    RETURNING version, changed_fields, delivery_changed)
+SELECT true AS matched, r.version, r.changed_fields, r.delivery_changed, NULL::timestamptz AS retired_at
+FROM recorded r
+UNION ALL
+SELECT false, c.version, ARRAY[]::text[], false, c.retired_at FROM current c WHERE NOT EXISTS (SELECT 1 FROM edited);
+
+-- name: record_destination_seeded
+-- The record of a destination seeding inserted (administrator's connection), as its version 1.
+INSERT INTO destination_versions (tenant_id, destination_id, version, change, changed_by, changed_role, reason,
+                                  before, after, changed_fields, delivery_changed)
+SELECT d.tenant_id, d.id, d.version, 'created', %(changed_by)s, 'owner', %(reason)s, NULL, to_jsonb(d), ARRAY[]::text[], true
+FROM destinations d
+WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s
+RETURNING version;
+
+-- name: get_tenant_destination
+-- One destination of the tenant as it is now, every column as JSON (the service shows a reference as set or
+-- unset, never its value), with whether its delivery switch is on (none: never enabled, so paused).
+SELECT d.id, d.version, to_jsonb(d) AS settings,
+       (SELECT s.enabled FROM delivery_switches s
+        WHERE s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id) AS enabled
+FROM destinations d
+WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
+
+-- name: principal_role
+-- The role a principal of the tenant holds, while it is not revoked (the command line acts as a named
+-- principal, and a destination's change is an admin's).
+SELECT role FROM principals
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s AND revoked_at IS NULL;
+
+-- name: destination_versions_of
+-- A destination's recorded versions, newest first (only if it is the tenant's): who changed what, when and
+-- why, with the rows before and after.
+SELECT version, change, changed_by, changed_role, reason, changed_at, before, after, changed_fields,
+       delivery_changed
+FROM destination_versions
+WHERE tenant_id = %(tenant_id)s AND destination_id = %(destination_id)s
+ORDER BY version DESC
+LIMIT %(limit)s;
 
 -- name: tenant_name
 -- A tenant's display name.
@@ -117,18 +236,33 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: tenant_destinations
--- A tenant's destinations for display: names and where they point, never the credential reference.
-SELECT id, name, host, port, remote_dir FROM destinations WHERE tenant_id = %(tenant_id)s ORDER BY name, id;
+-- A tenant's destinations for display: names, where they point, their version and retirement, never the
+-- credential reference.
+SELECT id, name, host, port, remote_dir, version, retired_at
+FROM destinations WHERE tenant_id = %(tenant_id)s ORDER BY name, id;
 
 -- name: load_destination
 -- One tenant's destination with its partner contract and the format of the file it receives (0020), for the
--- worker and recovery. Its kind picks the partner code (partner/kinds.py); SFTP is the one kind and no column
--- stores it yet.
-SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-       name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,
-       'sftp'::text AS kind,
-       csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys, pgp_signing_key_ref
-FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
+-- worker and recovery: as it is now, or, given a
+-- version, as that version recorded it (a delivery uses the version cutoff 2 authorized, whatever the row
+-- says since: that version's record, or the row before the change that followed it; a column added since
+-- keeps the row's value). No row when that version was never recorded. Its kind picks the partner code
+-- (partner/kinds.py); SFTP is the one kind and no column stores it yet.
+SELECT r.id, r.tenant_id, r.name, r.host, r.port, r.username, r.host_key, r.credential_ref, r.remote_dir,
+       r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
+       r.version, 'sftp'::text AS kind,
+       r.csv_header, r.csv_delimiter, r.csv_columns, r.compression, r.pgp_recipient_keys, r.pgp_signing_key_ref
+FROM destinations d
+LEFT JOIN destination_versions v
+       ON v.tenant_id = d.tenant_id AND v.destination_id = d.id AND v.version = %(version)s::int
+LEFT JOIN destination_versions n
+       ON n.tenant_id = d.tenant_id AND n.destination_id = d.id AND n.version = %(version)s::int + 1
+CROSS JOIN LATERAL jsonb_populate_record(
+    d, CASE WHEN %(version)s::int IS NULL OR d.version = %(version)s::int THEN jsonb_build_object()
+            ELSE coalesce(v.after, n.before) END) AS r
+WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s
+  -- jsonb_populate_record of a NULL is the row as it is now: a version nothing recorded is no row at all
+  AND (%(version)s::int IS NULL OR d.version = %(version)s::int OR v.after IS NOT NULL OR n.before IS NOT NULL);
 
 -- name: read_delivery_scope
 -- Whether every delivery switch of a destination's scope (global, its tenant, itself) is enabled now: what

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from db.stores.destinations import DestinationStatements
 from db.stores.ledger import LedgerStatements
 from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
@@ -9,6 +10,13 @@ from db.stores.sessions import SessionStatements
 from db.stores.switches import SwitchStatements
 
 
-class ApiStore(RequestStatements, LedgerStatements, SwitchStatements, SessionStatements, RecurringStatements):
+class ApiStore(
+    RequestStatements,
+    LedgerStatements,
+    SwitchStatements,
+    SessionStatements,
+    RecurringStatements,
+    DestinationStatements,
+):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, and the reads."""
+    their firings, destinations, and the reads."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
-import re
 import subprocess
 import sys
 import time
