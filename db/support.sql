@@ -641,6 +641,13 @@ JOIN export_jobs j ON j.tenant_id = f.tenant_id AND j.id = f.job_id
 WHERE f.tenant_id = %(tenant_id)s AND f.recurring_export_id = %(id)s AND f.outcome = 'created'
 GROUP BY j.status;
 
+-- name: lock_recurring_export
+-- The firing transaction's locking read, its own statement: under READ COMMITTED a statement that waited for
+-- this lock would still read the other rows (a firing recorded by the transaction it waited for) as they were
+-- before the wait, so the facts are read by the next statement, whose snapshot is taken after it (as the
+-- cancellation transaction's lock_job_for_cancel does).
+SELECT id FROM recurring_exports WHERE tenant_id = %(tenant_id)s AND id = %(id)s FOR UPDATE;
+
 -- name: lock_recurring_export_for_firing
 -- A firing's facts, read under a lock on its recurring export's row (FOR UPDATE: the firings of one
 -- recurring export, and its pause, edit and deletion, serialize on it): the definition now, the claim's
