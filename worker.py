@@ -7,7 +7,7 @@ server allows it, creates the recovery and sweeper Schedules if they are missing
   claim, recovery and sweeper activities;
 - a Temporal worker on this host's own queue (``{task_queue}-{worker_id}``): the build, cutoff 2 and
   delivery activities of the attempts this host claimed, so the local file never leaves the host;
-- the outbox dispatcher and the scavenger of local files.
+- the outbox dispatcher, the webhook dispatcher (outcome notifications) and the scavenger of local files.
 
 On SIGTERM or SIGINT it stops taking work, gives running activities ``shutdown_grace_seconds`` to reach
 their outcome writes, then cancels what is left; the leases of attempts it abandoned expire and recovery
@@ -40,6 +40,7 @@ from db.errors import StoreError
 from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
 from db.stores.api import ApiStore
 from db.stores.base import REREAD_TIMEOUT_SECONDS
+from db.stores.notifications import NotificationStore
 from db.stores.outbox import DispatcherStore
 from db.stores.protocol import WorkerStore
 from db.stores.recovery import RecoveryStore
@@ -50,6 +51,7 @@ from observability.tracing import shutdown_tracing
 from partner.client import passphrase_from, set_key_passphrase
 from partner.kinds import partner_for
 from runtime.dispatcher import OutboxDispatcher
+from runtime.webhooks import WebhookDispatcher
 from runtime.drain import HostWorkers, serve_then_drain
 from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
@@ -250,7 +252,7 @@ async def run_worker(
         if export_hooks is not None:
             export_hooks(export)
         dispatcher_pool = await open_pool(
-            settings.database_url, "exports_dispatcher", max_size=2, name=f"dispatcher-{worker_id}"
+            settings.database_url, "exports_dispatcher", max_size=3, name=f"dispatcher-{worker_id}"
         )
         resources.push_async_callback(dispatcher_pool.close)
         # Takeovers run as their own role: the trigger lets exports_recovery take only recovery's edges.
@@ -284,12 +286,25 @@ async def run_worker(
             scavenge_periodically(export.store, settings.work_dir, settings.recovery_every_seconds),
             name="scavenger",
         )
+        # Outcome notifications: POSTs to the tenants' endpoints, over the dispatcher's pool; an attempt cut
+        # by the shutdown is sent again once its lease passes (at least once, by event ID).
+        webhooks = (
+            asyncio.create_task(
+                WebhookDispatcher(NotificationStore(dispatcher_pool), settings).run(stop), name="webhooks"
+            )
+            if settings.webhooks_enabled
+            else None
+        )
         try:
             clean = await serve_then_drain(
                 workers, dispatcher, export.attempts, settings.shutdown_grace_seconds, stop=stop, ready=ready
             )
         finally:
             scavenger.cancel()
+            if webhooks is not None:
+                webhooks.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await webhooks
         if not clean:
             # Workers whose polls Temporal never released must never be finalized: their core's drop
             # waits for those polls, so a garbage collection before main()'s os._exit would hang there.
