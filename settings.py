@@ -142,8 +142,12 @@ class Settings(BaseSettings):
     webhook_poll_seconds: float = Field(
         default=1.0, gt=0, description="how often the webhook dispatcher looks for new events and due retries"
     )
-    webhook_batch: int = Field(default=50, ge=1, description="events fanned out, and attempts leased, per pass")
-    webhook_concurrency: int = Field(default=16, ge=1, description="webhook POSTs in flight in one dispatcher")
+    webhook_batch: int = Field(
+        default=50, ge=1, description="events fanned out, and attempts leased, per pass"
+    )
+    webhook_concurrency: int = Field(
+        default=16, ge=1, description="webhook POSTs in flight in one dispatcher"
+    )
     webhook_timeout_seconds: float = Field(
         default=10.0, gt=0, description="one POST to an endpoint, connect to last byte"
     )
@@ -157,7 +161,9 @@ class Settings(BaseSettings):
     webhook_retry_window_seconds: float = Field(
         default=86400.0, gt=0, description="how long a delivery is retried before it is given up (failed)"
     )
-    webhook_max_endpoints: int = Field(default=20, ge=1, description="webhook endpoints one tenant may register")
+    webhook_max_endpoints: int = Field(
+        default=20, ge=1, description="webhook endpoints one tenant may register"
+    )
 
     # -- secure connections (Temporal TLS, mutual TLS, API key; SFTP key passphrase) ---------------------
     # PostgreSQL TLS needs no setting: libpq reads sslmode, sslrootcert, sslcert and sslkey from

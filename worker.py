@@ -51,11 +51,11 @@ from observability.tracing import shutdown_tracing
 from partner.client import passphrase_from, set_key_passphrase
 from partner.kinds import partner_for
 from runtime.dispatcher import OutboxDispatcher
-from runtime.webhooks import WebhookDispatcher
 from runtime.drain import HostWorkers, serve_then_drain
 from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
 from runtime.search_attributes import register_search_attributes
+from runtime.webhooks import WebhookDispatcher
 from service.temporal import ADDRESS as TEMPORAL_ADDRESS
 from service.temporal import NAMESPACE as TEMPORAL_NAMESPACE
 from service.temporal import TemporalConnectError, connect_client

@@ -201,7 +201,9 @@ async def endpoint_page(request: Request, endpoint_id: str, state: str | None = 
             request, "webhook_not_found.html", console._page_context(request, caller), status_code=404
         )
     shown_state = DeliveryState(state) if state in DeliveryState._value2member_map_ else None
-    deliveries = await ops.store.endpoint_deliveries(caller.tenant_id, endpoint.id, state=shown_state, limit=100)
+    deliveries = await ops.store.endpoint_deliveries(
+        caller.tenant_id, endpoint.id, state=shown_state, limit=100
+    )
     return templates.TemplateResponse(
         request,
         "webhook_endpoint.html",

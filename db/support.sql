@@ -470,16 +470,23 @@ ORDER BY w.created_at, w.id;
 
 -- name: update_webhook_endpoint
 -- Changes an endpoint of the tenant for the version its editor read (If-Match): a field given NULL keeps its
--- value; a new secret replaces the old at once. Matches nothing for another version or another tenant's
--- endpoint (the caller re-reads to tell which).
+-- value. Matches nothing for another version or another tenant's endpoint (the caller re-reads to tell
+-- which). The secret is rotate_webhook_secret's: this role may not read it, so not even keep it by name.
 UPDATE webhook_endpoints
 SET url = coalesce(%(url)s::text, url), events = coalesce(%(events)s::text[], events),
     description = CASE WHEN %(clear_description)s THEN NULL ELSE coalesce(%(description)s::text, description) END,
-    enabled = coalesce(%(enabled)s::boolean, enabled), secret = coalesce(%(secret)s::text, secret),
+    enabled = coalesce(%(enabled)s::boolean, enabled),
     version = version + 1, updated_by = %(updated_by)s, updated_at = clock_timestamp()
 WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s AND version = %(expected_version)s
 RETURNING tenant_id, id, url, events, description, enabled, version, created_by, created_at, updated_by,
           updated_at;
+
+-- name: rotate_webhook_secret
+-- A new signing secret for an endpoint, in update_webhook_endpoint's transaction, for the version that
+-- statement just wrote; effective for the next attempt.
+UPDATE webhook_endpoints SET secret = %(secret)s
+WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s AND version = %(version)s
+RETURNING id;
 
 -- name: delete_webhook_endpoint
 -- Removes an endpoint of the tenant and its deliveries (ON DELETE CASCADE); the events stay.

@@ -46,7 +46,9 @@ def secret_key(secret: str) -> bytes:
     return key
 
 
-def event_body(event_id: UUID, kind: str, created_at: datetime, tenant_id: UUID, data: dict[str, Any]) -> bytes:
+def event_body(
+    event_id: UUID, kind: str, created_at: datetime, tenant_id: UUID, data: dict[str, Any]
+) -> bytes:
     """The bytes every attempt of one event sends: ``{"data", "id", "tenant_id", "timestamp", "type"}``."""
     envelope = {
         "id": str(event_id),

@@ -210,7 +210,9 @@ class Notifications:
             version=endpoint.version,
         )
 
-    async def edit(self, caller: Caller, endpoint_id: UUID, body: EditEndpoint, if_match: str | None) -> Answer:
+    async def edit(
+        self, caller: Caller, endpoint_id: UUID, body: EditEndpoint, if_match: str | None
+    ) -> Answer:
         """``PATCH /webhook-endpoints/{id}`` for the version read (``If-Match``): 428 without it, 412 when
         it moved on; a rotated secret is in this answer only."""
         forbidden = refused(caller.role, Action.MANAGE_NOTIFICATIONS)
@@ -223,7 +225,9 @@ class Notifications:
             )
         versions = if_match_versions(if_match)
         if versions is None:
-            return refusal(Kind.MALFORMED, 'If-Match must be entity tags as the ETag header gives them, e.g. "1"')
+            return refusal(
+                Kind.MALFORMED, 'If-Match must be entity tags as the ETag header gives them, e.g. "1"'
+            )
         endpoint = await self._endpoint(caller, endpoint_id)
         if endpoint is None:
             return refusal(Kind.NOT_FOUND, NOT_FOUND)
@@ -254,7 +258,9 @@ class Notifications:
             return refusal(Kind.NOT_FOUND, NOT_FOUND)
         if updated is None:
             return refusal(
-                Kind.STALE, f"the endpoint is at version {now.version}, not {endpoint.version}", version=now.version
+                Kind.STALE,
+                f"the endpoint is at version {now.version}, not {endpoint.version}",
+                version=now.version,
             )
         answer: dict[str, Any] = {"endpoint": endpoint_json(now, caller)}
         if secret is not None:

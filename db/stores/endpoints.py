@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
+from db.errors import translated
+from db.queries import fetch, fetch_maybe
 from db.rows import IdRow
 from db.stores.base import StoreBase
 from domain.notifications import DeliveryState, EndpointSummary, WebhookDelivery, WebhookEndpoint
@@ -64,23 +66,34 @@ class EndpointStatements(StoreBase):
         enabled: bool | None = None,
         secret: str | None = None,
     ) -> WebhookEndpoint | None:
-        """Change an endpoint for the version read; ``None`` when another version or no such endpoint."""
-        return await self._row(
-            "update_webhook_endpoint",
-            {
-                "tenant_id": tenant_id,
-                "endpoint_id": endpoint_id,
-                "expected_version": expected_version,
-                "updated_by": updated_by,
-                "url": url,
-                "events": events,
-                "description": description,
-                "clear_description": clear_description,
-                "enabled": enabled,
-                "secret": secret,
-            },
-            WebhookEndpoint,
-        )
+        """Change an endpoint for the version read, and rotate its secret to ``secret`` if one is given, in
+        one transaction; ``None`` when another version or no such endpoint (nothing changed)."""
+        params = {
+            "tenant_id": tenant_id,
+            "endpoint_id": endpoint_id,
+            "expected_version": expected_version,
+            "updated_by": updated_by,
+            "url": url,
+            "events": events,
+            "description": description,
+            "clear_description": clear_description,
+            "enabled": enabled,
+        }
+        async with translated(), self.pool.connection() as conn, conn.transaction():
+            updated = await fetch_maybe(conn, "update_webhook_endpoint", params, WebhookEndpoint)
+            if updated is not None and secret is not None:
+                await fetch(
+                    conn,
+                    "rotate_webhook_secret",
+                    {
+                        "tenant_id": tenant_id,
+                        "endpoint_id": endpoint_id,
+                        "version": updated.version,
+                        "secret": secret,
+                    },
+                    IdRow,
+                )
+            return updated
 
     async def delete_webhook_endpoint(self, tenant_id: UUID, endpoint_id: UUID) -> bool:
         """Remove an endpoint and its deliveries; whether there was one in this tenant."""
@@ -97,7 +110,13 @@ class EndpointStatements(StoreBase):
         )
 
     async def redeliver_webhook(
-        self, tenant_id: UUID, endpoint_id: UUID, delivery_id: UUID, *, redelivered_by: str, window_seconds: float
+        self,
+        tenant_id: UUID,
+        endpoint_id: UUID,
+        delivery_id: UUID,
+        *,
+        redelivered_by: str,
+        window_seconds: float,
     ) -> bool:
         """Make one delivery due now with a fresh retry window; whether it exists in this tenant's endpoint."""
         rows = await self._rows(

@@ -126,7 +126,9 @@ async def test_the_event_commits_with_its_transition_and_rolls_back_with_it(fact
     assert [e["kind"] for e in await events_of(factory, job.id)] == ["export.failed"]
 
 
-async def test_an_outcome_unknown_then_reconciled_reports_each_outcome_once(factory, tenant, reconciler_store):
+async def test_an_outcome_unknown_then_reconciled_reports_each_outcome_once(
+    factory, tenant, reconciler_store
+):
     job, attempt_id = await factory.in_status(JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(*tenant))
     assert await reconciler_store.reconcile_unknown(
         tenant_id=job.tenant_id,
@@ -183,7 +185,8 @@ async def test_a_cancel_that_lost_while_delivering_is_reported_when_the_delivery
     assert [e["kind"] for e in await events_of(factory, job.id)] == []  # the delivery has not ended yet
 
     assert (
-        await worker_store.finish_delivery(job.id, attempt_id, DeliveryOutcome.COMPLETED) == FinishResult.WRITTEN
+        await worker_store.finish_delivery(job.id, attempt_id, DeliveryOutcome.COMPLETED)
+        == FinishResult.WRITTEN
     )
 
     events = {e["kind"]: e for e in await events_of(factory, job.id)}
@@ -272,7 +275,9 @@ async def test_a_skipped_recurring_firing_is_one_event_per_firing(database, fact
         "SELECT id, kind, payload FROM notification_events WHERE subject_key LIKE %(r)s",
         {"r": f"{recurring_id}@%"},
     )
-    assert [(r["id"], r["kind"]) for r in rows] == [(first["id"], NotificationKind.RECURRING_FIRING_SKIPPED.value)]
+    assert [(r["id"], r["kind"]) for r in rows] == [
+        (first["id"], NotificationKind.RECURRING_FIRING_SKIPPED.value)
+    ]
     assert rows[0]["payload"] == {
         "recurring_export_id": str(recurring_id),
         "recurring_export_name": "nightly vip",

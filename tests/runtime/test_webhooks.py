@@ -180,7 +180,9 @@ async def test_an_answer_other_than_2xx_is_retried_with_the_same_event_id_and_bo
     assert row["delivered_at"] is not None
 
 
-async def test_the_wait_doubles_per_attempt_on_the_database_clock(factory, api_store, receiver, notification_store):
+async def test_the_wait_doubles_per_attempt_on_the_database_clock(
+    factory, api_store, receiver, notification_store
+):
     caller = await admin_caller(factory, "backoff")
     endpoint_id, path = await register(api_store, receiver, caller, [NotificationKind.COMPLETED])
     receiver.answer(path, 500, 500, 500)
@@ -309,10 +311,14 @@ async def test_an_attempt_whose_answer_was_never_recorded_is_sent_again_with_the
     await dispatcher.dispatch_once()
 
     (got,) = receiver.received(path)
-    assert got.verified and got.webhook_id == str(next(d.event_id for d in leased if d.endpoint_id == endpoint_id))
+    assert got.verified and got.webhook_id == str(
+        next(d.event_id for d in leased if d.endpoint_id == endpoint_id)
+    )
 
 
-async def test_a_disabled_endpoint_gets_nothing_until_it_is_enabled_again(factory, api_store, receiver, dispatcher):
+async def test_a_disabled_endpoint_gets_nothing_until_it_is_enabled_again(
+    factory, api_store, receiver, dispatcher
+):
     caller = await admin_caller(factory, "paused-hook")
     endpoint_id, path = await register(api_store, receiver, caller, [NotificationKind.COMPLETED])
     first, _ = await factory.in_status(JobStatus.COMPLETED, job=await factory.queued(caller.tenant_id))
