@@ -29,7 +29,9 @@ from chaos.faults import FaultRecord
 from chaos.histories import connect, delivery_fate, job_of_workflow, open_export_jobs, recovery_run, timeline
 from chaos.stack import PRINCIPAL, Exit
 from chaos.textual import normalize
+from chaos.webhooks import audit_webhooks
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
+from testbed.webhook_receiver import Received
 
 DRAIN_MARGIN_SECONDS = 10.0
 SLOW_SETTLE_SECONDS = 20.0  # a job still moving this long after the faults stopped is listed
@@ -90,6 +92,8 @@ class AuditInput:
     load_ended_at: float = 0.0
     shutdown_grace_seconds: float = 15.0
     recovery_every_seconds: float = 30.0
+    webhooks: list[Received] = field(default_factory=list)  # what the soak's receiver got
+    webhook_endpoint_id: str | None = None  # the receiver's endpoint (None: no webhook check)
 
 
 @dataclass
@@ -123,6 +127,7 @@ class Auditor:
         self.attempt_job: dict[str, str] = {}
         self.open_workflow_jobs: set[str] = set()
         self.db_now: float = 0.0
+        self.webhook_deliveries: list[dict[str, Any]] = []
 
     def violate(self, invariant: str, job_id: str | None, detail: str, **evidence: Any) -> None:
         self.result.violations.append(Violation(invariant, job_id, detail, evidence))
@@ -149,6 +154,7 @@ class Auditor:
             self._process_exits,
             self._drains,
             self._logs_free_of_contacts,
+            self._webhooks,
         ]
         for step in steps:
             try:
@@ -215,6 +221,13 @@ class Auditor:
                     or {}
                 ).get("s"),
             }
+            if self.inp.webhook_endpoint_id is not None:
+                self.webhook_deliveries = list(
+                    conn.execute(
+                        "SELECT id, state, attempts, last_error FROM webhook_deliveries WHERE endpoint_id = %(e)s",
+                        {"e": self.inp.webhook_endpoint_id},
+                    )
+                )
             now = conn.execute("SELECT clock_timestamp() AS now").fetchone()
             assert now is not None
             self.db_now = now["now"].timestamp()
@@ -890,6 +903,23 @@ class Auditor:
                 )
                 self.violate("contact_data_in_logs", None, f"{name}'s log holds contact data",
                              line=line.decode(errors="replace")[:300])  # fmt: skip
+
+    def _webhooks(self) -> None:
+        """Outcome notifications (issue 26): one event per (export, outcome) and per lost cancellation after
+        de-duplicating by event ID, none missing, every signature verified (chaos/webhooks.py)."""
+        if self.inp.webhook_endpoint_id is None:
+            return
+        found, counts = audit_webhooks(
+            jobs={k: v for k, v in self.jobs.items()},
+            events=self.events,
+            requests=self.requests,
+            received=self.inp.webhooks,
+            deliveries=self.webhook_deliveries,
+            marker=self.inp.marker,
+        )
+        for finding in found:
+            self.violate(finding.invariant, finding.job_id, finding.detail)
+        self.result.counts["webhooks"] = counts
 
     async def _histories(self, client: Client | None) -> None:
         if client is None:

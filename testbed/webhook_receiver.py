@@ -43,8 +43,10 @@ class Received:
 class WebhookReceiver:
     """Records and verifies webhook POSTs; see the module's docstring."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", *, fail_every: int | None = None) -> None:
         self.host = host
+        self.fail_every = fail_every  # answer 500 to every n-th POST (a flaky endpoint), unless scripted
+        self._posts = 0
         self.port = pick_port(host=host)
         self._lock = threading.Lock()
         self._secrets: dict[str, str] = {}
@@ -75,7 +77,9 @@ class WebhookReceiver:
     def _handle(self, path: str, headers: dict[str, str], body: bytes) -> int:
         with self._lock:
             secret = self._secrets.get(path)
-            status = self._script[path].popleft() if self._script[path] else 204
+            self._posts += 1
+            flaky = self.fail_every is not None and self._posts % self.fail_every == 0
+            status = self._script[path].popleft() if self._script[path] else 500 if flaky else 204
         verified = False
         if secret is not None:
             try:
