@@ -11,9 +11,11 @@ small exports started together is the overhead of the fencing (target: under 1.2
 Outcome notifications are on for the fenced variant (issue 26): every export's terminal write fires the
 trigger that writes its event, each tenant has a webhook endpoint subscribed to every event on a real HTTP
 receiver, and the webhook dispatcher fans out, signs and POSTs while the batch runs. Rounds alternate the
-order of the two variants; each round's fenced/unfenced ratio is one pair, and the median of the pairs is
-reported with its 95 % bootstrap interval (as ``bench obs`` does). Between rounds the webhooks still pending
-are drained (outside both walls), so an unfenced batch never shares the machine with them.
+order of the variants; each round's fenced/unfenced ratio is one pair, and the median of the pairs is
+reported with its 95 % bootstrap interval (as ``bench obs`` does). Each round also runs the fenced variant with
+the trigger disabled ("quiet": the same workflow and writes as before issue 26), so the run says what the new
+writes cost (fenced / quiet) beside what the fencing costs. After a fenced batch the webhooks still pending are
+drained (outside every wall), so no other batch shares the machine with them.
 
 The stop latency is measured with a build held open at the ``after_build`` seam: from the moment the
 cancellation transaction commits a stop request to the moment the row reads Stopped, once with the
@@ -81,6 +83,8 @@ from workflows.models import (
     RecordCancelResult,
 )
 
+ENABLE_TRIGGER = "ALTER TABLE export_jobs ENABLE TRIGGER tr_export_jobs_notify_outcome"
+DISABLE_TRIGGER = "ALTER TABLE export_jobs DISABLE TRIGGER tr_export_jobs_notify_outcome"
 BATCH_TIMEOUT_SECONDS = 300.0  # a batch that has not ended by then is a hang, reported as one
 
 
@@ -346,6 +350,13 @@ class Bench:
         latencies = await asyncio.wait_for(asyncio.gather(*(one(j) for j in jobs)), BATCH_TIMEOUT_SECONDS)
         return time.perf_counter() - started, list(latencies)
 
+    async def notifications_trigger(self, *, enabled: bool) -> None:
+        """Turn the outcome-notification trigger on or off (as the owner): the fenced variant without issue
+        26's writes, for the comparison."""
+        statement = ENABLE_TRIGGER if enabled else DISABLE_TRIGGER
+        with psycopg.connect(self.database.admin_url, autocommit=True) as admin:
+            admin.execute(statement)
+
     async def drain_webhooks(self, bound: float = 60.0) -> float:
         """Wait until every event is fanned out and no delivery is pending; the seconds it took."""
         started = time.perf_counter()
@@ -431,13 +442,23 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
             for variant in ("fenced", "plain"):
                 await bench.run_batch(variant, await bench.queue_exports(2, contacts))
             await bench.drain_webhooks()
-            walls: dict[str, list[float]] = {"fenced": [], "plain": []}
-            p50: dict[str, list[float]] = {"fenced": [], "plain": []}
+            walls: dict[str, list[float]] = {"fenced": [], "quiet": [], "plain": []}
+            p50: dict[str, list[float]] = {"fenced": [], "quiet": [], "plain": []}
             drains: list[float] = []
+            order = ["fenced", "quiet", "plain"]
             for r in range(rounds):
-                for variant in ("fenced", "plain") if r % 2 == 0 else ("plain", "fenced"):
+                # each round runs the three, in an order that rotates, so none always follows another
+                for variant in order[r % 3 :] + order[: r % 3]:
                     jobs = await bench.queue_exports(exports, contacts)
-                    wall, latencies = await bench.run_batch(variant, jobs)
+                    if variant == "quiet":
+                        await bench.notifications_trigger(enabled=False)
+                    try:
+                        wall, latencies = await bench.run_batch(
+                            "fenced" if variant == "quiet" else variant, jobs
+                        )
+                    finally:
+                        if variant == "quiet":
+                            await bench.notifications_trigger(enabled=True)
                     walls[variant].append(wall)
                     p50[variant].append(statistics.median(latencies))
                     if variant == "fenced":
@@ -455,6 +476,10 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
     fenced, plain = statistics.median(walls["fenced"]), statistics.median(walls["plain"])
     pairs = [f / p for f, p in zip(walls["fenced"], walls["plain"], strict=True)]
     low, high = median_interval(pairs)
+    quiet_pairs = [q / p for q, p in zip(walls["quiet"], walls["plain"], strict=True)]
+    qlow, qhigh = median_interval(quiet_pairs)
+    cost_pairs = [f / q for f, q in zip(walls["fenced"], walls["quiet"], strict=True)]
+    clow, chigh = median_interval(cost_pairs)
     result = {
         "fenced_s": fenced,
         "unfenced_s": plain,
@@ -463,6 +488,8 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
         "pair_ratio_low": low,
         "pair_ratio_high": high,
         "webhook_posts": float(len(received)),
+        "quiet_pair_ratio_median": statistics.median(quiet_pairs),
+        "notifications_cost_median": statistics.median(cost_pairs),
         "stop_with_signal_s": statistics.median(signal),
         "stop_by_renewal_s": statistics.median(renewal),
     }
@@ -482,6 +509,15 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
     print(
         f"ratio per round (pairs): median {result['pair_ratio_median']:.2f}x, 95 % interval"
         f" {low:.2f}-{high:.2f}x over {len(pairs)} rounds {[round(x, 2) for x in pairs]}  (target <= 1.20x)"
+    )
+    print(
+        f"without notifications (the trigger disabled, nothing to send) against unfenced: median"
+        f" {result['quiet_pair_ratio_median']:.2f}x, 95 % interval {qlow:.2f}-{qhigh:.2f}x"
+        f" {[round(x, 2) for x in quiet_pairs]}"
+    )
+    print(
+        f"the cost of notifications (with / without, per round): median {result['notifications_cost_median']:.2f}x,"
+        f" 95 % interval {clow:.2f}-{chigh:.2f}x"
     )
     print(
         f"webhooks (fenced side): {len(received)} POSTs, {distinct} events, {verified} verified; drained"
