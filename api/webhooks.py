@@ -11,16 +11,15 @@ from pathlib import Path
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from api.auth import authenticate, console_caller
-from api.routes import BODY_ERRORS, ERRORS, respond
+from api.routes import BODY_ERRORS, ERRORS, IfMatch, respond
 from domain.notifications import DeliveryState, NotificationKind
 from rules.webhooks import url_origin
 from service.auth import Caller
-from service.exports import IF_MATCH_PATTERN
 from service.notifications import CreateEndpoint, EditEndpoint, Notifications
 from service.permissions import Action, may
 from service.views import short, stamp
@@ -38,15 +37,6 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"description": "No such webhook endpoint in your tenant (another tenant's looks the same)"}
 }
 _ADMIN: dict[int | str, dict[str, Any]] = {403: {"description": "Your role may not manage notifications"}}
-
-IfMatch = Annotated[
-    str | None,
-    Header(
-        alias="If-Match",
-        description='The ETag you read, e.g. "1". Missing: 428. Another version: 412.',
-        pattern=IF_MATCH_PATTERN,
-    ),
-]
 
 
 def notifications(request: Request) -> Notifications:
@@ -105,7 +95,7 @@ async def edit_endpoint(
     body: Annotated[EditEndpoint, Body()],
     caller: CallerDep,
     ops: NotificationsDep,
-    if_match: IfMatch = None,
+    if_match: IfMatch,
 ) -> JSONResponse:
     return respond(await ops.edit(caller, endpoint_id, body, if_match))
 

@@ -17,13 +17,13 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
 
 from db.stores.api import ApiStore
 from domain.notifications import DeliveryState, EndpointSummary, NotificationKind, WebhookDelivery
 from rules.webhooks import MAX_URL, new_secret, secret_key, url_origin, url_problem
 from service.auth import Caller
-from service.commands import Body, Name
+from service.commands import _NAME_SCHEMA, Body, Name
 from service.exports import ANY_VERSION, if_match_versions
 from service.outcomes import Answer, Kind, refusal
 from service.permissions import Action, may, refused
@@ -34,7 +34,19 @@ NO_DELIVERY = "no such delivery of this webhook endpoint"
 
 EndpointUrl = Annotated[str, StringConstraints(min_length=8, max_length=MAX_URL)]
 Secret = Annotated[str, StringConstraints(min_length=38, max_length=100, pattern=r"^whsec_[A-Za-z0-9+/]+=*$")]
-Events = Annotated[list[NotificationKind], Field(min_length=1, max_length=len(NotificationKind))]
+Events = Annotated[
+    list[NotificationKind],
+    Field(min_length=1, max_length=len(NotificationKind), json_schema_extra={"uniqueItems": True}),
+]
+# PATCH's fields as the published schema states them: never null (leave a field out to keep it).
+_URL_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 8, "maxLength": MAX_URL}
+_EVENTS_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "items": {"enum": [k.value for k in NotificationKind]},
+    "minItems": 1,
+    "maxItems": len(NotificationKind),
+    "uniqueItems": True,
+}
 
 
 def _distinct(events: list[NotificationKind]) -> list[NotificationKind]:
@@ -63,11 +75,11 @@ class EditEndpoint(Body):
 
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra={"minProperties": 1})
 
-    url: EndpointUrl | None = None
-    events: Events | None = None
-    description: Name | None = None
-    enabled: bool | None = None
-    rotate_secret: Literal[True] | None = None
+    url: Annotated[EndpointUrl | None, WithJsonSchema(_URL_SCHEMA)] = None
+    events: Annotated[Events | None, WithJsonSchema(_EVENTS_SCHEMA)] = None
+    description: Annotated[Name | None, WithJsonSchema(_NAME_SCHEMA)] = None
+    enabled: Annotated[bool | None, WithJsonSchema({"type": "boolean"})] = None
+    rotate_secret: Annotated[Literal[True] | None, WithJsonSchema({"const": True})] = None
 
     _events = field_validator("events")(_distinct)
 
