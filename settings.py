@@ -98,6 +98,25 @@ class Settings(BaseSettings):
     sweep_every_seconds: float = Field(default=5 * 60.0, description="sweeper Schedule interval")
     sweep_batch: int = Field(default=500, description="jobs re-woken per sweeper batch")
 
+    # -- recurring exports (issue 25, item 1) ----------------------------------------------------------
+    recurring_catchup_firings: int = Field(
+        default=1,
+        ge=0,
+        description="missed firings of a recurring export run after an outage; later missed ones are recorded "
+        "skipped (catch_up)",
+    )
+    recurring_late_after_seconds: float = Field(
+        default=120.0,
+        ge=1,
+        description="a firing recorded later than this after its nominal time is a missed firing (database clock)",
+    )
+    recurring_catchup_window_seconds: float = Field(
+        default=24 * 3600.0,
+        ge=10,
+        description="how far back a recurring export's Temporal Schedule fires missed times after an outage "
+        "(its catchup_window); PostgreSQL then runs at most EXPORTS_RECURRING_CATCHUP_FIRINGS of them",
+    )
+
     # -- the worker's activities ------------------------------------------------------------------------
     build_heartbeat_seconds: float = Field(
         default=5.0, description="heartbeat timeout of the build; a stop reaches it within 0.8x this"
@@ -207,6 +226,16 @@ class Settings(BaseSettings):
     sftp_key_passphrase_file: Path | None = Field(
         default=None,
         description="secrets file whose first line is the SFTP key passphrase (a mounted secret), "
+        "instead of the value",
+    )
+    signing_key_passphrase: SecretStr | None = Field(
+        default=None,
+        description="passphrase of protected OpenPGP signing keys (pgp_signing_key_ref files); never logged; "
+        "or use EXPORTS_SIGNING_KEY_PASSPHRASE_FILE",
+    )
+    signing_key_passphrase_file: Path | None = Field(
+        default=None,
+        description="secrets file whose first line is the signing key passphrase (a mounted secret), "
         "instead of the value",
     )
 

@@ -495,6 +495,141 @@ def cmd_switches(args: argparse.Namespace, settings: Settings) -> int:
     return _run_switches(args, settings, call, render)
 
 
+# -- recurring exports ------------------------------------------------------------------------------------
+
+
+def _run_recurring(
+    args: argparse.Namespace,
+    settings: Settings,
+    call: Callable[[Any, Any], Awaitable[Any]],
+    render: Callable[[Any], str] | None = None,
+) -> int:
+    """Run one recurring-export operation as ``--as``, with the role that principal holds in the tenant
+    (the admin role manages recurring exports), and print its answer. The Schedule is synced through
+    Temporal at ``EXPORTS_TEMPORAL_ADDRESS``; if it does not answer, the answer says the Schedule is pending."""
+    from service.auth import Caller
+    from service.exports import open_exports
+    from service.outcomes import Kind, refusal
+    from service.recurring import RecurringExports
+    from service.recurring_schedules import ScheduleSync
+    from service.signals import TemporalStopSignaller
+
+    if not settings.database_url:
+        return _fail_usage("EXPORTS_DATABASE_URL is not set")
+    if args.tenant is None:
+        return _fail_usage("give --tenant or set EXPORTS_TENANT")
+
+    async def go() -> Any:
+        async with open_exports(settings, reconciler=False) as ops:
+            principal = await ops.store.find_principal(args.tenant, args.principal)
+            if principal is None or principal.revoked_at is not None:
+                return refusal(
+                    Kind.FORBIDDEN, f"{args.principal} is not a principal of this tenant, or is revoked"
+                )
+            caller = Caller(tenant_id=args.tenant, principal=args.principal, role=principal.role)  # type: ignore[arg-type]
+            sync = ScheduleSync(
+                TemporalStopSignaller(settings).connected_client,
+                task_queue=settings.task_queue,
+                catchup_window_seconds=settings.recurring_catchup_window_seconds,
+            )
+            return await call(RecurringExports(ops.store, sync), caller)
+
+    try:
+        answer = asyncio.run(go())
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+        return _fail_usage(f"invalid input: {problems}")
+    text = render(answer) if render and answer.ok else answer.text
+    _emit(args, {"outcome_kind": answer.kind.value, **answer.body}, text)
+    return exit_code_for(answer.kind)
+
+
+def _recurring_line(r: dict[str, Any]) -> str:
+    return f"{r['id']}  {r['state']:<8} {r['list_name']:<20} {r['when']}"
+
+
+def cmd_recurring_add(args: argparse.Namespace, settings: Settings) -> int:
+    """Define a recurring export: a list to a destination on a cron expression or an interval."""
+    from service.recurring import DefineRecurringExport
+
+    async def call(ops: Any, caller: Any) -> Any:
+        body = DefineRecurringExport(
+            destination_id=args.destination,
+            list_name=args.list_name,
+            cron=args.cron,
+            interval_seconds=args.every,
+            time_zone=args.time_zone,
+            starts_at=args.starts_at,
+            ends_at=args.ends_at,
+        )
+        return await ops.create(caller, body)
+
+    def render(answer: Any) -> str:
+        return f"{answer.body['message']}\n(schedule {answer.body['recurring_export']['schedule_id']}: {answer.body['schedule']})"
+
+    return _run_recurring(args, settings, call, render)
+
+
+def cmd_recurring_list(args: argparse.Namespace, settings: Settings) -> int:
+    """The tenant's recurring exports."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.list(caller, include_deleted=args.all)
+
+    def render(answer: Any) -> str:
+        return (
+            "\n".join(_recurring_line(r) for r in answer.body["recurring_exports"]) or "no recurring exports"
+        )
+
+    return _run_recurring(args, settings, call, render)
+
+
+def cmd_recurring_show(args: argparse.Namespace, settings: Settings) -> int:
+    """One recurring export and its latest firings: created export X, or skipped and why."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.show(caller, args.recurring_export, firings=args.firings)
+
+    def render(answer: Any) -> str:
+        lines = [_recurring_line(answer.body["recurring_export"])]
+        exports = answer.body["exports"]
+        lines.append(f"  exports created: {exports['total']} ({exports['live']} live)")
+        for f in answer.body["firings"]:
+            what = f"created {f['job_id']}" if f["outcome"] == "created" else f"skipped ({f['reason']})"
+            lines.append(f"  {f['nominal_time']}  {what:<48} {f['message']}")
+        return "\n".join(lines)
+
+    return _run_recurring(args, settings, call, render)
+
+
+def cmd_recurring_pause(args: argparse.Namespace, settings: Settings) -> int:
+    """Pause a recurring export; the exports it created are untouched (the answer counts them)."""
+    from service.recurring import PauseRecurringExport
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.pause(caller, args.recurring_export, PauseRecurringExport(reason=args.reason))
+
+    return _run_recurring(args, settings, call, lambda a: a.body["message"])
+
+
+def cmd_recurring_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Resume a paused recurring export."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.resume(caller, args.recurring_export)
+
+    return _run_recurring(args, settings, call, lambda a: a.body["message"])
+
+
+def cmd_recurring_delete(args: argparse.Namespace, settings: Settings) -> int:
+    """Delete a recurring export: its Schedule goes, its firings stay, its exports are untouched."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        return await ops.delete(caller, args.recurring_export)
+
+    return _run_recurring(args, settings, call, lambda a: a.body["message"])
+
+
 # -- serve and demo -------------------------------------------------------------------------------------
 
 
@@ -534,6 +669,22 @@ def _uuid(value: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a UUID: {value!r}") from None
+
+
+def _aware(value: str) -> Any:
+    from datetime import datetime
+
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {value!r}") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give its UTC offset, e.g. {value}+00:00")
+    return moment
+
+
+def cmd_recurring_usage(args: argparse.Namespace, settings: Settings) -> int:  # pragma: no cover - argparse
+    return _fail_usage("give an action: add, list, show, pause, resume, delete")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -643,6 +794,44 @@ def build_parser() -> argparse.ArgumentParser:
     switch_scope(sub)
     sub = command("switches", cmd_switches, "the delivery switches and their latest changes")
     acting(sub, export=False)
+
+    recurring = command(
+        "recurring", cmd_recurring_usage, "recurring exports: add, list, show, pause, resume, delete"
+    )
+    actions = recurring.add_subparsers(dest="recurring_command", required=True, metavar="ACTION")
+
+    def recurring_action(name: str, handler: Callable[..., int], help_text: str, *, one: bool = True) -> Any:
+        sub = actions.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        sub.set_defaults(handler=handler)
+        acting(sub, export=False)
+        if one:
+            sub.add_argument("recurring_export", type=_uuid, help="recurring export ID")
+        return sub
+
+    sub = recurring_action("add", cmd_recurring_add, "define a recurring export (admins)", one=False)
+    sub.add_argument("--destination", type=_uuid, required=True)
+    sub.add_argument("--list", dest="list_name", required=True)
+    when = sub.add_mutually_exclusive_group(required=True)
+    when.add_argument(
+        "--cron", help="five fields, e.g. '0 2 * * *' (every day at 02:00), or @daily, @hourly, ..."
+    )
+    when.add_argument("--every", type=int, metavar="SECONDS", help="an interval, 60 to 31622400 seconds")
+    sub.add_argument(
+        "--time-zone", required=True, help="IANA name the cron expression is read in, e.g. Europe/Berlin"
+    )
+    sub.add_argument("--starts-at", type=_aware, help="no firing before this (ISO 8601 with its offset)")
+    sub.add_argument("--ends-at", type=_aware, help="no firing after this (ISO 8601 with its offset)")
+    sub = recurring_action("list", cmd_recurring_list, "the tenant's recurring exports", one=False)
+    sub.add_argument("--all", action="store_true", help="deleted ones too")
+    sub = recurring_action("show", cmd_recurring_show, "one recurring export and its latest firings")
+    sub.add_argument("--firings", type=int, default=20, help="how many firings, newest first")
+    sub = recurring_action("pause", cmd_recurring_pause, "pause one (the exports it created are untouched)")
+    sub.add_argument("--reason", help="why (recorded, shown on the console)")
+    recurring_action("resume", cmd_recurring_resume, "resume a paused one")
+    recurring_action(
+        "delete", cmd_recurring_delete, "delete one (its firings stay; its exports are untouched)"
+    )
 
     sub = command("serve", cmd_serve, "serve the HTTP API and console")
     sub.add_argument("--host")

@@ -1,10 +1,11 @@
 """``python worker.py``: one host's worker. It only wires.
 
 It opens the database pools, connects to Temporal, registers the Web UI's search attributes where the
-server allows it, creates the recovery and sweeper Schedules if they are missing (runtime/), and runs:
+server allows it, creates the recovery and sweeper Schedules if they are missing (runtime/), brings every
+recurring export's Schedule to its PostgreSQL row (service/recurring_schedules.py), and runs:
 
-- a Temporal worker on the shared task queue: ExportWorkflow, RecoveryWorkflow, SweeperWorkflow, the
-  claim, recovery and sweeper activities;
+- a Temporal worker on the shared task queue: ExportWorkflow, RecoveryWorkflow, SweeperWorkflow,
+  RecurringFireWorkflow (recurring exports' Schedules), the claim, recovery, sweeper and firing activities;
 - a Temporal worker on this host's own queue (``{task_queue}-{worker_id}``): the build, cutoff 2 and
   delivery activities of the attempts this host claimed, so the local file never leaves the host;
 - the outbox dispatcher, the webhook dispatcher (outcome notifications) and the scavenger of local files.
@@ -35,6 +36,7 @@ from temporalio.worker import Worker
 
 from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities
+from activities.recurring import RecurringActivities
 from activities.sweeper import SweeperActivities
 from db.errors import StoreError
 from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
@@ -44,6 +46,7 @@ from db.stores.notifications import NotificationStore
 from db.stores.outbox import DispatcherStore
 from db.stores.protocol import WorkerStore
 from db.stores.recovery import RecoveryStore
+from db.stores.recurring import RecurringStatements
 from observability.metrics import get_metrics
 from observability.setup import busy_metrics_ports, configure_process, start_worker_endpoints, worker_runtime
 from observability.temporal import LogContextInterceptor, workflow_runner
@@ -55,13 +58,16 @@ from runtime.drain import HostWorkers, serve_then_drain
 from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
 from runtime.search_attributes import register_search_attributes
+from runtime.temporal_calls import until_temporal_answers
 from runtime.webhooks import WebhookDispatcher
+from service.recurring_schedules import ScheduleSync
 from service.temporal import ADDRESS as TEMPORAL_ADDRESS
 from service.temporal import NAMESPACE as TEMPORAL_NAMESPACE
 from service.temporal import TemporalConnectError, connect_client
 from settings import Settings
 from workflows.export import ExportWorkflow
 from workflows.recovery import RecoveryWorkflow
+from workflows.recurring import RecurringFireWorkflow
 from workflows.sweeper import SweeperWorkflow
 
 log = logging.getLogger("worker")
@@ -168,6 +174,7 @@ def build_workers(
     *,
     recovery: RecoveryActivities | None = None,
     sweeper: SweeperActivities | None = None,
+    recurring: RecurringActivities | None = None,
 ) -> HostWorkers:
     """The Temporal workers of one host: the shared queue's workflows, the shared queue's activities (the
     claim, and recovery and the sweeper when given), and the host's own queue. Each binds the export's IDs
@@ -181,6 +188,9 @@ def build_workers(
     if sweeper is not None:
         workflows.append(SweeperWorkflow)
         shared_activities += sweeper.activities()
+    if recurring is not None:
+        workflows.append(RecurringFireWorkflow)
+        shared_activities += recurring.activities()
     grace = timedelta(seconds=settings.shutdown_grace_seconds)
     return HostWorkers(
         workflows=Worker(
@@ -241,9 +251,14 @@ async def run_worker(
         await wait_for_postgres(settings.database_url, START_RETRY_SECONDS, what="the worker")
     except StoreError as exc:
         raise PostgresUnreachable(str(exc)) from exc
-    search_attributes = await register_search_attributes(client, client.namespace)
+    within = settings.temporal_connect_timeout_seconds
+    search_attributes = await until_temporal_answers(
+        lambda: register_search_attributes(client, client.namespace), "search attributes", within=within
+    )
     if schedules:
-        await ensure_schedules(client, settings)
+        await until_temporal_answers(
+            lambda: ensure_schedules(client, settings), "the Schedules", within=within
+        )
 
     async with contextlib.AsyncExitStack() as resources:
         export = await open_export_activities(
@@ -263,12 +278,26 @@ async def run_worker(
             name=f"recovery-{worker_id}",
         )
         resources.push_async_callback(recovery_pool.close)
+        # Recurring exports' firings create exports through the API's create, so they run as exports_api.
+        recurring_pool = await open_pool(
+            settings.database_url, "exports_api", max_size=4, name=f"recurring-{worker_id}"
+        )
+        resources.push_async_callback(recurring_pool.close)
+        recurring_store = RecurringStatements(recurring_pool)
+        if schedules:
+            synced = await ScheduleSync(
+                client,
+                task_queue=settings.task_queue,
+                catchup_window_seconds=settings.recurring_catchup_window_seconds,
+            ).reconcile(recurring_store)
+            log.info("recurring exports' schedules: %s", {k.value: n for k, n in synced.items() if n})
         workers = build_workers(
             client,
             settings,
             export,
             recovery=RecoveryActivities(RecoveryStore(recovery_pool), settings, partners=partner_for),
             sweeper=SweeperActivities(export.store, settings),
+            recurring=RecurringActivities(recurring_store, settings),
         )
         dispatcher = OutboxDispatcher(
             DispatcherStore(dispatcher_pool), client, settings, listen_url=settings.database_url

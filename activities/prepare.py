@@ -37,6 +37,7 @@ from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.ownership import held_by
 from rules.policy import evaluate_policy
 from runtime.attempts import Attempt, StopReason
+from settings import Settings
 from workflows.models import AttemptOutcome, LocalFile, PrepareInput, PrepareResult
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,11 @@ class PrepareActivity:
 
         if self.host.seams.before_build is not None:
             await self.host.seams.before_build(job.id)
+        # What the partner receives (its format, keys and signing key reference) is the destination's.
+        try:
+            destination = await self.host.store.load_destination(job.tenant_id, job.destination_id)
+        except StoreError as exc:
+            raise BuildError("DestinationUnreadable", type(exc).__name__, transient=True) from None
         # At most max_concurrent_builds at once: waiting here holds no connection, and the keeper renews.
         async with self._builds:
             started = time.perf_counter()
@@ -203,6 +209,10 @@ class PrepareActivity:
                 delivery_key=job.delivery_key,
                 attempt_id=attempt.attempt_id,
                 work_dir=self.host.settings.work_dir,
+                file_format=destination.file_format,
+                signing_passphrase=_signing_passphrase(self.host.settings)
+                if destination.pgp_signing_key_ref is not None
+                else None,
                 progress=progress,
             )
         get_metrics().observe_build(time.perf_counter() - started, built.rows, built.size)
@@ -321,6 +331,7 @@ class PrepareActivity:
                 length=built.size,
                 sha256=built.sha256,
                 rows=built.rows,
+                evidence=built.evidence(),
             )
 
         answers = [await authorize()]
@@ -330,3 +341,17 @@ class PrepareActivity:
             if renewal is not None and renewal.owned:
                 answers.append(await authorize())
         return answers
+
+
+def _signing_passphrase(settings: Settings) -> str | None:
+    """The passphrase of protected signing keys, from its setting or its secrets file (first line); never
+    logged, and a file that cannot be read fails the build with codes only."""
+    if settings.signing_key_passphrase is not None:
+        return settings.signing_key_passphrase.get_secret_value()
+    if settings.signing_key_passphrase_file is None:
+        return None
+    try:
+        lines = settings.signing_key_passphrase_file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BuildError("SigningKeyLocked", f"passphrase file unreadable ({type(exc).__name__})") from None
+    return lines[0] if lines else None

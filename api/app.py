@@ -14,11 +14,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from api import console, routes, switches, webhooks
+from api import console, recurring, routes, switches, webhooks
 from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError, translate
 from observability.health import health_router, instrument_fastapi, standard_readiness
 from service.exports import RETRY_AFTER_SECONDS, Exports
+from service.recurring import RecurringExports
+from service.recurring_schedules import ScheduleSync
 from service.signals import TemporalStopSignaller
 from settings import Settings
 
@@ -97,9 +99,10 @@ async def _driver_error(request: Request, exc: psycopg.Error) -> Response:
     return JSONResponse({"detail": "internal error"}, status_code=500)
 
 
-def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
+def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync | None = None) -> FastAPI:
     """Build the API and console over ``exports`` (the operations over open stores, with the stop
-    signaller); the caller owns their pools and closes them."""
+    signaller); the caller owns their pools and closes them. Recurring exports' Schedules are synced over
+    ``schedules``, by default through the stop signaller's Temporal client (pending without one)."""
     app = FastAPI(
         title="Fenced Exports",
         version="1",
@@ -110,6 +113,14 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
     )
     app.state.settings = settings
     app.state.exports = exports
+    if schedules is None:
+        signaller = exports.signaller
+        schedules = ScheduleSync(
+            signaller.connected_client if isinstance(signaller, TemporalStopSignaller) else None,
+            task_queue=settings.task_queue,
+            catchup_window_seconds=settings.recurring_catchup_window_seconds,
+        )
+    app.state.recurring = RecurringExports(exports.store, schedules)
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(TransientStoreError, _database_unavailable)  # type: ignore[arg-type]
     app.add_exception_handler(psycopg.Error, _driver_error)  # type: ignore[arg-type]
@@ -151,6 +162,8 @@ def create_app(settings: Settings, *, exports: Exports) -> FastAPI:
     app.include_router(console.router)
     app.include_router(switches.router)
     app.include_router(switches.console_router)
+    app.include_router(recurring.router)
+    app.include_router(recurring.console_router)
     app.include_router(webhooks.router)
     app.include_router(webhooks.console_router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")

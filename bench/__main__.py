@@ -15,7 +15,12 @@ connection; ``python -m bench.bulk_cancel -h``),
 ``scale_workers`` (the same 200 exports through the soak's real stack with 1, 2 and 4 ``worker.py``
 processes: exports/s, latency p50/p95, the ratio to one worker; ``python -m bench.scale workers -h``),
 ``scale_db`` (the claim, cutoff 2, recovery's scan, the sweep and the list page on a database of 1,000,000
-finished and 100,000 queued exports against an empty one, with their plans; ``python -m bench.scale db -h``).
+finished and 100,000 queued exports against an empty one, with their plans; ``python -m bench.scale db -h``),
+``pgp`` (an encrypted, gzipped, fenced delivery of 1M contacts to OpenSSH sshd against ``psql \\copy | gzip |
+gpg --encrypt`` and ``sftp`` of the same rows, wall and CPU ratios; ``python -m bench.pgp -h``).
+``recurring`` (1,000 recurring exports due in the same minute on the dev server: when the last firing
+starts, when every firing's export exists, and that duplicate firings created nothing twice;
+``python -m bench.recurring -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -24,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, dispatch, e2e, notify, obs, scale, upload
+from bench import builder, bulk_cancel, claims, dispatch, e2e, notify, obs, pgp, recurring, scale, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
@@ -37,6 +42,8 @@ BENCHMARKS = {
     "obs": obs.run_with_defaults,
     "scale_workers": scale.workers_with_defaults,
     "scale_db": scale.db_with_defaults,
+    "pgp": pgp.run_with_defaults,
+    "recurring": recurring.run_with_defaults,
 }
 
 if __name__ == "__main__":

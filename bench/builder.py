@@ -27,9 +27,10 @@ from pathlib import Path
 
 import psycopg
 
-from db.builder import build_export, remove_export_file
+from db.builder import build_export, copy_statement, remove_export_file
 from db.pool import open_pool
 from db.queries import q
+from domain.file_format import FileFormat
 from testbed.pg import APP_LOGIN, clone_database, make_template, postgres_server, with_database
 
 
@@ -72,7 +73,8 @@ def run_psql(psql: str, url: str, tenant_id: uuid.UUID, out: Path) -> tuple[floa
             "BEGIN READ ONLY;",
             q("set_build_scope").replace("%(tenant_id)s", ":'tenant'").replace("%(list_name)s", ":'list'")
             + " \\g /dev/null",
-            "\\copy" + " ".join(q("copy_contacts").split()).removeprefix("COPY"),  # one line for psql
+            "\\copy"
+            + " ".join(copy_statement(FileFormat()).decode().split()).removeprefix("COPY"),  # one line
             "COMMIT;",
             "",
         ]

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -493,6 +494,7 @@ def cutoff2_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float) ->
         "length": 40_123,
         "sha256": b"\x01" * 32,
         "rows": 400,
+        "detail": json.dumps({"file": final_name_for(job.delivery_key)}),
         "lease_seconds": lease_seconds,
     }
 
@@ -741,7 +743,7 @@ async def measure(sides: Sequence[Side], iterations: int) -> None:
         assert side.worker is not None
         job = side.probes[i]
         params = cutoff2_params(job, side.attempts[job.id], lease_seconds=settings.lease_seconds)
-        del params["lease_seconds"]  # the store binds its own
+        del params["lease_seconds"], params["detail"]  # the store binds its own
         started = time.perf_counter()
         result = await side.worker.authorize_delivery_if_running(**params)
         side.record("authorize_delivery_if_running", started)

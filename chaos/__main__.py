@@ -23,6 +23,12 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         "injecting faults by real means, let recovery settle, and audit the invariants.",
     )
     parser.add_argument("--exports", type=int, default=300, help="exports to create (default 300)")
+    parser.add_argument(
+        "--recurring",
+        type=int,
+        default=3,
+        help="recurring exports firing every minute during the load (default 3)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the plan: same seed, same schedule")
     parser.add_argument("--workers", type=int, default=3, help="worker.py processes (default 3)")
     parser.add_argument(
@@ -47,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         default="keep",
         help="the partner's cleanup agreement for temporary files (default keep)",
     )
+    parser.add_argument(
+        "--encrypted-every",
+        type=int,
+        default=3,
+        help="every n-th export goes to the destination that receives .csv.gz.pgp (default 3; 0: none)",
+    )
     args = parser.parse_args(argv)
     faults = () if args.faults == "none" else tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_KINDS]
@@ -56,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         parser.error("--exports and --workers must be at least 1")
     return SoakConfig(
         exports=args.exports,
+        recurring=args.recurring,
         seed=args.seed,
         workers=args.workers,
         duration=args.duration,
@@ -68,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         run_dir=args.run_dir,
         keep=args.keep,
         temporary_files=args.temporary_files,
+        encrypted_every=max(0, args.encrypted_every),
     )
 
 

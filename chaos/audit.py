@@ -10,6 +10,7 @@ themselves) are gathered as findings.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import json
 from collections import Counter, defaultdict
@@ -30,6 +31,8 @@ from chaos.histories import connect, delivery_fate, job_of_workflow, open_export
 from chaos.stack import PRINCIPAL, Exit
 from chaos.textual import normalize
 from chaos.webhooks import audit_webhooks
+from domain.recurring import firing_key
+from testbed.gpg import GpgIdentity
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
 from testbed.webhook_receiver import Received
 
@@ -94,6 +97,12 @@ class AuditInput:
     recovery_every_seconds: float = 30.0
     webhooks: list[Received] = field(default_factory=list)  # what the soak's receiver got
     webhook_endpoint_id: str | None = None  # the receiver's endpoint (None: no webhook check)
+    max_transient_releases: int = 6  # the workers' EXPORTS_MAX_TRANSIENT_RELEASES
+    # What each destination receives, by ID, when it is not the plain ".csv" (issue #24 item 5), and the
+    # partner's key to decrypt it with (its own GNUPGHOME) and the tenant key's fingerprint it must be signed by.
+    file_suffixes: dict[str, str] = field(default_factory=dict)
+    partner_key: GpgIdentity | None = None
+    signer_fingerprint: str | None = None
 
 
 @dataclass
@@ -128,6 +137,10 @@ class Auditor:
         self.open_workflow_jobs: set[str] = set()
         self.db_now: float = 0.0
         self.webhook_deliveries: list[dict[str, Any]] = []
+        self.firings: list[dict[str, Any]] = []  # recurring exports' firings
+        self.recurring_keys: dict[str, list[str]] = defaultdict(
+            list
+        )  # a firing's key -> the exports under it
 
     def violate(self, invariant: str, job_id: str | None, detail: str, **evidence: Any) -> None:
         self.result.violations.append(Violation(invariant, job_id, detail, evidence))
@@ -147,9 +160,11 @@ class Auditor:
             self._cancellations,
             self._client_answers,
             self._idempotency_and_edits,
+            self._recurring_firings,
             self._events_agree_with_status,
             self._http_5xx,
             self._outcomes,
+            self._give_backs,
             self._slow_to_settle,
             self._process_exits,
             self._drains,
@@ -228,6 +243,16 @@ class Auditor:
                         {"e": self.inp.webhook_endpoint_id},
                     )
                 )
+            self.firings = list(
+                conn.execute(
+                    "SELECT * FROM recurring_export_firings WHERE tenant_id = %(t)s ORDER BY id", tenant
+                )
+            )
+            for row in conn.execute(
+                "SELECT key, job_id FROM idempotency_keys WHERE tenant_id = %(t)s AND key LIKE 'recurring-export-%%'",
+                tenant,
+            ):
+                self.recurring_keys[row["key"]].append(str(row["job_id"]))
             now = conn.execute("SELECT clock_timestamp() AS now").fetchone()
             assert now is not None
             self.db_now = now["now"].timestamp()
@@ -275,8 +300,13 @@ class Auditor:
     def _jobs_by_final_name(self) -> dict[str, list[dict[str, Any]]]:
         by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for job in self.jobs.values():
-            by_name[f"contacts-{job['delivery_key']}.csv"].append(job)
+            by_name[self._final_name(job)].append(job)
         return by_name
+
+    def _final_name(self, job: dict[str, Any]) -> str:
+        """The name the job's destination receives: its delivery key and its format's suffix."""
+        suffix = self.inp.file_suffixes.get(str(job.get("destination_id")), ".csv")
+        return f"contacts-{job['delivery_key']}{suffix}"
 
     def _partner_files(self) -> None:
         """No final name under a job that never delivers; none written twice without an agreement; every
@@ -374,7 +404,7 @@ class Auditor:
         for job_id, job in self.jobs.items():
             if job["status"] != "Completed":
                 continue
-            name = job["expected_file_name"] or f"contacts-{job['delivery_key']}.csv"
+            name = job["expected_file_name"] or self._final_name(job)
             path = on_disk.get(name)
             if path is None:
                 self.violate("completed_file_mismatch", job_id, f"Completed but {name} is not on the partner",
@@ -386,6 +416,8 @@ class Auditor:
                 problems.append(f"size {len(data)} != recorded {job['expected_file_bytes']}")
             if hashlib.sha256(data).digest() != bytes(job["expected_file_sha256"] or b""):
                 problems.append("SHA-256 differs from the recorded one")
+            if name.endswith(".pgp"):
+                data = self._decrypted(job_id, job, path, problems)
             rows = data.count(b"\n") - 1
             wanted = self.list_sizes.get(job["list_name"])
             if wanted is not None and rows != wanted:
@@ -403,6 +435,45 @@ class Auditor:
                 self.violate(
                     "completed_file_mismatch", job_id, "; ".join(problems), events=self._summary(job_id)
                 )
+
+    def _decrypted(self, job_id: str, job: dict[str, Any], path: Path, problems: list[str]) -> bytes:
+        """The partner's ``gpg --decrypt`` (and gunzip) of a Completed OpenPGP file, checked against the
+        attempt's evidence: the plaintext's SHA-256 and size, the recipient, the signer. The CSV, or b""."""
+        self.result.counts["encrypted_files_decrypted"] = self.result.counts.get(
+            "encrypted_files_decrypted", 0
+        )
+        if self.inp.partner_key is None:
+            problems.append("an OpenPGP file, and no partner key to decrypt it with")
+            return b""
+        authorized = self._job_events(job_id, job["attempt_id"], "DeliveryAuthorized")
+        try:
+            evidence = json.loads(authorized[-1]["detail"] or "") if authorized else {}
+        except ValueError:
+            evidence = {}
+        if not isinstance(evidence, dict) or "plaintext" not in evidence:
+            problems.append("no file evidence (plaintext hash) with the attempt's DeliveryAuthorized event")
+            return b""
+        decrypted = self.inp.partner_key.decrypt(path)
+        if decrypted.returncode != 0:
+            problems.append(f"the partner's gpg --decrypt failed (exit {decrypted.returncode})")
+            return b""
+        if self.inp.signer_fingerprint and not decrypted.has("VALIDSIG", self.inp.signer_fingerprint):
+            problems.append("no valid signature by the tenant's key")
+        try:
+            csv = gzip.decompress(decrypted.data) if path.name.endswith(".gz.pgp") else decrypted.data
+        except (OSError, EOFError):
+            problems.append("the decrypted file is not gzip")
+            return b""
+        self.result.counts["encrypted_files_decrypted"] += 1
+        if hashlib.sha256(csv).hexdigest() != evidence["plaintext"].get("sha256"):
+            problems.append("the decrypted CSV's SHA-256 differs from the recorded plaintext hash")
+        if len(csv) != evidence["plaintext"].get("bytes"):
+            problems.append(
+                f"the decrypted CSV has {len(csv)} bytes, recorded {evidence['plaintext'].get('bytes')}"
+            )
+        if self.inp.partner_key.fingerprint not in (evidence.get("recipients") or []):
+            problems.append("the evidence does not name the partner's key as a recipient")
+        return csv
 
     # -- stranded and unsettled jobs --------------------------------------------------------------------
 
@@ -650,6 +721,44 @@ class Auditor:
         self.result.counts["edits"] = dict(edits)
         self.result.counts["duplicate_creates"] = dict(duplicates)
 
+    def _recurring_firings(self) -> None:
+        """No firing created two exports: one firing row per recurring export and nominal time, each created
+        one names an export that exists and whose idempotency key is that firing's (schedule ID @ nominal
+        time), no key names two exports, no export is named by two firings, and every export made under a
+        firing's key has its firing recorded (the export and its firing commit together)."""
+        seen: set[tuple[str, str]] = set()
+        by_job: Counter[str] = Counter()
+        created_keys: set[str] = set()
+        for firing in self.firings:
+            recurring, nominal = str(firing["recurring_export_id"]), firing["nominal_time"]
+            if (recurring, nominal.isoformat()) in seen:
+                self.violate("recurring_firing", None, f"two firings recorded for {recurring} at {nominal}")
+            seen.add((recurring, nominal.isoformat()))
+            if firing["outcome"] != "created":
+                continue
+            job_id = str(firing["job_id"])
+            by_job[job_id] += 1
+            key = firing_key(firing["recurring_export_id"], nominal)
+            created_keys.add(key)
+            if job_id not in self.jobs:
+                self.violate(
+                    "recurring_firing", job_id, f"firing of {recurring} at {nominal} names no export"
+                )
+            if self.recurring_keys.get(key) != [job_id]:
+                self.violate("recurring_firing", job_id,
+                             f"firing key {key} names exports {self.recurring_keys.get(key)}, not {job_id}")  # fmt: skip
+        for job_id, n in by_job.items():
+            if n > 1:
+                self.violate("recurring_firing", job_id, f"{n} firings created the same export")
+        for key, jobs in self.recurring_keys.items():
+            if len(jobs) > 1:
+                self.violate("recurring_firing", jobs[0], f"key {key} names {len(jobs)} exports")
+            if key not in created_keys:
+                self.violate("recurring_firing", jobs[0], f"export made under {key} has no firing recorded")
+        outcomes = Counter(f["outcome"] + (f" ({f['reason']})" if f["reason"] else "") for f in self.firings)
+        self.result.counts["recurring_firings"] = dict(outcomes.most_common())
+        self.result.counts["recurring_exports_created"] = sum(by_job.values())
+
     def _events_agree_with_status(self) -> None:
         """The row's status is the one its attempt's last transition event says."""
         for job_id, job in self.jobs.items():
@@ -745,7 +854,18 @@ class Auditor:
         for job_id, job in self.jobs.items():
             if job["status"] != "OutcomeUnknown":
                 continue
+            if job["fence_expected"] and job["rename_fenced_at"] is None:
+                # The rename request is never sent without its fence: this attempt never wrote the final name,
+                # and recovery settles such a row from its fences (23.2). Left unknown, a person waits for
+                # what the row already proves.
+                self.violate(
+                    "outcome_unknown_proved_not_delivered",
+                    job_id,
+                    "OutcomeUnknown although the rename fence was never written (the rename was never sent)",
+                    attempt_id=str(job["attempt_id"]),
+                )
             cause, info = self._unknown_cause(job_id, job)
+            info["rename_request_sent"] = job["rename_fenced_at"] is not None or not job["fence_expected"]
             unknown[cause].append(job_id)
             likely[cause][
                 info["faults_near"][0].split(" ")[0] if info["faults_near"] else "no fault nearby"
@@ -783,6 +903,48 @@ class Auditor:
                 ):
                     requeued[event["kind"]] += 1
         self.result.counts["recovery_takeovers"] = dict(requeued)
+
+    def _give_backs(self) -> None:
+        """No job is given back for failures more often than the bound (23.1), and one that reached it ended
+        Failed (AttemptsExhausted) with the give-back's event; every give-back is counted by its cause."""
+        bound = self.inp.max_transient_releases
+        by_cause: Counter[str] = Counter()
+        for job_id, job in self.jobs.items():
+            released = [e for e in self._job_events(job_id) if e["kind"] == "Released"]
+            causes = [(e["detail"] or "").split(":", 1)[0] for e in released]
+            by_cause.update(causes)
+            counted = sum(1 for c in causes if c in ("transient", "workflow"))
+            if counted > bound or job["transient_releases"] > bound:
+                self.violate(
+                    "released_past_the_bound",
+                    job_id,
+                    f"given back {counted} times for failures (row says {job['transient_releases']}), bound {bound}",
+                )
+            if counted != job["transient_releases"]:
+                self.violate(
+                    "give_backs_disagree_with_the_row",
+                    job_id,
+                    f"{counted} Released events for failures, transient_releases {job['transient_releases']}",
+                )
+            gave_up = [
+                e
+                for e in self._job_events(job_id, job["attempt_id"], "AttemptsExhausted")
+                if e["worker_id"] and (e["detail"] or "").startswith("given back")
+            ]
+            if gave_up and (job["status"], job["failure_reason"], counted) != (
+                "Failed",
+                "AttemptsExhausted",
+                bound,
+            ):
+                self.violate(
+                    "give_back_bound_not_applied",
+                    job_id,
+                    f"gave up after {counted} give-backs, bound {bound}, ended {job['status']} {job['failure_reason']}",
+                )
+        self.result.counts["releases_by_cause"] = dict(by_cause.most_common())
+        self.result.counts["jobs_given_back_for_failures"] = sum(
+            1 for job in self.jobs.values() if job["transient_releases"]
+        )
 
     def _unknown_cause(self, job_id: str, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         attempt = str(job["attempt_id"])

@@ -32,6 +32,7 @@ class SoakConfig:
     ``settle`` bounds the wait for recovery afterwards."""
 
     exports: int = 300
+    recurring: int = 3  # recurring exports defined through the API, firing every minute during the load
     seed: int = 1
     workers: int = 3
     duration: float | None = None  # default: derived from ``exports``
@@ -42,6 +43,9 @@ class SoakConfig:
     run_dir: Path | None = None  # default: a fresh directory under /tmp, kept (logs), partner files removed
     keep: bool = False  # keep the partner's files and the databases' directories too
     temporary_files: str = "keep"  # the partner destination's cleanup agreement ('keep' or 'remove')
+    # Every n-th export goes to a second destination of the same partner that receives gzip, encrypted to
+    # the partner's key and signed with the tenant's (issue #24 item 5); 0: none. The auditor decrypts them.
+    encrypted_every: int = 3
     # The workers' settings (EXPORTS_*): short, so a lease lost to a fault is recovered within the run.
     lease_seconds: float = 6.0
     renew_every_seconds: float = 2.0
@@ -50,6 +54,10 @@ class SoakConfig:
     sweep_every_seconds: float = 5.0
     shutdown_grace_seconds: float = 5.0
     max_attempts: int = 3
+    # give-backs for failures (23.1): short waits, so a job given back after a fault settles within the run
+    release_backoff_base_seconds: float = 1.0
+    release_backoff_cap_seconds: float = 8.0
+    max_transient_releases: int = 6
     lists: dict[str, int] = field(default_factory=lambda: dict(LISTS))
     verbose: bool = False
 

@@ -94,10 +94,12 @@ class Driver:
         *,
         t0: float,
         hard_deadline: float,
+        encrypted_destination_id: str | None = None,
     ) -> None:
         self.api = api
         self.board = board
         self.destination_id = destination_id
+        self.encrypted_destination_id = encrypted_destination_id or destination_id
         self.exports = exports
         self.t0 = t0
         self.hard_deadline = hard_deadline
@@ -119,7 +121,8 @@ class Driver:
         await asyncio.sleep(max(0.0, self.t0 + plan.at - time.monotonic()))
         record = ExportRecord(index=plan.index, role="original", list_name=plan.list_name, plan=plan)
         self.records.append(record)
-        body = {"destination_id": self.destination_id, "list_name": plan.list_name}
+        destination = self.encrypted_destination_id if plan.encrypted else self.destination_id
+        body = {"destination_id": destination, "list_name": plan.list_name}
 
         if plan.duplicate == "concurrent":
             first, second = await asyncio.gather(

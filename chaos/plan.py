@@ -36,6 +36,7 @@ class ExportPlan:
     )
     replace: bool  # replace the export if it ends OutcomeUnknown or Failed (replaceable code)
     overwrite: bool  # the replacement carries an overwrite agreement
+    encrypted: bool = False  # to the destination that receives .csv.gz.pgp (every n-th, drawn from nothing)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def make_plan(config: SoakConfig) -> Plan:
                 duplicate=duplicate,
                 replace=rng.random() < 0.85,
                 overwrite=rng.random() < 0.3,
+                encrypted=config.encrypted_every > 0 and index % config.encrypted_every == 0,
             )
         )
 

@@ -98,6 +98,9 @@ def render(report: dict[str, Any]) -> str:
         add(f"  {point:18} {outcomes}   seen before: {seen}")
     add(f"  recorded: {c.get('cancellation_outcomes', {})}")
     add(f"edits: {c.get('edits', {})}; duplicate creates: {c.get('duplicate_creates', {})}")
+    add(
+        f"recurring exports' firings: {c.get('recurring_firings', {})} (each created one export; none created two)"
+    )
     add("")
     add("HTTP answers by route: ")
     for route, statuses in c.get("http_answers", {}).items():

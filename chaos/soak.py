@@ -23,6 +23,7 @@ from chaos.config import SoakConfig
 from chaos.driver import Driver
 from chaos.faults import FaultInjector
 from chaos.plan import make_plan
+from chaos.recurring import ADMIN, RecurringLoad
 from chaos.report import build_report
 from chaos.stack import Stack
 
@@ -52,6 +53,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
     stack = Stack(config, run_dir)
     harness: list[str] = []
     api: ApiClient | None = None
+    admin_api: ApiClient | None = None
     board: StatusBoard | None = None
     drive: asyncio.Task[None] | None = None
     try:
@@ -62,11 +64,30 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         board = StatusBoard(api)
         board.start()
         client = await Client.connect(stack.temporal.address)
+        from service.auth import mint_token
+
+        admin_token = await mint_token(
+            stack.admin_url, tenant_id=stack.tenant_id, principal=ADMIN, role="admin"
+        )
+        admin_api = ApiClient(stack.api_url, admin_token)
+        recurring = RecurringLoad(
+            admin_api, client, str(stack.destination_id), count=config.recurring, list_name="tiny"
+        )
+        await recurring.define()
+        say(f"{len(recurring.records.defined)} recurring exports defined, firing every minute")
         t0 = time.monotonic()
         load = config.load_seconds
         hard_deadline = t0 + load + config.settle
         driver = Driver(
-            api, board, str(stack.destination_id), plan.exports, t0=t0, hard_deadline=hard_deadline
+            api,
+            board,
+            str(stack.destination_id),
+            plan.exports,
+            t0=t0,
+            hard_deadline=hard_deadline,
+            encrypted_destination_id=str(stack.encrypted_destination_id)
+            if stack.encrypted_destination_id
+            else None,
         )
         injector = FaultInjector(stack, plan.faults, t0=t0, client=client, say=say)
         say("load and faults begin")
@@ -75,9 +96,16 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
             _report_progress(say, driver, board, injector, api, len(plan.exports), loads)
         )
         outage = asyncio.create_task(_receiver_outage(stack, t0, load, say), name="receiver-outage")
+        duplicates = asyncio.create_task(recurring.duplicates(until=t0 + load), name="recurring-duplicates")
         await injector.run()
         await asyncio.sleep(max(0.0, t0 + load - time.monotonic()))
         await outage
+        duplicates.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await duplicates
+        await stack.ensure_all_running()
+        await recurring.delete_all()  # the exports they made are untouched, and settle like the others
+        say(f"recurring exports: {recurring.summary()}")
         timings["load"] = time.monotonic() - t0
         load_ended_at = time.time()
 
@@ -97,6 +125,12 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await drive
         harness += driver.errors
+        harness += [f"recurring: {e}" for e in recurring.records.errors if e.startswith("define")]
+        harness += [
+            f"recurring: delete of {r} answered {status}"
+            for r, status in recurring.records.deletions.items()
+            if status != 200
+        ]
 
         say("auditing: database, partner watch, client answers, API log, workflow histories")
         audit_started = time.monotonic()
@@ -123,9 +157,15 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 logs=logs,
                 shutdown_grace_seconds=config.shutdown_grace_seconds,
                 recovery_every_seconds=config.recovery_every_seconds,
+                max_transient_releases=config.max_transient_releases,
                 load_ended_at=load_ended_at,
                 webhooks=stack.receiver.received() if stack.receiver is not None else [],
                 webhook_endpoint_id=stack.webhook_endpoint_id,
+                file_suffixes={str(stack.encrypted_destination_id): ".csv.gz.pgp"}
+                if stack.encrypted_destination_id
+                else {},
+                partner_key=stack.partner_key,
+                signer_fingerprint=stack.tenant_key.fingerprint if stack.tenant_key else None,
             )
         ).run()
         timings["audit"] = time.monotonic() - audit_started
@@ -155,6 +195,8 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
             await board.stop()
         if api is not None:
             await api.aclose()
+        if admin_api is not None:
+            await admin_api.aclose()
         say("stopping everything the soak started")
         await stack.stop()
 

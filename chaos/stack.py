@@ -33,6 +33,7 @@ from chaos import webhooks
 from chaos.config import SoakConfig
 from db.embedded import EmbeddedPostgres, free_port
 from db.migrate import ensure_app_login, migrate
+from testbed.gpg import GpgIdentity
 from testbed.partner_watch import PartnerWatch
 from testbed.pg_control import start_server, stop_server, wait_until_accepting
 from testbed.processes import Child
@@ -92,6 +93,11 @@ class Stack:
         self.api_port = free_port()
         self.tenant_id: UUID | None = None
         self.destination_id: UUID | None = None
+        # The same partner's second destination, which receives .csv.gz.pgp: encrypted to the partner's key
+        # (whose home the auditor decrypts with), signed with the tenant's (issue #24 item 5).
+        self.encrypted_destination_id: UUID | None = None
+        self.partner_key: GpgIdentity | None = None
+        self.tenant_key: GpgIdentity | None = None
         self.token: str | None = None
         self.admin_token: str | None = None  # registers the soak's webhook endpoint
         self.receiver: WebhookReceiver | None = None
@@ -186,6 +192,9 @@ class Stack:
             self.watch.stop()
         if self.receiver is not None:
             self.receiver.stop()
+        for identity in (self.partner_key, self.tenant_key):
+            if identity is not None:
+                identity.close()
         if self.sshd is not None:
             if self.config.keep:  # Sshd.stop() would remove its directory with the partner's files
                 self.sshd.process.terminate()
@@ -221,24 +230,27 @@ class Stack:
         from service.auth import mint_token
 
         assert self.sshd is not None and self.sftp_proxy is not None and self.upload_dir is not None
+        destination: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": self.sftp_proxy.port,
+            "username": self.sshd.user.pw_name,
+            "host_key": self.sshd.host_key_line,
+            "credential_ref": str(self.sshd.client_key_path),
+            "remote_dir": str(self.upload_dir),
+            "hash_evidence": "read_back",
+            "max_write_request": 261120,
+            "temporary_files": self.config.temporary_files,
+        }
         seeded = await seed_tenant(
             self.admin_url,
             tenant_name="chaos",
             destination_name="partner-sshd",
-            destination={
-                "host": "127.0.0.1",
-                "port": self.sftp_proxy.port,
-                "username": self.sshd.user.pw_name,
-                "host_key": self.sshd.host_key_line,
-                "credential_ref": str(self.sshd.client_key_path),
-                "remote_dir": str(self.upload_dir),
-                "hash_evidence": "read_back",
-                "max_write_request": 261120,
-                "temporary_files": self.config.temporary_files,
-            },
+            destination=destination,
             contacts=0,
         )
         self.tenant_id, self.destination_id = seeded.tenant_id, seeded.destination_id
+        if self.config.encrypted_every > 0:
+            await self._seed_encrypted_destination(destination)
         await asyncio.to_thread(self._insert_contacts)
         self.token = await mint_token(
             self.admin_url, tenant_id=self.tenant_id, principal=PRINCIPAL, role="operator"
@@ -261,6 +273,31 @@ class Stack:
         answer.raise_for_status()
         self.webhook_endpoint_id = answer.json()["endpoint"]["id"]
         self.receiver.expect(webhooks.PATH, answer.json()["secret"])
+
+    async def _seed_encrypted_destination(self, destination: dict[str, Any]) -> None:
+        """The partner's second destination: gzip, encrypted to the partner's key, signed with the tenant's
+        (keys generated for this run in their own GNUPGHOMEs, never kept)."""
+        from db.admin import add_destination
+
+        assert self.tenant_id is not None
+        self.partner_key = await asyncio.to_thread(
+            GpgIdentity.generate, "Soak partner <files@partner.invalid>", self.run_dir
+        )
+        self.tenant_key = await asyncio.to_thread(
+            GpgIdentity.generate, "Soak tenant <exports@tenant.invalid>", self.run_dir
+        )
+        await asyncio.to_thread(self.partner_key.import_public, self.tenant_key)
+        self.encrypted_destination_id = await add_destination(
+            self.admin_url,
+            tenant_id=self.tenant_id,
+            name="partner-sshd-pgp",
+            destination={
+                **destination,
+                "compression": "gzip",
+                "pgp_recipient_keys": [self.partner_key.public_key],
+                "pgp_signing_key_ref": str(self.tenant_key.secret_key_file),
+            },
+        )
 
     def _insert_contacts(self) -> None:
         marker = self.marker
@@ -306,6 +343,9 @@ class Stack:
             "EXPORTS_LEASE_SECONDS": str(c.lease_seconds),
             "EXPORTS_RENEW_EVERY_SECONDS": str(c.renew_every_seconds),
             "EXPORTS_MAX_ATTEMPTS": str(c.max_attempts),
+            "EXPORTS_RELEASE_BACKOFF_BASE_SECONDS": str(c.release_backoff_base_seconds),
+            "EXPORTS_RELEASE_BACKOFF_CAP_SECONDS": str(c.release_backoff_cap_seconds),
+            "EXPORTS_MAX_TRANSIENT_RELEASES": str(c.max_transient_releases),
             "EXPORTS_RECOVERY_EVERY_SECONDS": str(c.recovery_every_seconds),
             "EXPORTS_SWEEP_AFTER_SECONDS": str(c.sweep_after_seconds),
             "EXPORTS_SWEEP_EVERY_SECONDS": str(c.sweep_every_seconds),

@@ -18,6 +18,7 @@ import psycopg
 
 from db.errors import StoreError, translated
 from db.queries import execute
+from domain.file_format import FileFormat
 
 DEMO_LIST = "newsletter"
 
@@ -153,7 +154,9 @@ async def add_destination(
     """Insert one more destination for a tenant (``destination`` holds its columns), created enabled
     unless ``enabled`` is false, with a contract window when one is given; returns its ID."""
     destination_id = uuid.uuid4()
-    row = {**_DESTINATION_DEFAULTS, **destination, "id": destination_id, "tenant_id": tenant_id, "name": name}
+    row = _destination_row(
+        {**_DESTINATION_DEFAULTS, **destination, "id": destination_id, "tenant_id": tenant_id, "name": name}
+    )
     async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn, conn.transaction():
         await execute(conn, "insert_destination", row)
         if contract_starts_on is not None or contract_ends_on is not None:
@@ -176,7 +179,28 @@ _DESTINATION_DEFAULTS: dict[str, Any] = {
     "ack_suffix": None,
     "max_write_request": 32768,
     "temporary_files": "keep",
+    # What the partner receives (0020): the plain CSV every destination received before.
+    "csv_header": True,
+    "csv_delimiter": ",",
+    "csv_columns": ["email", "first_name", "last_name"],
+    "compression": "none",
+    "pgp_recipient_keys": [],
+    "pgp_signing_key_ref": None,
 }
+
+
+def _destination_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The row to insert, its file format checked first (a bad one raises ``ValueError`` and nothing is
+    written; the message never repeats a key); tuples become lists, which psycopg sends as arrays."""
+    FileFormat(
+        header=row["csv_header"],
+        delimiter=row["csv_delimiter"],
+        columns=tuple(row["csv_columns"]),
+        compression=row["compression"],
+        recipient_keys=tuple(row["pgp_recipient_keys"]),
+        signing_key_ref=row["pgp_signing_key_ref"],
+    )
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}
 
 
 async def seed_tenant(
@@ -193,13 +217,15 @@ async def seed_tenant(
     contacts in ``list_name``, in one transaction; returns their IDs. Both are created enabled (their
     delivery switches on) unless ``enabled`` is false."""
     tenant_id, destination_id = uuid.uuid4(), uuid.uuid4()
-    row = {
-        **_DESTINATION_DEFAULTS,
-        **destination,
-        "id": destination_id,
-        "tenant_id": tenant_id,
-        "name": destination_name,
-    }
+    row = _destination_row(
+        {
+            **_DESTINATION_DEFAULTS,
+            **destination,
+            "id": destination_id,
+            "tenant_id": tenant_id,
+            "name": destination_name,
+        }
+    )
     async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn, conn.transaction():
         await execute(conn, "insert_tenant", {"id": tenant_id, "name": tenant_name})
         await execute(conn, "insert_destination", row)

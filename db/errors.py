@@ -65,6 +65,8 @@ CONSTRAINT_MEANINGS: dict[str, tuple[type[ConstraintRefused], str]] = {
     "delivery_switches_tenant_id_fkey": (UnknownReference, _NO_DESTINATION),
     "fk_cancellation_batches_destination": (UnknownReference, _NO_DESTINATION),
     "fk_cancellation_previews_destination": (UnknownReference, _NO_DESTINATION),
+    "fk_recurring_exports_destination": (UnknownReference, _NO_DESTINATION),
+    "fk_recurring_exports_creator": (UnknownReference, "the creator is not a principal of this tenant"),
 }
 
 

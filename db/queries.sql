@@ -207,7 +207,8 @@ authorized AS (
     RETURNING j.id, j.status, j.attempt_id, j.stop_request_id, j.delivery_authorized_at),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
-    SELECT id, attempt_id, 'DeliveryAuthorized', %(final_name)s, delivery_authorized_at FROM authorized)
+    -- the attempt's file evidence (JSON: file, bytes, SHA-256, rows, plaintext, format, fingerprints)
+    SELECT id, attempt_id, 'DeliveryAuthorized', %(detail)s, delivery_authorized_at FROM authorized)
 SELECT true AS matched, status, attempt_id, stop_request_id, true AS lease_current,
        (SELECT status FROM original) AS original_status, true AS destination_usable, true AS deliveries_open,
        true AS policy_allows

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
@@ -180,3 +180,48 @@ class SwitchStateRow(Row):
     """What ``lock_delivery_switch`` read under the lock (no row: the scope was never switched)."""
 
     enabled: bool
+
+
+class FiringFactsRow(Row):
+    """``lock_recurring_export_for_firing``'s answer: a firing's facts, read under its recurring export's lock."""
+
+    id: UUID
+    tenant_id: UUID
+    version: int
+    destination_id: UUID
+    list_name: str
+    created_by: str
+    paused: bool
+    paused_reason: str | None
+    deleted_at: datetime | None
+    starts_at: datetime | None
+    ends_at: datetime | None
+    destination_found: bool
+    destination_name: str | None
+    destination_retired_at: datetime | None
+    contract_starts_on: date | None
+    contract_ends_on: date | None
+    principal_found: bool
+    principal_role: str | None
+    principal_revoked_at: datetime | None
+    principal_lists: list[str] | None
+    deliveries_open: bool
+    paused_scope: str | None
+    paused_scope_reason: str | None
+    recorded_outcome: str | None
+    live_job_id: UUID | None
+    live_job_status: str | None
+    late: bool
+    late_runs: int
+    today: date
+
+
+class StatusCountRow(Row):
+    status: JobStatus
+    n: int
+
+
+class PrincipalRow(Row):
+    name: str
+    role: str
+    revoked_at: datetime | None

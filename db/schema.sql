@@ -3,6 +3,25 @@
 --   python -m db.schema --write  (or: make schema)
 -- tests/db/test_schema_file.py fails when a freshly migrated database differs from this file.
 
+CREATE FUNCTION public.armored_public_keys_ok(keys text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+SELECT cardinality(keys) <= 10
+   AND coalesce((SELECT bool_and(k LIKE '-----BEGIN PGP PUBLIC KEY BLOCK-----%'
+                                 AND k LIKE '%-----END PGP PUBLIC KEY BLOCK-----%'
+                                 AND k NOT LIKE '%PRIVATE KEY%')
+                 FROM unnest(keys) AS k), true)
+$$;
+
+CREATE FUNCTION public.csv_columns_ok(columns text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+SELECT cardinality(columns) >= 1
+   AND array_position(columns, NULL) IS NULL
+   AND columns <@ ARRAY['email', 'first_name', 'last_name']
+   AND (SELECT count(DISTINCT c) FROM unnest(columns) AS c) = cardinality(columns)
+$$;
+
 CREATE FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -387,6 +406,34 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.recurring_export_firings_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'the firings of recurring exports are history: append-only'
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+
+CREATE FUNCTION public.recurring_exports_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'recurring exports are never deleted; record the deletion instead'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NEW.tenant_id <> OLD.tenant_id OR NEW.id <> OLD.id OR NEW.created_by <> OLD.created_by
+       OR NEW.created_at <> OLD.created_at THEN
+        RAISE EXCEPTION 'recurring export % identity columns never change', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_recurring_exports_identity';
+    END IF;
+    IF OLD.deleted_at IS NOT NULL THEN
+        RAISE EXCEPTION 'recurring export % was deleted and is final', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_recurring_exports_deleted_final';
+    END IF;
+    RETURN NEW;
+END $$;
+
 CREATE TABLE public.api_tokens (
     token_sha256 bytea NOT NULL,
     tenant_id uuid NOT NULL,
@@ -542,8 +589,19 @@ CREATE TABLE public.destinations (
     retired_at timestamp with time zone,
     retired_by text,
     temporary_files text DEFAULT 'keep'::text NOT NULL,
+    csv_header boolean DEFAULT true NOT NULL,
+    csv_delimiter text DEFAULT ','::text NOT NULL,
+    csv_columns text[] DEFAULT ARRAY['email'::text, 'first_name'::text, 'last_name'::text] NOT NULL,
+    compression text DEFAULT 'none'::text NOT NULL,
+    pgp_recipient_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    pgp_signing_key_ref text,
     CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
+    CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
     CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
+    CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
+    CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
+    CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
+    CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
     CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
     CONSTRAINT ck_destinations_temporary_files CHECK ((temporary_files = ANY (ARRAY['keep'::text, 'remove'::text]))),
     CONSTRAINT destinations_hash_evidence_check CHECK ((hash_evidence = ANY (ARRAY['none'::text, 'read_back'::text, 'ack_file'::text]))),
@@ -693,6 +751,65 @@ CREATE TABLE public.principals (
     CONSTRAINT principals_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text])))
 );
 
+CREATE TABLE public.recurring_export_firings (
+    tenant_id uuid NOT NULL,
+    recurring_export_id uuid NOT NULL,
+    nominal_time timestamp with time zone NOT NULL,
+    id bigint NOT NULL,
+    outcome text NOT NULL,
+    reason text,
+    message text NOT NULL,
+    job_id uuid,
+    late boolean NOT NULL,
+    fired_by text NOT NULL,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT ck_recurring_export_firings_outcome CHECK ((((outcome = 'created'::text) AND (reason IS NULL) AND (job_id IS NOT NULL)) OR ((outcome = 'skipped'::text) AND (reason IS NOT NULL) AND ((job_id IS NULL) OR (reason = 'overlap'::text))))),
+    CONSTRAINT recurring_export_firings_fired_by_check CHECK (((length(fired_by) >= 1) AND (length(fired_by) <= 400))),
+    CONSTRAINT recurring_export_firings_message_check CHECK (((length(message) >= 1) AND (length(message) <= 2000))),
+    CONSTRAINT recurring_export_firings_outcome_check CHECK ((outcome = ANY (ARRAY['created'::text, 'skipped'::text]))),
+    CONSTRAINT recurring_export_firings_reason_check CHECK ((reason = ANY (ARRAY['overlap'::text, 'deliveries_paused'::text, 'recurring_paused'::text, 'recurring_deleted'::text, 'catch_up'::text, 'outside_window'::text, 'list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text])))
+);
+
+ALTER TABLE public.recurring_export_firings ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.recurring_export_firings_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.recurring_exports (
+    tenant_id uuid NOT NULL,
+    id uuid NOT NULL,
+    destination_id uuid NOT NULL,
+    list_name text NOT NULL,
+    cron text,
+    interval_seconds integer,
+    time_zone text NOT NULL,
+    starts_at timestamp with time zone,
+    ends_at timestamp with time zone,
+    paused boolean DEFAULT false NOT NULL,
+    paused_reason text,
+    deleted_at timestamp with time zone,
+    deleted_by text,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_by text NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    CONSTRAINT ck_recurring_exports_deleted CHECK (((deleted_at IS NULL) = (deleted_by IS NULL))),
+    CONSTRAINT ck_recurring_exports_paused CHECK ((paused OR (paused_reason IS NULL))),
+    CONSTRAINT ck_recurring_exports_when CHECK (((cron IS NULL) <> (interval_seconds IS NULL))),
+    CONSTRAINT ck_recurring_exports_window CHECK (((starts_at IS NULL) OR (ends_at IS NULL) OR (ends_at > starts_at))),
+    CONSTRAINT recurring_exports_cron_check CHECK (((length(cron) >= 1) AND (length(cron) <= 200))),
+    CONSTRAINT recurring_exports_interval_seconds_check CHECK (((interval_seconds >= 60) AND (interval_seconds <= 31622400))),
+    CONSTRAINT recurring_exports_list_name_check CHECK (((length(list_name) >= 1) AND (length(list_name) <= 200))),
+    CONSTRAINT recurring_exports_paused_reason_check CHECK (((length(paused_reason) >= 1) AND (length(paused_reason) <= 1000))),
+    CONSTRAINT recurring_exports_time_zone_check CHECK (((length(time_zone) >= 1) AND (length(time_zone) <= 64))),
+    CONSTRAINT recurring_exports_version_check CHECK ((version >= 1))
+);
+
 CREATE TABLE public.schema_migrations (
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL
@@ -807,6 +924,12 @@ ALTER TABLE ONLY public.outcome_corrections
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT pk_principals PRIMARY KEY (tenant_id, name);
 
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT pk_recurring_export_firings PRIMARY KEY (tenant_id, recurring_export_id, nominal_time);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT pk_recurring_exports PRIMARY KEY (tenant_id, id);
+
 ALTER TABLE ONLY public.webhook_deliveries
     ADD CONSTRAINT pk_webhook_deliveries PRIMARY KEY (id);
 
@@ -833,6 +956,12 @@ ALTER TABLE ONLY public.export_jobs
 
 ALTER TABLE ONLY public.notification_events
     ADD CONSTRAINT uq_notification_events_subject UNIQUE (tenant_id, kind, subject_key);
+
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT uq_recurring_export_firings_id UNIQUE (id);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT uq_recurring_exports_id UNIQUE (id);
 
 ALTER TABLE ONLY public.webhook_deliveries
     ADD CONSTRAINT uq_webhook_deliveries_event_endpoint UNIQUE (event_id, endpoint_id);
@@ -880,6 +1009,12 @@ CREATE INDEX ix_outbox_deferred ON public.outbox USING btree (available_at) WHER
 
 CREATE INDEX ix_outbox_unpublished ON public.outbox USING btree (created_at) WHERE (published_at IS NULL);
 
+CREATE INDEX ix_recurring_export_firings_created ON public.recurring_export_firings USING btree (tenant_id, recurring_export_id, id DESC) WHERE (outcome = 'created'::text);
+
+CREATE INDEX ix_recurring_export_firings_recent ON public.recurring_export_firings USING btree (tenant_id, recurring_export_id, id DESC);
+
+CREATE INDEX ix_recurring_exports_tenant_created ON public.recurring_exports USING btree (tenant_id, created_at DESC, id);
+
 CREATE INDEX ix_webhook_deliveries_due ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (state = 'pending'::text);
 
 CREATE INDEX ix_webhook_deliveries_endpoint ON public.webhook_deliveries USING btree (endpoint_id, created_at DESC, id DESC);
@@ -889,6 +1024,8 @@ CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING 
 CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING btree (tenant_id, replaces_job_id) WHERE ((replaces_job_id IS NOT NULL) AND ((status <> ALL (ARRAY['Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text])) OR (failure_reason = 'OriginalDelivered'::text)));
 
 CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btree (tenant_id, delivery_key) WHERE (replaces_job_id IS NULL);
+
+CREATE UNIQUE INDEX uq_recurring_export_firings_job ON public.recurring_export_firings USING btree (job_id) WHERE (outcome = 'created'::text);
 
 CREATE TRIGGER tr_cancellation_requests_notify_lost AFTER INSERT ON public.cancellation_requests FOR EACH ROW WHEN (((new.outcome = 'TooLate'::text) AND (new.found_status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_lost_cancellation();
 
@@ -921,6 +1058,10 @@ CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
 
 CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH ROW EXECUTE FUNCTION public.principals_guard();
+
+CREATE TRIGGER tr_recurring_export_firings_append_only BEFORE DELETE OR UPDATE ON public.recurring_export_firings FOR EACH ROW EXECUTE FUNCTION public.recurring_export_firings_append_only();
+
+CREATE TRIGGER tr_recurring_exports_guard BEFORE DELETE OR UPDATE ON public.recurring_exports FOR EACH ROW EXECUTE FUNCTION public.recurring_exports_guard();
 
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
@@ -991,6 +1132,18 @@ ALTER TABLE ONLY public.idempotency_keys
 ALTER TABLE ONLY public.outcome_corrections
     ADD CONSTRAINT fk_outcome_corrections_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
 
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT fk_recurring_export_firings_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
+
+ALTER TABLE ONLY public.recurring_export_firings
+    ADD CONSTRAINT fk_recurring_export_firings_recurring FOREIGN KEY (tenant_id, recurring_export_id) REFERENCES public.recurring_exports(tenant_id, id);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT fk_recurring_exports_creator FOREIGN KEY (tenant_id, created_by) REFERENCES public.principals(tenant_id, name);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT fk_recurring_exports_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
 ALTER TABLE ONLY public.webhook_deliveries
     ADD CONSTRAINT fk_webhook_deliveries_endpoint FOREIGN KEY (tenant_id, endpoint_id) REFERENCES public.webhook_endpoints(tenant_id, id) ON DELETE CASCADE;
 
@@ -999,6 +1152,9 @@ ALTER TABLE ONLY public.notification_events
 
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT principals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.recurring_exports
+    ADD CONSTRAINT recurring_exports_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 ALTER TABLE ONLY public.webhook_deliveries
     ADD CONSTRAINT webhook_deliveries_event_id_fkey FOREIGN KEY (event_id) REFERENCES public.notification_events(id);
@@ -1186,6 +1342,38 @@ GRANT SELECT ON TABLE public.principals TO exports_worker;
 GRANT SELECT ON TABLE public.principals TO exports_api;
 
 GRANT UPDATE(name) ON TABLE public.principals TO exports_worker;
+
+GRANT SELECT,INSERT ON TABLE public.recurring_export_firings TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(destination_id) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(list_name) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(cron) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(interval_seconds) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(time_zone) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(starts_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(ends_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(paused) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(paused_reason) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(deleted_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(deleted_by) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(updated_by) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(updated_at) ON TABLE public.recurring_exports TO exports_api;
+
+GRANT UPDATE(version) ON TABLE public.recurring_exports TO exports_api;
 
 GRANT SELECT ON TABLE public.schema_migrations TO exports_api;
 GRANT SELECT ON TABLE public.schema_migrations TO exports_worker;

@@ -121,11 +121,13 @@ LIMIT %(limit)s;
 SELECT id, name, host, port, remote_dir FROM destinations WHERE tenant_id = %(tenant_id)s ORDER BY name, id;
 
 -- name: load_destination
--- One tenant's destination with its partner contract, for the worker and recovery. Its kind picks the
--- partner code (partner/kinds.py); SFTP is the one kind and no column stores it yet.
+-- One tenant's destination with its partner contract and the format of the file it receives (0020), for the
+-- worker and recovery. Its kind picks the partner code (partner/kinds.py); SFTP is the one kind and no column
+-- stores it yet.
 SELECT id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
        name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,
-       'sftp'::text AS kind
+       'sftp'::text AS kind,
+       csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys, pgp_signing_key_ref
 FROM destinations WHERE tenant_id = %(tenant_id)s AND id = %(destination_id)s;
 
 -- name: read_delivery_scope
@@ -140,11 +142,13 @@ SELECT set_config('fenced_exports.tenant_id', %(tenant_id)s, true),
        set_config('fenced_exports.list_name', %(list_name)s, true);
 
 -- name: copy_contacts
--- The tenant's contacts in the list, in a stable order, as CSV with a header (scope from set_build_scope).
-COPY (SELECT email, first_name, last_name FROM contacts
+-- The tenant's contacts in the list, in a stable order, as CSV (scope from set_build_scope), in the
+-- destination's format: db/builder.py composes it with psycopg.sql from a checked FileFormat, {columns} as
+-- identifiers of contacts' columns and {header}, {delimiter} as literals (COPY takes no parameters).
+COPY (SELECT {columns} FROM contacts
       WHERE tenant_id = current_setting('fenced_exports.tenant_id')::uuid
         AND list_name = current_setting('fenced_exports.list_name')
-      ORDER BY id) TO STDOUT (FORMAT csv, HEADER true);
+      ORDER BY id) TO STDOUT (FORMAT csv, HEADER {header}, DELIMITER {delimiter});
 
 -- name: lock_migrations
 -- Serializes migrating processes (any constant works; every process uses the same one).
@@ -179,10 +183,13 @@ INSERT INTO tenants (id, name) VALUES (%(id)s, %(name)s) RETURNING id;
 -- Seeds a partner destination (administrator's connection). It starts paused, as every new destination
 -- does, until a switch row enables it (seed_switch, or an operator's resume).
 INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files)
+                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,
+                          csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys,
+                          pgp_signing_key_ref)
 VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
         %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s, %(max_write_request)s,
-        %(temporary_files)s)
+        %(temporary_files)s, %(csv_header)s, %(csv_delimiter)s, %(csv_columns)s, %(compression)s,
+        %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s)
 RETURNING id;
 
 -- name: seed_switch
@@ -439,6 +446,159 @@ SELECT
     (SELECT coalesce(extract(epoch FROM statement_timestamp() - since), 0)::float8 FROM unknown_since)
         AS outcome_unknown_oldest_age;
 
+-- -- recurring exports (issue 25, item 1; 0023) ---------------------------------------------------------
+
+-- name: insert_recurring_export
+-- Defines a recurring export of a tenant (the API's admin): the row is the source of truth, its Temporal
+-- Schedule is created from it after this commits. Another tenant's destination is a foreign-key refusal.
+INSERT INTO recurring_exports (tenant_id, id, destination_id, list_name, cron, interval_seconds, time_zone,
+                               starts_at, ends_at, paused, paused_reason, created_by, updated_by)
+VALUES (%(tenant_id)s, %(id)s, %(destination_id)s, %(list_name)s, %(cron)s, %(interval_seconds)s,
+        %(time_zone)s, %(starts_at)s, %(ends_at)s, %(paused)s, %(paused_reason)s, %(created_by)s,
+        %(created_by)s)
+RETURNING *;
+
+-- name: get_recurring_export
+-- One recurring export of the tenant (deleted ones too: their firings stay readable); another tenant's
+-- reads as missing.
+SELECT * FROM recurring_exports WHERE tenant_id = %(tenant_id)s AND id = %(id)s;
+
+-- name: page_recurring_exports
+-- A tenant's recurring exports, newest first; deleted ones only when asked.
+SELECT * FROM recurring_exports
+WHERE tenant_id = %(tenant_id)s AND (%(include_deleted)s OR deleted_at IS NULL)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: edit_recurring_export_if_version
+-- Changes a recurring export's terms and timing for the version the editor read (If-Match); a deleted one
+-- never changes. The Schedule is brought to the new row after this commits.
+UPDATE recurring_exports
+SET destination_id = %(destination_id)s, list_name = %(list_name)s, cron = %(cron)s,
+    interval_seconds = %(interval_seconds)s, time_zone = %(time_zone)s, starts_at = %(starts_at)s,
+    ends_at = %(ends_at)s, updated_by = %(updated_by)s, updated_at = clock_timestamp(), version = version + 1
+WHERE tenant_id = %(tenant_id)s AND id = %(id)s AND version = %(expected_version)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: set_recurring_export_paused
+-- Pauses or resumes a recurring export that is not deleted and not already in that state, with who and
+-- why; matches nothing otherwise (the caller re-reads to say which). Touches no export it created.
+UPDATE recurring_exports
+SET paused = %(paused)s, paused_reason = CASE WHEN %(paused)s THEN %(reason)s::text END,
+    updated_by = %(updated_by)s, updated_at = clock_timestamp(), version = version + 1
+WHERE tenant_id = %(tenant_id)s AND id = %(id)s AND deleted_at IS NULL AND paused <> %(paused)s
+RETURNING *;
+
+-- name: delete_recurring_export
+-- Records the deletion of a recurring export that is not deleted yet (the row stays, with its firings);
+-- its Schedule is deleted after this commits. Touches no export it created.
+UPDATE recurring_exports
+SET deleted_at = clock_timestamp(), deleted_by = %(deleted_by)s, updated_by = %(deleted_by)s,
+    updated_at = clock_timestamp(), version = version + 1
+WHERE tenant_id = %(tenant_id)s AND id = %(id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: recurring_export_exports_by_status
+-- How many exports a recurring export's firings created, by their status now (what a pause or a deletion
+-- leaves untouched).
+SELECT j.status, count(*)::int AS n
+FROM recurring_export_firings f
+JOIN export_jobs j ON j.tenant_id = f.tenant_id AND j.id = f.job_id
+WHERE f.tenant_id = %(tenant_id)s AND f.recurring_export_id = %(id)s AND f.outcome = 'created'
+GROUP BY j.status;
+
+-- name: lock_recurring_export_for_firing
+-- A firing's facts, read under a lock on its recurring export's row (FOR UPDATE: the firings of one
+-- recurring export, and its pause, edit and deletion, serialize on it): the definition now, the claim's
+-- policy facts for its terms (destination, contract, creator; exports_api may not read contacts),
+-- whether every switch of its scope is open (delivery_scope_open, the claim's gate) and the first paused
+-- one, a firing already recorded for this nominal time, the latest export it created if still live
+-- (overlap), and how late this firing is on the database clock with the late firings that created an
+-- export since the latest firing on time (catch-up). No row: no such recurring export in the tenant.
+WITH r AS (
+    SELECT * FROM recurring_exports
+    WHERE tenant_id = %(tenant_id)s AND id = %(id)s
+    FOR UPDATE),
+last_created AS (
+    SELECT f.job_id FROM recurring_export_firings f, r
+    WHERE f.tenant_id = r.tenant_id AND f.recurring_export_id = r.id AND f.outcome = 'created'
+    ORDER BY f.id DESC
+    LIMIT 1),
+last_on_time AS (
+    SELECT coalesce(max(f.id), 0) AS id FROM recurring_export_firings f, r
+    WHERE f.tenant_id = r.tenant_id AND f.recurring_export_id = r.id AND NOT f.late)
+SELECT r.id, r.tenant_id, r.version, r.destination_id, r.list_name, r.created_by, r.paused, r.paused_reason,
+       r.deleted_at, r.starts_at, r.ends_at,
+       d.id IS NOT NULL AS destination_found, d.name AS destination_name,
+       d.retired_at AS destination_retired_at, d.contract_starts_on, d.contract_ends_on,
+       p.name IS NOT NULL AS principal_found, p.role AS principal_role, p.revoked_at AS principal_revoked_at,
+       p.export_lists AS principal_lists,
+       delivery_scope_open(r.tenant_id, r.destination_id) AS deliveries_open,
+       CASE WHEN NOT coalesce(g.enabled, false) THEN 'global'
+            WHEN NOT coalesce(t.enabled, false) THEN 'tenant'
+            WHEN NOT coalesce(s.enabled, false) THEN 'destination' END AS paused_scope,
+       CASE WHEN NOT coalesce(g.enabled, false) THEN g.reason
+            WHEN NOT coalesce(t.enabled, false) THEN t.reason
+            WHEN NOT coalesce(s.enabled, false) THEN s.reason END AS paused_scope_reason,
+       (SELECT f.outcome FROM recurring_export_firings f
+        WHERE f.tenant_id = r.tenant_id AND f.recurring_export_id = r.id
+          AND f.nominal_time = %(nominal_time)s) AS recorded_outcome,
+       lj.id AS live_job_id, lj.status AS live_job_status,
+       clock_timestamp() - %(nominal_time)s::timestamptz > make_interval(secs => %(late_after_seconds)s) AS late,
+       (SELECT count(*)::int FROM recurring_export_firings f, last_on_time o
+        WHERE f.tenant_id = r.tenant_id AND f.recurring_export_id = r.id AND f.outcome = 'created' AND f.late
+          AND f.id > o.id) AS late_runs,
+       (clock_timestamp() AT TIME ZONE 'UTC')::date AS today
+FROM r
+LEFT JOIN destinations d ON d.tenant_id = r.tenant_id AND d.id = r.destination_id
+LEFT JOIN principals p ON p.tenant_id = r.tenant_id AND p.name = r.created_by
+LEFT JOIN delivery_switches g ON g.scope = 'global'
+LEFT JOIN delivery_switches t ON t.scope = 'tenant' AND t.tenant_id = r.tenant_id
+LEFT JOIN delivery_switches s ON s.scope = 'destination' AND s.tenant_id = r.tenant_id
+                             AND s.destination_id = r.destination_id
+LEFT JOIN export_jobs lj ON lj.tenant_id = r.tenant_id AND lj.id = (SELECT job_id FROM last_created)
+                        AND lj.status IN ('Queued', 'Running', 'Delivering');
+
+-- name: record_recurring_firing
+-- Appends one firing of a recurring export: created export job_id (in the same transaction as the export,
+-- after create_original), or skipped with its reason and message. Its nominal time is its key: a second
+-- record of the same time is refused (pk_recurring_export_firings).
+INSERT INTO recurring_export_firings (tenant_id, recurring_export_id, nominal_time, outcome, reason, message,
+                                      job_id, late, fired_by)
+VALUES (%(tenant_id)s, %(id)s, %(nominal_time)s, %(outcome)s, %(reason)s, %(message)s, %(job_id)s, %(late)s,
+        %(fired_by)s)
+RETURNING tenant_id, recurring_export_id, nominal_time, id, outcome, reason, message, job_id, late, fired_by,
+          recorded_at, NULL::text AS job_status;
+
+-- name: recurring_export_firing_at
+-- The firing recorded for one nominal time of a recurring export, with its export's status now.
+SELECT f.tenant_id, f.recurring_export_id, f.nominal_time, f.id, f.outcome, f.reason, f.message, f.job_id,
+       f.late, f.fired_by, f.recorded_at, j.status AS job_status
+FROM recurring_export_firings f
+LEFT JOIN export_jobs j ON j.tenant_id = f.tenant_id AND j.id = f.job_id
+WHERE f.tenant_id = %(tenant_id)s AND f.recurring_export_id = %(id)s AND f.nominal_time = %(nominal_time)s;
+
+-- name: recurring_export_firings
+-- A recurring export's latest firings, newest recorded first, with each export's status now.
+SELECT f.tenant_id, f.recurring_export_id, f.nominal_time, f.id, f.outcome, f.reason, f.message, f.job_id,
+       f.late, f.fired_by, f.recorded_at, j.status AS job_status
+FROM recurring_export_firings f
+LEFT JOIN export_jobs j ON j.tenant_id = f.tenant_id AND j.id = f.job_id
+WHERE f.tenant_id = %(tenant_id)s AND f.recurring_export_id = %(id)s
+ORDER BY f.id DESC
+LIMIT %(limit)s;
+
+-- name: recurring_exports_for_schedules
+-- Every recurring export after a keyset bound, for a worker that reconciles their Schedules at start
+-- (deleted ones too: their Schedules must not exist).
+SELECT * FROM recurring_exports
+WHERE id > %(after)s
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: find_principal
+-- A principal of a tenant, its role and whether it is revoked (the command line acts as one).
+SELECT name, role, revoked_at FROM principals WHERE tenant_id = %(tenant_id)s AND name = %(name)s;
 -- -- outcome notifications (0025): webhook endpoints, the events' fan-out and their deliveries -------------
 
 -- name: create_webhook_endpoint

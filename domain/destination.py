@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from domain.file_format import CONTACT_COLUMNS, Compression, ContactColumn, Delimiter, FileFormat
 
 
 class Destination(BaseModel):
@@ -25,6 +27,11 @@ class Destination(BaseModel):
     (the cleanup agreement: ``remove`` lets an attempt's temporary and set-aside files be removed once its
     export is recorded Failed; ``keep`` leaves them to the partner). ``kind`` picks the partner code that
     serves it (``partner.kinds``); only ``sftp`` exists, and no column stores it yet.
+
+    What the partner receives (migration 0020) is read as one value, :attr:`file_format`: the CSV's
+    ``csv_header``, ``csv_delimiter`` and ``csv_columns``, its ``compression``, the partner's armored
+    OpenPGP public keys (``pgp_recipient_keys``) and the reference to the tenant's signing key
+    (``pgp_signing_key_ref``, a path on the worker host, never the key).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -45,11 +52,30 @@ class Destination(BaseModel):
     ack_suffix: str | None = None
     max_write_request: int = 32768
     temporary_files: Literal["keep", "remove"] = "keep"
+    csv_header: bool = True
+    csv_delimiter: Delimiter = ","
+    csv_columns: tuple[ContactColumn, ...] = CONTACT_COLUMNS
+    compression: Compression = "none"
+    # Not in a repr, so a destination that reaches a log line never carries key blocks or the reference.
+    pgp_recipient_keys: tuple[str, ...] = Field(default=(), repr=False)
+    pgp_signing_key_ref: str | None = Field(default=None, repr=False)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Destination:
         """Build a destination from a ``destinations`` row (extra columns such as created_at are ignored)."""
         return cls.model_validate({name: row[name] for name in cls.model_fields if name in row})
+
+    @property
+    def file_format(self) -> FileFormat:
+        """What this destination receives (validated: a bad column list or key block raises here)."""
+        return FileFormat(
+            header=self.csv_header,
+            delimiter=self.csv_delimiter,
+            columns=self.csv_columns,
+            compression=self.compression,
+            recipient_keys=self.pgp_recipient_keys,
+            signing_key_ref=self.pgp_signing_key_ref,
+        )
 
     def remote_path(self, name: str) -> str:
         """The absolute path of ``name`` in the destination's remote directory."""

@@ -246,12 +246,14 @@ class ExportJob(Row):
 
     @property
     def final_name(self) -> str:
+        """The plain-CSV name; once delivery is authorized, ``expected_file_name`` is the name sent."""
         return final_name_for(self.delivery_key)
 
 
-def final_name_for(delivery_key: str) -> str:
-    """The partner-facing file name: a function of the delivery key alone (000 "The Tables")."""
-    return f"contacts-{delivery_key}.csv"
+def final_name_for(delivery_key: str, suffix: str = ".csv") -> str:
+    """The partner-facing file name: a function of the delivery key (000 "The Tables") and the suffix of
+    the destination's file format (``FileFormat.suffix``: ``.csv``, ``.csv.gz``, ``.csv.gz.pgp``, ...)."""
+    return f"contacts-{delivery_key}{suffix}"
 
 
 class OwnershipState(Row):

@@ -40,6 +40,7 @@ from domain.models import (
     ReleaseResult,
     Statement,
 )
+from domain.recurring import FiringOutcome, SkipReason
 
 PREFIX = "fenced_exports"
 
@@ -257,6 +258,13 @@ class ExportMetrics:
             ("cause", "ending"),
             registry=r,
         )
+        self.recurring_firings = Counter(
+            f"{PREFIX}_recurring_firings_total",
+            "Firings of recurring exports by outcome (created, skipped, duplicate: a nominal time already "
+            "recorded) and reason (a skip's: overlap, deliveries_paused, contract_ended, ...; '' otherwise).",
+            ("outcome", "reason"),
+            registry=r,
+        )
         self.config = Gauge(
             f"{PREFIX}_config_seconds",
             "This process's intervals and timeouts, for alert thresholds that follow the configuration.",
@@ -274,6 +282,10 @@ class ExportMetrics:
             self.busy.labels("cancel")
         for renewal in RenewalResult:
             self.renewals.labels(renewal.value)
+        for fired in (FiringOutcome.CREATED, FiringOutcome.DUPLICATE):
+            self.recurring_firings.labels(fired.value, "")
+        for reason in SkipReason:
+            self.recurring_firings.labels(FiringOutcome.SKIPPED.value, reason.value)
         for cause in ReleaseCause:
             for ending in (ReleaseResult.RELEASED, ReleaseResult.EXHAUSTED):
                 self.releases.labels(cause.value, ending.value)
@@ -371,6 +383,12 @@ class ExportMetrics:
             self.busy.labels("cancel", *tenant).inc()
 
     # -- the build and the upload -----------------------------------------------------------------------
+
+    def count_firing(self, outcome: FiringOutcome | str, reason: SkipReason | str | None = None) -> None:
+        """One firing of a recurring export: what it did, and a skip's reason (both bounded enumerations)."""
+        self.recurring_firings.labels(
+            FiringOutcome(outcome).value, SkipReason(reason).value if reason else ""
+        ).inc()
 
     def count_release(self, cause: ReleaseCause | str, ending: ReleaseResult | str) -> None:
         """A give-back that was written (called by the worker's store): its cause and whether it ended the

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from uuid import UUID
 
-from db.builder import build_dirs
+from db.builder import build_dirs, gpg_homes, remove_gpg_home
 from db.errors import StoreError
 from db.stores.protocol import WorkerStore
 
@@ -31,10 +31,18 @@ async def scavenge_export_files(
     another live process on this host) and removed once recovery or a terminal write has ended it.
     """
     dirs = build_dirs(work_dir)
-    if not dirs:
+    homes = gpg_homes(work_dir)  # a killed build's GnuPG home may hold the tenant's imported signing key
+    if not dirs and not homes:
         return []
-    live = await live_attempts(list(dirs))
+    live = await live_attempts(list({*dirs, *homes}))
     cleaned: list[UUID] = []
+    for attempt_id, home_paths in homes.items():
+        if attempt_id not in live:
+            for home in home_paths:
+                remove_gpg_home(home)
+            if attempt_id not in dirs:
+                log.info("removed the GnuPG home of ended attempt %s", attempt_id)
+                cleaned.append(attempt_id)
     for attempt_id, paths in dirs.items():
         if attempt_id in live:
             continue

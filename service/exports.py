@@ -10,8 +10,6 @@ through the store's conditional statements.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -33,6 +31,7 @@ from domain.models import (
     JobStatus,
 )
 from observability.metrics import CancellationSource, get_metrics
+from rules.fingerprint import create_fingerprint
 from service.auth import Caller
 from service.bulk import BulkCancels
 from service.commands import (
@@ -59,8 +58,6 @@ from settings import Settings
 
 log = logging.getLogger(__name__)
 
-CREATE_OPERATION = "create_export"
-FINGERPRINT_VERSION = 1
 RETRY_AFTER_SECONDS = 2
 # A replacement delivers its original's list to its original's partner under the original's key (0015).
 REPLACEMENT_TERMS_FIXED = (
@@ -101,21 +98,14 @@ def request_fingerprint(caller: Caller, body: CreateExport) -> str:
     """SHA-256 of the canonical JSON of the validated command and its scope (002 "Canonical fingerprint").
 
     Key order and whitespace in the client's JSON do not matter; the server-minted job ID is not included.
+    A recurring export's firing binds its key to the same fingerprint (``rules.fingerprint``).
     """
-    canonical = json.dumps(
-        {
-            "operation": CREATE_OPERATION,
-            "version": FINGERPRINT_VERSION,
-            "tenant_id": str(caller.tenant_id),
-            "principal": caller.principal,
-            "destination_id": str(body.destination_id),
-            "list_name": body.list_name,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
+    return create_fingerprint(
+        tenant_id=caller.tenant_id,
+        principal=caller.principal,
+        destination_id=body.destination_id,
+        list_name=body.list_name,
     )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def export_json(job: ExportJob) -> dict[str, Any]:

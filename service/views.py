@@ -284,12 +284,10 @@ def _event_entry(e: AttemptEvent, job: ExportJob, claimers: dict[UUID, str]) -> 
     detail = (e.detail or "").rstrip("; ")
     if e.kind == EventKind.CLAIMED:
         detail = f"checked v{e.version}"
-    elif (
-        e.kind == EventKind.DELIVERY_AUTHORIZED
-        and job.expected_file_bytes is not None
-        and e.attempt_id == job.attempt_id
-    ):
-        detail = f"{e.detail}, {job.expected_file_bytes:,} bytes expected"
+    elif e.kind == EventKind.DELIVERY_AUTHORIZED:
+        detail = _authorized_summary(e.detail)
+        if job.expected_file_bytes is not None and e.attempt_id == job.attempt_id:
+            detail = f"{detail}, {job.expected_file_bytes:,} bytes expected"
     elif e.kind == EventKind.DELIVERY_EVIDENCE:
         detail = _evidence_summary(e.detail)
     return TimelineEntry(
@@ -300,6 +298,26 @@ def _event_entry(e: AttemptEvent, job: ExportJob, claimers: dict[UUID, str]) -> 
         at=e.recorded_at,
         detail=detail,
     )
+
+
+def _authorized_summary(detail: str | None) -> str:
+    """Cutoff 2's file evidence (JSON since #24; a bare file name before): the name and its layers."""
+    try:
+        data = json.loads(detail or "")
+    except ValueError:
+        return detail or ""
+    if not isinstance(data, dict):
+        return detail or ""
+    parts = [str(data.get("file", ""))]
+    shape = data.get("format")
+    if isinstance(shape, dict) and shape.get("compression") == "gzip":
+        parts.append("gzip")
+    recipients = data.get("recipients") or []
+    if recipients:
+        parts.append(f"encrypted to {len(recipients)} key{'s' if len(recipients) != 1 else ''}")
+    if data.get("signer"):
+        parts.append("signed")
+    return ", ".join(p for p in parts if p)
 
 
 def _evidence_summary(detail: str | None) -> str:

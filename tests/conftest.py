@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-pytest_plugins = ("tests.fix_db", "tests.fix_temporal", "tests.fix_sftp")
+pytest_plugins = ("tests.fix_db", "tests.fix_temporal", "tests.fix_sftp", "tests.fix_gpg")
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

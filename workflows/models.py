@@ -7,6 +7,7 @@ every client uses ``pydantic_data_converter``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from uuid import UUID
 
@@ -307,3 +308,32 @@ class SweepBatchResult(BaseModel):
 
 class SweepResult(SweepBatchResult):
     batches: int = 0
+
+
+class RecurringFireInput(BaseModel):
+    """A recurring export's Schedule action: which recurring export fires (IDs only). ``nominal_time`` is
+    left out by the Schedule, whose firing's nominal time is its ``TemporalScheduledStartTime``; a test or
+    an operator starting the workflow by hand gives it."""
+
+    tenant_id: UUID
+    recurring_export_id: UUID
+    nominal_time: datetime | None = None
+
+
+class RecurringFiringInput(BaseModel):
+    """The firing activity's input: the recurring export, the nominal fire time, and the action's workflow."""
+
+    tenant_id: UUID
+    recurring_export_id: UUID
+    nominal_time: datetime
+    fired_by: str
+
+
+class RecurringFireResult(BaseModel):
+    """What the firing did: created (``job_id``), skipped (``reason``), duplicate (the nominal time was recorded
+    before: its ``job_id`` or ``reason``), or missing (no such recurring export: nothing recorded)."""
+
+    outcome: str
+    nominal_time: datetime
+    reason: str | None = None
+    job_id: UUID | None = None

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from db.stores.endpoints import EndpointStatements
 from db.stores.ledger import LedgerStatements
+from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
 from db.stores.sessions import SessionStatements
 from db.stores.switches import SwitchStatements
 
 
-class ApiStore(RequestStatements, LedgerStatements, SwitchStatements, SessionStatements, EndpointStatements):
-    """The API's store: creation, edits, the cancellation ledger, switches, sessions, webhook endpoints, and
-    the reads."""
+class ApiStore(
+    RequestStatements,
+    LedgerStatements,
+    SwitchStatements,
+    SessionStatements,
+    RecurringStatements,
+    EndpointStatements,
+):
+    """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
+    their firings, webhook endpoints, and the reads."""

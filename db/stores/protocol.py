@@ -6,7 +6,9 @@ answer with the row, and a lost answer is re-read with state and ownership toget
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -156,9 +158,22 @@ class ProtocolStatements(Reads):
         length: int,
         sha256: bytes,
         rows: int | None = None,
+        evidence: Mapping[str, object] | None = None,
     ) -> AuthorizationResult:
         """Cutoff 2, reporting why delivery was refused from the statement's own answer (or, when that
-        answer was lost, from a re-read)."""
+        answer was lost, from a re-read).
+
+        The DeliveryAuthorized event's detail is the attempt's file evidence as JSON: the file, its bytes,
+        SHA-256 and rows, and whatever ``evidence`` adds (the builder's: the plaintext's hash and size, the
+        format, the OpenPGP fingerprints). IDs, sizes, hashes and fingerprints only.
+        """
+        detail = {
+            "file": final_name,
+            "bytes": length,
+            "sha256": sha256.hex(),
+            "rows": rows,
+            **(evidence or {}),
+        }
         answers = await self._unless_lost(
             "authorize_delivery_if_running",
             {
@@ -170,6 +185,7 @@ class ProtocolStatements(Reads):
                 "length": length,
                 "sha256": sha256,
                 "rows": rows,
+                "detail": json.dumps(detail, sort_keys=True),
                 "lease_seconds": self.lease_seconds,
             },
             CutoffAnswer,

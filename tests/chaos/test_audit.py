@@ -5,6 +5,7 @@ real directory (OpenSSH's link+unlink and posix_rename's rename) to the attempt 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 import uuid
@@ -16,6 +17,9 @@ from chaos.audit import AuditInput, Auditor
 from chaos.client import HttpRecord
 from chaos.driver import Answer, CancelRecord, ExportRecord
 from chaos.stack import Exit
+from domain.file_format import FileFormat
+from encoding import open_file_writer
+from testbed.gpg import GpgIdentity
 from testbed.partner_watch import PartnerWatch, WatchEvent, final_writes
 from tests.support.eventually import eventually_sync
 
@@ -67,6 +71,10 @@ def add_job(auditor: Auditor, status: str, *, key: str | None = None, **columns:
         "version": 1,
         "replaces_job_id": None,
         "workflow_id": None,
+        "fence_expected": False,
+        "upload_fenced_at": None,
+        "rename_fenced_at": None,
+        "transient_releases": 0,
         **columns,
     }
     auditor.jobs[str(job_id)] = job
@@ -371,3 +379,140 @@ def test_a_worker_that_exits_by_itself_is_a_violation(tmp_path: Path) -> None:
     quiet = make_auditor(tmp_path)
     quiet._process_exits()
     assert invariants(quiet) == []
+
+
+def test_a_job_given_back_past_the_bound_or_disagreeing_with_its_row_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path, max_transient_releases=2)
+    within = add_job(auditor, "Completed", transient_releases=2)
+    for detail in (
+        "transient: build interrupted: CopyFailed",
+        "drain: worker draining",
+        "workflow: workflow gone",
+    ):
+        add_event(auditor, within, "Released", detail)
+    past = add_job(auditor, "Queued", transient_releases=3)
+    for _ in range(3):
+        add_event(auditor, past, "Released", "transient: build interrupted: CopyFailed")
+    hidden = add_job(auditor, "Queued", transient_releases=0)
+    add_event(auditor, hidden, "Released", "transient: cutoff 2 not decided: NotPermitted")
+    gave_up_early = add_job(auditor, "Failed", failure_reason="AttemptsExhausted", transient_releases=1)
+    add_event(auditor, gave_up_early, "Released", "transient: build interrupted: CopyFailed")
+    add_event(
+        auditor, gave_up_early, "AttemptsExhausted", "given back 1 time after failures (the limit); ..."
+    )
+
+    auditor._give_backs()
+
+    assert sorted((v.invariant, v.job_id) for v in auditor.result.violations) == sorted(
+        [
+            ("released_past_the_bound", str(past["id"])),
+            ("give_backs_disagree_with_the_row", str(hidden["id"])),
+            ("give_back_bound_not_applied", str(gave_up_early["id"])),
+        ]
+    )
+    assert auditor.result.counts["releases_by_cause"] == {"transient": 6, "drain": 1, "workflow": 1}
+
+
+def test_an_outcome_unknown_whose_fences_prove_it_never_renamed_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    sent = add_job(auditor, "OutcomeUnknown", fence_expected=True, upload_fenced_at=NOW, rename_fenced_at=NOW)
+    never = add_job(
+        auditor, "OutcomeUnknown", fence_expected=True, upload_fenced_at=NOW, rename_fenced_at=None
+    )
+    for job in (sent, never):
+        add_event(auditor, job, "Claimed")
+        add_event(auditor, job, "DeliveryAuthorized")
+        add_event(auditor, job, "Finished", "OutcomeUnknown: the rename's answer was lost")
+
+    auditor._outcomes()
+
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("outcome_unknown_proved_not_delivered", str(never["id"]))
+    ]
+    sent_by_job = {
+        d["job_id"]: d["rename_request_sent"] for d in auditor.result.findings["outcome_unknown_jobs"]
+    }
+    assert sent_by_job == {str(sent["id"]): True, str(never["id"]): False}
+
+
+def test_a_completed_encrypted_file_is_decrypted_and_checked_against_the_recorded_plaintext(
+    tmp_path: Path, partner_key: GpgIdentity, tenant_key: GpgIdentity
+) -> None:
+    # Issue #24 item 5: the partner's gpg --decrypt (and gunzip) must give the CSV whose hash the attempt
+    # recorded, signed by the tenant's key; a file encrypted from other rows is a violation.
+    good = b"email,first_name,last_name\na@x,A,B\nc@x,C,D\n"
+    destination = str(uuid.uuid4())
+    auditor = make_auditor(
+        tmp_path,
+        file_suffixes={destination: ".csv.gz.pgp"},
+        partner_key=partner_key,
+        signer_fingerprint=tenant_key.fingerprint,
+    )
+    fmt = FileFormat(
+        compression="gzip",
+        recipient_keys=(partner_key.public_key,),
+        signing_key_ref=str(tenant_key.secret_key_file),
+    )
+    flagged_expected = set()
+    for plaintext, recorded in ((good, good), (good[:-5], good)):
+        job = add_job(auditor, "Completed", destination_id=destination)
+        path = tmp_path / f"contacts-{job['delivery_key']}.csv.gz.pgp"
+        writer = open_file_writer(path, fmt)
+        writer.write(plaintext)
+        encoded = writer.finish()
+        job.update(expected_file_bytes=encoded.size, expected_file_sha256=encoded.sha256)
+        evidence = {
+            "plaintext": {"bytes": len(recorded), "sha256": hashlib.sha256(recorded).hexdigest()},
+            "recipients": list(encoded.recipients),
+        }
+        add_event(auditor, job, "DeliveryAuthorized", json.dumps(evidence))
+        if plaintext != recorded:
+            flagged_expected.add(str(job["id"]))
+
+    auditor._completed_files()
+
+    flagged = {v.job_id for v in auditor.result.violations if v.invariant == "completed_file_mismatch"}
+    assert flagged == flagged_expected
+    assert auditor.result.counts["encrypted_files_decrypted"] == 2
+    assert {name for job in auditor.jobs.values() for name in [auditor._final_name(job)]} == {
+        p.name for p in tmp_path.glob("*.pgp")
+    }
+
+
+def firing(
+    recurring_id: uuid.UUID, nominal: datetime, job: dict[str, Any] | None, reason: str | None = None
+) -> dict:
+    return {
+        "recurring_export_id": recurring_id,
+        "nominal_time": nominal,
+        "outcome": "created" if job else "skipped",
+        "reason": reason,
+        "job_id": job["id"] if job else None,
+    }
+
+
+def test_a_recurring_firing_that_created_two_exports_is_a_violation(tmp_path: Path) -> None:
+    from domain.recurring import firing_key
+
+    auditor = make_auditor(tmp_path)
+    recurring_id = uuid.uuid4()
+    one, two = add_job(auditor, "Completed"), add_job(auditor, "Completed")
+    auditor.firings = [
+        firing(recurring_id, NOW, one),
+        firing(recurring_id, NOW + timedelta(minutes=1), None, "overlap"),
+    ]
+    auditor.recurring_keys[firing_key(recurring_id, NOW)] = [str(one["id"])]
+    auditor._recurring_firings()
+    assert invariants(auditor) == []
+    assert auditor.result.counts["recurring_firings"] == {"created": 1, "skipped (overlap)": 1}
+
+    auditor.recurring_keys[firing_key(recurring_id, NOW)].append(str(two["id"]))  # a second export, same key
+    auditor._recurring_firings()
+    assert "recurring_firing" in invariants(auditor)
+
+    auditor.result.violations.clear()
+    auditor.recurring_keys.clear()
+    auditor.recurring_keys[firing_key(recurring_id, NOW)] = [str(one["id"])]
+    auditor.recurring_keys[firing_key(recurring_id, NOW + timedelta(hours=1))] = [str(two["id"])]  # no firing
+    auditor._recurring_firings()
+    assert invariants(auditor) == ["recurring_firing"]

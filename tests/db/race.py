@@ -6,6 +6,7 @@ within a bounded time, and only then does the first commit or roll back. Nothing
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -204,6 +205,7 @@ def authorize_params(job: ExportJob, attempt_id: UUID, length: int = 1234) -> di
         "length": length,
         "sha256": b"\x01" * 32,
         "rows": 10,
+        "detail": json.dumps({"file": final_name_for(job.delivery_key)}),
         "lease_seconds": 60.0,
     }
 
@@ -211,7 +213,7 @@ def authorize_params(job: ExportJob, attempt_id: UUID, length: int = 1234) -> di
 async def authorize(store: WorkerStore, job: ExportJob, attempt_id: UUID) -> AuthorizationResult:
     """Cutoff 2 through the store for ``job``'s own final name."""
     params = authorize_params(job, attempt_id)
-    del params["lease_seconds"]  # the store binds its own
+    del params["lease_seconds"], params["detail"]  # the store binds its own
     return await store.authorize_delivery_if_running(**params)
 
 

@@ -104,7 +104,7 @@ async def test_the_statements_read_export_jobs_through_indexes_at_scale(database
             )
             params = cutoff2_params(job, attempt, lease_seconds=lease)
             await plan("cutoff 2", "exports_worker", "authorize_delivery_if_running", params)
-            del params["lease_seconds"]  # the store binds its own
+            del params["lease_seconds"], params["detail"]  # the store binds its own
             assert (
                 await worker_store.authorize_delivery_if_running(**params) == AuthorizationResult.AUTHORIZED
             )

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
+from db.builder import copy_statement
 from db.queries import all_queries, q
 from db.rows import (
     CancellationBatch,
@@ -24,6 +25,7 @@ from db.rows import (
     StopToSignal,
 )
 from domain.destination import Destination
+from domain.file_format import FileFormat
 from domain.models import (
     AttemptEvent,
     CancellationRequest,
@@ -82,6 +84,19 @@ DOCUMENTED_CONSUMERS: dict[str, str] = {
 
 NAMES = sorted(all_queries())
 
+# Statements composed with psycopg.sql before they run (identifiers and literals of a checked value, never a
+# request's): checked as they are sent, for a representative value.
+COMPOSED = {
+    "copy_contacts": lambda: copy_statement(
+        FileFormat(header=False, delimiter="\t", columns=("last_name", "email"))
+    ).decode(),
+}
+
+
+def sent(name: str) -> str:
+    """The text that goes to the server: the statement itself, or its composition."""
+    return COMPOSED[name]() if name in COMPOSED else q(name)
+
 
 def test_every_named_statement_loads_with_a_description():
     assert len(NAMES) >= 30
@@ -117,7 +132,7 @@ def test_every_statement_the_store_runs_exists():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_statements_bind_named_parameters_only(name):
-    text = q(name)
+    text = sent(name)
     assert not re.search(r"%s|%b|%t|\$\d", text), f"{name} uses positional parameters"
     assert not re.search(r"\{\w*\}", text), f"{name} has a format placeholder"
     for placeholder in re.findall(r"%\(?", text):
@@ -149,7 +164,13 @@ def admin_conn(database):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_named_statement_parses_against_the_schema(admin_conn, name):
-    prepare_and_describe(admin_conn, q(name))
+    prepare_and_describe(admin_conn, sent(name))
+
+
+def test_a_composed_statement_puts_only_its_placeholders_in_the_text():
+    # Every brace of the file's text is one of the composition's names: nothing else is formatted in.
+    assert sorted(re.findall(r"\{(\w*)\}", q("copy_contacts"))) == ["columns", "delimiter", "header"]
+    assert '"last_name", "email"' in sent("copy_contacts") and "HEADER false" in sent("copy_contacts")
 
 
 def test_observability_holds_no_sql():

@@ -27,6 +27,7 @@ from tests.workflows.harness import LEAK
 from workflows.export import ExportWorkflow
 from workflows.models import ExportInput, ExportResult
 from workflows.recovery import RecoveryWorkflow
+from workflows.recurring import RecurringFireWorkflow
 from workflows.sweeper import SweeperWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -57,7 +58,7 @@ def test_histories_of_every_workflow_are_recorded() -> None:
     for path in HISTORIES:
         events = json.loads(path.read_text())["events"]
         types.add(events[0]["workflowExecutionStartedEventAttributes"]["workflowType"]["name"])
-    assert types == {"ExportWorkflow", "RecoveryWorkflow", "SweeperWorkflow"}
+    assert types == {"ExportWorkflow", "RecoveryWorkflow", "SweeperWorkflow", "RecurringFireWorkflow"}
     assert len(HISTORIES) >= 9
 
 
@@ -89,7 +90,8 @@ def test_a_recorded_history_holds_no_contact_data(path: Path) -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
 async def test_a_recorded_history_replays_against_the_current_workflows(path: Path) -> None:
     replayer = Replayer(
-        workflows=[ExportWorkflow, RecoveryWorkflow, SweeperWorkflow], data_converter=DATA_CONVERTER
+        workflows=[ExportWorkflow, RecoveryWorkflow, SweeperWorkflow, RecurringFireWorkflow],
+        data_converter=DATA_CONVERTER,
     )
     result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name} no longer replays: {result.replay_failure!r}"

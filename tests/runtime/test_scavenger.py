@@ -9,8 +9,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from db.builder import PRIVATE_DIR_PREFIX, build_dirs
+from db.builder import PRIVATE_DIR_PREFIX, build_dirs, gpg_homes, gpg_root_for, remove_gpg_home
 from domain.models import JobStatus
+from encoding.openpgp import GpgHome, import_signing_key
 from runtime.scavenger import scavenge_export_files
 
 
@@ -63,3 +64,40 @@ async def test_other_files_in_the_work_dir_are_never_touched(worker_store, tmp_p
 
 async def test_a_missing_work_dir_is_nothing_to_do(worker_store, tmp_path):
     assert await scavenge_export_files(tmp_path / "absent", worker_store.live_attempts) == []
+
+
+def agents_of(home: Path) -> list[int]:
+    """gpg-agent processes serving ``home``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"gpg-agent") and str(home).encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_killed_builds_gnupg_home_with_the_signing_key_goes_with_its_attempt(
+    factory, worker_store, tmp_path, tenant_key
+):
+    # Issue #24 item 5: a worker killed while signing leaves the tenant's imported secret key in the file's
+    # private GnuPG home, and its agent running; the row decides, as for the build directory.
+    _, ended_attempt = await factory.in_status(JobStatus.STOPPED)
+    _, live_attempt = await factory.in_status(JobStatus.RUNNING)
+    homes = {}
+    for attempt in (ended_attempt, live_attempt):
+        home = GpgHome.create(gpg_root_for(tmp_path), str(attempt))
+        import_signing_key(home, str(tenant_key.secret_key_file))
+        homes[attempt] = home.path
+    assert gpg_homes(tmp_path) == {ended_attempt: [homes[ended_attempt]], live_attempt: [homes[live_attempt]]}
+    assert agents_of(homes[ended_attempt])
+
+    cleaned = await scavenge_export_files(tmp_path, worker_store.live_attempts)
+
+    assert cleaned == [ended_attempt]
+    assert not homes[ended_attempt].exists() and agents_of(homes[ended_attempt]) == []
+    assert (homes[live_attempt] / "private-keys-v1.d").exists()
+    remove_gpg_home(homes[live_attempt])

@@ -132,14 +132,26 @@ class Factory:
             "ack_suffix": None,
             "max_write_request": 32768,
             "temporary_files": "keep",
+            # What the partner receives (0020): plain CSV unless a test asks for a format.
+            "csv_header": True,
+            "csv_delimiter": ",",
+            "csv_columns": ["email", "first_name", "last_name"],
+            "compression": "none",
+            "pgp_recipient_keys": [],
+            "pgp_signing_key_ref": None,
         }
         row.update(fields)
+        row = {
+            k: list(v) if isinstance(v, tuple) else v for k, v in row.items()
+        }  # arrays, as psycopg sends lists
         await self.admin(
             "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref,"
-            " remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files)"
+            " remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,"
+            " csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys, pgp_signing_key_ref)"
             " VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,"
             " %(credential_ref)s, %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s,"
-            " %(max_write_request)s, %(temporary_files)s)",
+            " %(max_write_request)s, %(temporary_files)s, %(csv_header)s, %(csv_delimiter)s, %(csv_columns)s,"
+            " %(compression)s, %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s)",
             row,
         )
         if enabled:
