@@ -1078,6 +1078,7 @@ class Auditor:
             received=self.inp.webhooks,
             deliveries=self.webhook_deliveries,
             marker=self.inp.marker,
+            firings=self.firings,
         )
         for finding in found:
             self.violate(finding.invariant, finding.job_id, finding.detail)

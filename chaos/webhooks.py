@@ -2,7 +2,7 @@
 the soak's tenant, which refuses some POSTs and is down for a while, and the auditor's check of what it got.
 
 After de-duplicating by event ID (``webhook-id``): exactly one event per (export, outcome) the export went
-through and one per cancellation that lost, none missing, none extra; every POST's signature verifies (with
+through, one per cancellation that lost and one per skipped recurring firing, none missing, none extra; every POST's signature verifies (with
 ``standardwebhooks``, not our code); the POSTs of one event ID carry the same body; no body holds contact
 data (the soak's marker is in every contact value); and no delivery is left pending or given up.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 from testbed.webhook_receiver import Received
@@ -68,6 +69,7 @@ def audit_webhooks(
     received: list[Received],
     deliveries: list[dict[str, Any]],
     marker: str,
+    firings: Iterable[dict[str, Any]] = (),
 ) -> tuple[list[Finding], dict[str, Any]]:
     """The violations and counts of one run's webhooks."""
     found: list[Finding] = []
@@ -85,6 +87,7 @@ def audit_webhooks(
         by_id[post.webhook_id].append(post)
     events_by_subject: dict[tuple[str, str], set[str]] = defaultdict(set)
     lost_by_request: dict[str, set[str]] = defaultdict(set)
+    skips: dict[str, set[str]] = defaultdict(set)
     for webhook_id, posts in by_id.items():
         if len({p.body for p in posts}) > 1:
             found.append(
@@ -98,6 +101,8 @@ def audit_webhooks(
         data = event.get("data", {})
         if event.get("type") == "export.cancellation_lost":
             lost_by_request[str(data.get("cancellation_request_id"))].add(webhook_id)
+        elif event.get("type") == "recurring_export.firing_skipped":
+            skips[f"{data.get('recurring_export_id')}@{data.get('scheduled_for')}"].add(webhook_id)
         elif str(event.get("type", "")).startswith("export."):
             events_by_subject[(str(data.get("export_id")), str(event["type"]))].add(webhook_id)
     expected = expected_outcomes(jobs, events)
@@ -127,6 +132,22 @@ def audit_webhooks(
         found.append(
             Finding("webhook_unexpected", None, f"a lost-cancellation event for {request_id}, not TooLate")
         )
+    skipped = {
+        f"{f['recurring_export_id']}@{f['nominal_time'].astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')}"
+        for f in firings
+        if f["outcome"] == "skipped"
+    }
+    for key in sorted(skipped):
+        if len(skips.get(key, set())) != 1:
+            found.append(
+                Finding(
+                    "webhook_skipped_firing",
+                    None,
+                    f"skipped firing {key}: {len(skips.get(key, set()))} events",
+                )
+            )
+    for key in sorted(set(skips) - skipped):
+        found.append(Finding("webhook_unexpected", None, f"a skipped-firing event for {key}, never skipped"))
     unfinished = [d for d in deliveries if d["state"] != "delivered"]
     for delivery in unfinished:
         found.append(
@@ -144,6 +165,7 @@ def audit_webhooks(
         "answered_500": sum(1 for p in received if p.answered >= 500),
         "outcome_events_expected": len(expected),
         "lost_cancellation_events": sum(len(v) for v in lost_by_request.values()),
+        "skipped_firing_events": sum(len(v) for v in skips.values()),
         "deliveries": len(deliveries),
         "deliveries_unfinished": len(unfinished),
     }

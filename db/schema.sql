@@ -363,6 +363,21 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.notify_recurring_firing_row() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+BEGIN
+    PERFORM notify_recurring_firing_skipped(
+        NEW.tenant_id, NEW.recurring_export_id,
+        (SELECT r.list_name || ' to ' || coalesce(d.name, r.destination_id::text)
+         FROM recurring_exports r
+         LEFT JOIN destinations d ON d.tenant_id = r.tenant_id AND d.id = r.destination_id
+         WHERE r.tenant_id = NEW.tenant_id AND r.id = NEW.recurring_export_id),
+        NEW.nominal_time, NEW.reason);
+    RETURN NULL;
+END $$;
+
 CREATE FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public'
@@ -1061,6 +1076,8 @@ CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH R
 
 CREATE TRIGGER tr_recurring_export_firings_append_only BEFORE DELETE OR UPDATE ON public.recurring_export_firings FOR EACH ROW EXECUTE FUNCTION public.recurring_export_firings_append_only();
 
+CREATE TRIGGER tr_recurring_export_firings_notify_skipped AFTER INSERT ON public.recurring_export_firings FOR EACH ROW WHEN ((new.outcome = 'skipped'::text)) EXECUTE FUNCTION public.notify_recurring_firing_row();
+
 CREATE TRIGGER tr_recurring_exports_guard BEFORE DELETE OR UPDATE ON public.recurring_exports FOR EACH ROW EXECUTE FUNCTION public.recurring_exports_guard();
 
 ALTER TABLE ONLY public.api_tokens
@@ -1175,6 +1192,8 @@ REVOKE ALL ON FUNCTION public.lost_cancellation_payload(request_id uuid, request
 REVOKE ALL ON FUNCTION public.notify_export_outcome() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.notify_lost_cancellation() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_recurring_firing_row() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) TO exports_worker;

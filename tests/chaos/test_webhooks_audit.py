@@ -105,3 +105,30 @@ def test_a_lost_cancellation_needs_exactly_one_event_and_every_delivery_must_end
 
     assert found == {"webhook_lost_cancellation", "webhook_not_delivered"}
     assert counts["lost_cancellation_events"] == 1
+
+
+def test_a_skipped_recurring_firing_needs_exactly_one_event() -> None:
+    from datetime import UTC, datetime
+
+    told, untold = str(uuid.uuid4()), str(uuid.uuid4())
+    at = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
+    firings = [
+        {"recurring_export_id": told, "nominal_time": at, "outcome": "skipped"},
+        {"recurring_export_id": untold, "nominal_time": at, "outcome": "skipped"},
+        {"recurring_export_id": str(uuid.uuid4()), "nominal_time": at, "outcome": "created"},
+    ]
+    event = {"recurring_export_id": told, "scheduled_for": "2026-12-01T06:00:00.000000Z"}
+    body = json.dumps({"id": "e1", "type": "recurring_export.firing_skipped", "data": event}).encode()
+
+    found, counts = audit_webhooks(
+        jobs={},
+        events={},
+        requests=[],
+        received=[Received("/hooks/chaos", "e1", "1", "v1,x", body, True, 204)],
+        deliveries=[],
+        marker=MARKER,
+        firings=firings,
+    )
+
+    assert [f.invariant for f in found] == ["webhook_skipped_firing"]
+    assert untold in found[0].detail and counts["skipped_firing_events"] == 1

@@ -6,6 +6,7 @@ its own; and nobody but those writes an event or reads an endpoint's secret back
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -331,3 +332,61 @@ async def test_the_api_writes_a_secret_and_can_never_read_it_back(database, fact
         " AND grantee LIKE 'exports_%%'"
     )
     assert {r["grantee"] for r in rows} == {"exports_dispatcher"}
+
+
+async def recurring_export(factory: Factory, tenant: tuple[UUID, UUID], *, paused: bool) -> UUID:
+    recurring_id = uuid.uuid4()
+    await factory.admin(
+        "INSERT INTO recurring_exports (tenant_id, id, destination_id, list_name, interval_seconds, time_zone,"
+        " paused, paused_reason, created_by, updated_by)"
+        " VALUES (%(t)s, %(r)s, %(d)s, 'vip', 3600, 'UTC', %(p)s, %(why)s, 'admin@acme', 'admin@acme')",
+        {
+            "t": tenant[0],
+            "r": recurring_id,
+            "d": tenant[1],
+            "p": paused,
+            "why": "holiday" if paused else None,
+        },
+    )
+    return recurring_id
+
+
+async def test_a_firing_the_recurring_code_skips_reports_itself_once_and_one_that_creates_an_export_does_not(
+    factory, tenant, api_store
+):
+    paused = await recurring_export(factory, tenant, paused=True)
+    running = await recurring_export(factory, tenant, paused=False)
+    at = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
+
+    async def fire(recurring_id: UUID) -> str:
+        answer = await api_store.fire_recurring_export(
+            tenant_id=tenant[0],
+            recurring_export_id=recurring_id,
+            nominal_time=at,
+            fired_by="test",
+            late_after_seconds=10**9,
+            catchup_firings=1,
+        )
+        assert answer is not None
+        return answer.outcome.value
+
+    assert [await fire(paused), await fire(paused), await fire(running)] == [
+        "skipped",
+        "duplicate",
+        "created",
+    ]
+
+    rows = await factory.admin(
+        "SELECT kind, subject_key, payload FROM notification_events WHERE subject_key LIKE %(r)s"
+        " OR subject_key LIKE %(c)s",
+        {"r": f"{paused}@%", "c": f"{running}@%"},
+    )
+    assert [(r["kind"], r["subject_key"]) for r in rows] == [
+        ("recurring_export.firing_skipped", f"{paused}@2026-12-01T06:00:00.000000Z")
+    ]
+    assert rows[0]["payload"] == {
+        "recurring_export_id": str(paused),
+        "recurring_export_name": "vip to partner-notified",
+        "scheduled_for": "2026-12-01T06:00:00.000000Z",
+        "reason": "recurring_paused",
+    }
