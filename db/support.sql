@@ -740,3 +740,161 @@ LIMIT %(limit)s;
 -- name: find_principal
 -- A principal of a tenant, its role and whether it is revoked (the command line acts as one).
 SELECT name, role, revoked_at FROM principals WHERE tenant_id = %(tenant_id)s AND name = %(name)s;
+-- -- outcome notifications (0025): webhook endpoints, the events' fan-out and their deliveries -------------
+
+-- name: create_webhook_endpoint
+-- Registers a tenant's webhook endpoint (an admin's), enabled, at version 1, unless the tenant already has
+-- max_endpoints. Returns the endpoint without its secret: exports_api may write the secret, never read it.
+INSERT INTO webhook_endpoints (tenant_id, id, url, secret, events, description, enabled, created_by)
+SELECT %(tenant_id)s, %(endpoint_id)s, %(url)s, %(secret)s, %(events)s::text[], %(description)s::text, true,
+       %(created_by)s
+WHERE (SELECT count(*) FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s) < %(max_endpoints)s
+RETURNING tenant_id, id, url, events, description, enabled, version, created_by, created_at, updated_by,
+          updated_at;
+
+-- name: tenant_webhook_endpoints
+-- A tenant's endpoints (never their secrets) with how their deliveries stand, oldest first; or the one named.
+SELECT w.tenant_id, w.id, w.url, w.events, w.description, w.enabled, w.version, w.created_by, w.created_at,
+       w.updated_by, w.updated_at,
+       coalesce(c.pending, 0) AS pending, coalesce(c.failed, 0) AS failed, coalesce(c.delivered, 0) AS delivered,
+       c.last_failure_at
+FROM webhook_endpoints w
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE d.state = 'pending')::int AS pending,
+           count(*) FILTER (WHERE d.state = 'failed')::int AS failed,
+           count(*) FILTER (WHERE d.state = 'delivered')::int AS delivered,
+           max(d.last_attempt_at) FILTER (WHERE d.state <> 'delivered' AND d.last_error IS NOT NULL)
+               AS last_failure_at
+    FROM webhook_deliveries d WHERE d.endpoint_id = w.id) c ON true
+WHERE w.tenant_id = %(tenant_id)s AND (%(endpoint_id)s::uuid IS NULL OR w.id = %(endpoint_id)s::uuid)
+ORDER BY w.created_at, w.id;
+
+-- name: update_webhook_endpoint
+-- Changes an endpoint of the tenant for the version its editor read (If-Match): a field given NULL keeps its
+-- value. Matches nothing for another version or another tenant's endpoint (the caller re-reads to tell
+-- which). The secret is rotate_webhook_secret's: this role may not read it, so not even keep it by name.
+UPDATE webhook_endpoints
+SET url = coalesce(%(url)s::text, url), events = coalesce(%(events)s::text[], events),
+    description = CASE WHEN %(clear_description)s THEN NULL ELSE coalesce(%(description)s::text, description) END,
+    enabled = coalesce(%(enabled)s::boolean, enabled),
+    version = version + 1, updated_by = %(updated_by)s, updated_at = clock_timestamp()
+WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s AND version = %(expected_version)s
+RETURNING tenant_id, id, url, events, description, enabled, version, created_by, created_at, updated_by,
+          updated_at;
+
+-- name: rotate_webhook_secret
+-- A new signing secret for an endpoint, in update_webhook_endpoint's transaction, for the version that
+-- statement just wrote; effective for the next attempt.
+UPDATE webhook_endpoints SET secret = %(secret)s
+WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s AND version = %(version)s
+RETURNING id;
+
+-- name: delete_webhook_endpoint
+-- Removes an endpoint of the tenant and its deliveries (ON DELETE CASCADE); the events stay.
+DELETE FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s
+RETURNING id;
+
+-- name: endpoint_deliveries
+-- An endpoint's deliveries, newest first, with their event's type and export; optionally only one state.
+-- Nothing for another tenant's endpoint.
+SELECT d.id, d.tenant_id, d.event_id, d.endpoint_id, e.kind, e.job_id, d.state, d.attempts, d.next_attempt_at,
+       d.give_up_at, d.last_attempt_at, d.last_status_code, d.last_error, d.delivered_at, d.redeliveries,
+       d.redelivered_by, d.redelivered_at, d.created_at, e.created_at AS event_created_at
+FROM webhook_deliveries d
+JOIN notification_events e ON e.id = d.event_id
+WHERE d.tenant_id = %(tenant_id)s AND d.endpoint_id = %(endpoint_id)s
+  AND (%(state)s::text IS NULL OR d.state = %(state)s::text)
+ORDER BY d.created_at DESC, d.id DESC
+LIMIT %(limit)s;
+
+-- name: redeliver_webhook
+-- A person's redelivery of one delivery of the tenant's endpoint, whatever its state: due now, with a fresh
+-- retry window, the same event (the same webhook-id). An attempt in flight keeps its lease and records its
+-- answer as usual.
+UPDATE webhook_deliveries
+SET state = 'pending', next_attempt_at = clock_timestamp(),
+    give_up_at = clock_timestamp() + make_interval(secs => %(window_seconds)s),
+    redeliveries = redeliveries + 1, redelivered_by = %(redelivered_by)s, redelivered_at = clock_timestamp()
+WHERE tenant_id = %(tenant_id)s AND endpoint_id = %(endpoint_id)s AND id = %(delivery_id)s
+RETURNING id;
+
+-- name: fan_out_notification_events
+-- The dispatcher's fan-out: a batch of events not yet fanned out, oldest first, each marked and given one
+-- delivery per endpoint of its tenant that is enabled and subscribed to its type now, due at once, retried
+-- until window_seconds from now. SKIP LOCKED: two dispatchers take different events; the unique
+-- (event, endpoint) makes a repeat harmless.
+WITH due AS (
+    SELECT id FROM notification_events
+    WHERE fanned_out_at IS NULL
+    ORDER BY created_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED),
+marked AS (
+    UPDATE notification_events e SET fanned_out_at = clock_timestamp()
+    FROM due
+    WHERE e.id = due.id AND e.fanned_out_at IS NULL
+    RETURNING e.id, e.tenant_id, e.kind),
+made AS (
+    INSERT INTO webhook_deliveries (tenant_id, event_id, endpoint_id, next_attempt_at, give_up_at)
+    SELECT m.tenant_id, m.id, w.id, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => %(window_seconds)s)
+    FROM marked m
+    JOIN webhook_endpoints w ON w.tenant_id = m.tenant_id AND w.enabled AND m.kind = ANY (w.events)
+    ON CONFLICT ON CONSTRAINT uq_webhook_deliveries_event_endpoint DO NOTHING
+    RETURNING id)
+SELECT (SELECT count(*) FROM marked)::int AS events, (SELECT count(*) FROM made)::int AS deliveries;
+
+-- name: take_due_webhook_deliveries
+-- The dispatcher's batch of attempts, leased in one short committed statement (no lock is held across the
+-- POST): pending deliveries due now, to enabled endpoints, that no other dispatcher holds a current lease
+-- on, each leased until now + lease_seconds; with what it takes to send and sign them. The lease is the
+-- token record_webhook_attempts must match; a lease that passed (its dispatcher died) lets any take it again.
+WITH due AS (
+    SELECT d.id FROM webhook_deliveries d
+    JOIN webhook_endpoints w ON w.tenant_id = d.tenant_id AND w.id = d.endpoint_id
+    WHERE d.state = 'pending' AND d.next_attempt_at <= clock_timestamp()
+      AND (d.leased_until IS NULL OR d.leased_until < clock_timestamp())
+      AND w.enabled
+    ORDER BY d.next_attempt_at
+    LIMIT %(batch)s
+    FOR UPDATE OF d SKIP LOCKED),
+lease AS (   -- volatile, so evaluated once: one lease value for the whole batch
+    SELECT clock_timestamp() AS taken_at, clock_timestamp() + make_interval(secs => %(lease_seconds)s) AS until),
+leased AS (
+    UPDATE webhook_deliveries d SET leased_until = lease.until
+    FROM due, lease
+    WHERE d.id = due.id AND d.state = 'pending'
+      AND (d.leased_until IS NULL OR d.leased_until < lease.taken_at)
+    RETURNING d.id, d.tenant_id, d.event_id, d.endpoint_id, d.attempts, d.leased_until)
+SELECT l.id, l.tenant_id, l.event_id, l.endpoint_id, e.kind, e.created_at AS event_created_at, e.payload,
+       w.url, w.secret, l.attempts, l.leased_until
+FROM leased l
+JOIN notification_events e ON e.id = l.event_id
+JOIN webhook_endpoints w ON w.tenant_id = l.tenant_id AND w.id = l.endpoint_id;
+
+-- name: record_webhook_attempts
+-- How a batch of attempts ended, in one statement: a 2xx is delivered; any other answer or none waits
+-- min(cap, base * 2^n) scaled by its jitter (0.5 to 1; n the delivery's earlier attempts) on the database
+-- clock, and gives up (failed) when that would pass the delivery's give_up_at. Only while the delivery still
+-- carries the lease its attempt was sent under (a later lease's attempt records its own answer).
+WITH answer AS (
+    SELECT * FROM unnest(%(delivery_ids)s::uuid[], %(leases)s::timestamptz[], %(status_codes)s::int[],
+                         %(errors)s::text[], %(jitters)s::float8[])
+        AS a (id, leased_until, status_code, error, jitter)),
+waited AS (
+    SELECT d.id, a.status_code, a.error, a.status_code BETWEEN 200 AND 299 AS delivered,
+           clock_timestamp() + make_interval(
+               secs => least(%(cap_seconds)s::float8, %(base_seconds)s::float8 * 2 ^ least(d.attempts, 30))
+                       * (0.5 + 0.5 * a.jitter)) AS next_at,
+           d.give_up_at, a.leased_until
+    FROM answer a
+    JOIN webhook_deliveries d ON d.id = a.id AND d.leased_until = a.leased_until AND d.state = 'pending')
+UPDATE webhook_deliveries d
+SET attempts = d.attempts + 1, leased_until = NULL, last_attempt_at = clock_timestamp(),
+    last_status_code = w.status_code, last_error = left(w.error, 200),
+    state = CASE WHEN w.delivered THEN 'delivered' WHEN w.next_at > w.give_up_at THEN 'failed' ELSE 'pending' END,
+    delivered_at = CASE WHEN w.delivered THEN clock_timestamp() ELSE d.delivered_at END,
+    next_attempt_at = CASE WHEN w.delivered OR w.next_at > w.give_up_at THEN d.next_attempt_at ELSE w.next_at END
+FROM waited w
+WHERE d.id = w.id AND d.state = 'pending' AND d.leased_until = w.leased_until
+RETURNING d.id, d.state, d.attempts, d.next_attempt_at;

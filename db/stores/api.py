@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from db.stores.destinations import DestinationStatements
+from db.stores.endpoints import EndpointStatements
 from db.stores.ledger import LedgerStatements
 from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
@@ -17,6 +18,7 @@ class ApiStore(
     SessionStatements,
     RecurringStatements,
     DestinationStatements,
+    EndpointStatements,
 ):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, destinations, and the reads."""
+    their firings, destinations, webhook endpoints, and the reads."""
