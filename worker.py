@@ -251,7 +251,9 @@ async def run_worker(
         await wait_for_postgres(settings.database_url, START_RETRY_SECONDS, what="the worker")
     except StoreError as exc:
         raise PostgresUnreachable(str(exc)) from exc
-    within = settings.temporal_connect_timeout_seconds
+    # Temporal answered the connect; a restart or an overload after it is waited out as long as PostgreSQL's
+    # (the soak's dev server took over 10 s to come back under load, and a worker exited on it).
+    within = max(settings.temporal_connect_timeout_seconds, START_RETRY_SECONDS)
     search_attributes = await until_temporal_answers(
         lambda: register_search_attributes(client, client.namespace), "search attributes", within=within
     )
