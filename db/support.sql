@@ -911,11 +911,12 @@ LIMIT %(limit)s;
 
 -- name: count_outcome_unknown_queue
 -- How many of a tenant's exports wait for a reconciler, counted only up to %(cap)s + 1: an answer of cap + 1
--- means "more than cap", never a number. Reads at most that many entries of the queue's index.
+-- means "more than cap", never a number. Reads one of the OutcomeUnknown partial indexes, the planner's pick:
+-- the tenant's entries of the queue's (at most cap + 1), or, while every tenant's unknowns together are few,
+-- all of ix_export_jobs_outcome_unknown; never the table.
 SELECT count(*) AS counted FROM (
     SELECT 1 FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND status = 'OutcomeUnknown'
-    ORDER BY outcome_unknown_at, id
     LIMIT %(cap)s + 1) capped;
 
 -- name: estimate_outcome_unknown_queue
