@@ -288,3 +288,47 @@ async def test_another_tenants_unknown_export_is_not_in_the_queue_and_looks_miss
     assert theirs_page == await page.content()
     assert str(theirs.id) not in theirs_page
     await page.context.close()
+
+
+async def test_a_replacement_and_a_correction_request_are_made_from_the_evidence_page(browser, site, factory):
+    from playwright.async_api import expect
+
+    unknown, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(site.tenant_id, site.destination_id)
+    )
+    completed, attempt = await factory.in_status(
+        JobStatus.COMPLETED, job=await factory.queued(site.tenant_id, site.destination_id)
+    )
+    page = await signed_in(browser, site, "reconciler")
+
+    await page.goto(f"{site.url}/console/reconciliation/{unknown.id}")
+    await page.fill("#replace input[name=reason]", "the partner lost the file")
+    await page.click("#replace button[type=submit]")
+    await expect(page.locator("#action-message")).to_contain_text("(Queued)")
+    [replacement] = await factory.admin(
+        "SELECT id, created_by, replacement_reason FROM export_jobs WHERE replaces_job_id = %(id)s",
+        {"id": unknown.id},
+    )
+    assert (replacement["created_by"], replacement["replacement_reason"]) == (
+        "rita.recon",
+        "the partner lost the file",
+    )
+    await expect(page.locator("#action-message")).to_contain_text(str(replacement["id"]))
+
+    await page.goto(f"{site.url}/console/reconciliation/{completed.id}")
+    assert await page.locator("#reconcile").count() == 0  # a recorded outcome is corrected, not reconciled
+    await page.fill("#correct input[name=evidence_ref]", "TICKET-4")
+    await page.fill("#correct input[name=why]", "the partner's listing shows no file")
+    await page.click("#correct button[type=submit]")
+    await expect(page.locator("#status")).to_have_text("Failed NotDelivered", timeout=15_000)
+    [correction] = await factory.admin(
+        "SELECT attempt_id, corrected_by, evidence_ref, why FROM outcome_corrections WHERE job_id = %(id)s",
+        {"id": completed.id},
+    )
+    assert correction == {
+        "attempt_id": attempt,
+        "corrected_by": "rita.recon",
+        "evidence_ref": "TICKET-4",
+        "why": "the partner's listing shows no file",
+    }
+    await page.context.close()
