@@ -293,6 +293,14 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.export_jobs_mark_outcome_unknown() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.outcome_unknown_at := clock_timestamp();
+    RETURN NEW;
+END $$;
+
 CREATE FUNCTION public.export_jobs_no_delete() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -323,6 +331,14 @@ BEGIN
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_transition_event';
     END IF;
     RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.listing_requests_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'listing requests are history: append-only'
+        USING ERRCODE = 'insufficient_privilege';
 END $$;
 
 CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
@@ -764,8 +780,10 @@ CREATE TABLE public.export_jobs (
     available_at timestamp with time zone,
     transient_releases integer DEFAULT 0 NOT NULL,
     destination_version integer,
+    outcome_unknown_at timestamp with time zone,
     CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
     CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_outcome_unknown_at CHECK (((status <> 'OutcomeUnknown'::text) OR (outcome_unknown_at IS NOT NULL))),
     CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
     CONSTRAINT ck_export_jobs_rejection CHECK ((((status = 'Rejected'::text) = (rejection_code IS NOT NULL)) AND ((rejection_code IS NULL) OR (rejection_reason IS NOT NULL)))),
     CONSTRAINT ck_export_jobs_rejection_code CHECK ((rejection_code = ANY (ARRAY['list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text, 'list_missing'::text]))),
@@ -791,6 +809,16 @@ CREATE TABLE public.idempotency_keys (
     job_id uuid NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT idempotency_keys_key_check CHECK (((length(key) >= 1) AND (length(key) <= 200)))
+);
+
+CREATE TABLE public.listing_requests (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    attempt_id uuid NOT NULL,
+    requested_by text NOT NULL,
+    requested_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT listing_requests_requested_by_check CHECK (((length(requested_by) >= 1) AND (length(requested_by) <= 200)))
 );
 
 CREATE TABLE public.notification_events (
@@ -981,6 +1009,9 @@ ALTER TABLE ONLY public.export_jobs
 ALTER TABLE ONLY public.export_status_edges
     ADD CONSTRAINT export_status_edges_pkey PRIMARY KEY (from_status, to_status);
 
+ALTER TABLE ONLY public.listing_requests
+    ADD CONSTRAINT listing_requests_pkey PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.notification_events
     ADD CONSTRAINT notification_events_pkey PRIMARY KEY (id);
 
@@ -1098,9 +1129,15 @@ CREATE INDEX ix_export_jobs_tenant_created_id ON public.export_jobs USING btree 
 
 CREATE INDEX ix_export_jobs_tenant_destination_live ON public.export_jobs USING btree (tenant_id, destination_id) WHERE (status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text]));
 
+CREATE INDEX ix_export_jobs_tenant_outcome_unknown ON public.export_jobs USING btree (tenant_id, outcome_unknown_at, id) WHERE (status = 'OutcomeUnknown'::text);
+
 CREATE INDEX ix_export_jobs_transient_releases ON public.export_jobs USING btree (transient_releases) WHERE ((status = ANY (ARRAY['Queued'::text, 'Running'::text])) AND (transient_releases > 0));
 
 CREATE INDEX ix_export_jobs_woken ON public.export_jobs USING btree (woken_at) WHERE (status = 'Queued'::text);
+
+CREATE INDEX ix_listing_requests_job ON public.listing_requests USING btree (job_id, requested_at);
+
+CREATE INDEX ix_listing_requests_requested ON public.listing_requests USING btree (requested_at);
 
 CREATE INDEX ix_notification_events_unfanned ON public.notification_events USING btree (created_at) WHERE (fanned_out_at IS NULL);
 
@@ -1156,9 +1193,13 @@ CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR 
 
 CREATE TRIGGER tr_export_jobs_notify_outcome AFTER UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'Stopped'::text, 'Canceled'::text, 'Rejected'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_export_outcome();
 
+CREATE TRIGGER tr_export_jobs_outcome_unknown_at BEFORE UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((new.status = 'OutcomeUnknown'::text) AND (old.status IS DISTINCT FROM 'OutcomeUnknown'::text))) EXECUTE FUNCTION public.export_jobs_mark_outcome_unknown();
+
 CREATE TRIGGER tr_export_jobs_replacement_terms BEFORE UPDATE OF destination_id, list_name ON public.export_jobs FOR EACH ROW WHEN (((old.replaces_job_id IS NOT NULL) AND ((new.destination_id IS DISTINCT FROM old.destination_id) OR (new.list_name IS DISTINCT FROM old.list_name)))) EXECUTE FUNCTION public.export_jobs_replacement_terms_guard();
 
 CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status ON public.export_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.status = ANY (ARRAY['OutcomeUnknown'::text, 'Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_transition_event_guard();
+
+CREATE TRIGGER tr_listing_requests_append_only BEFORE DELETE OR UPDATE ON public.listing_requests FOR EACH ROW EXECUTE FUNCTION public.listing_requests_append_only();
 
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
 
@@ -1239,6 +1280,9 @@ ALTER TABLE ONLY public.export_jobs
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT fk_idempotency_keys_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
 
+ALTER TABLE ONLY public.listing_requests
+    ADD CONSTRAINT fk_listing_requests_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
+
 ALTER TABLE ONLY public.outcome_corrections
     ADD CONSTRAINT fk_outcome_corrections_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
 
@@ -1317,6 +1361,8 @@ GRANT UPDATE(retired_by) ON TABLE public.destinations TO exports_api;
 GRANT UPDATE(temporary_files) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
+
+REVOKE ALL ON FUNCTION public.export_jobs_mark_outcome_unknown() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
@@ -1467,6 +1513,9 @@ GRANT SELECT ON TABLE public.export_status_edges TO exports_reconciler;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.idempotency_keys TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.listing_requests TO exports_api;
+GRANT SELECT ON TABLE public.listing_requests TO exports_recovery;
 
 GRANT SELECT ON TABLE public.notification_events TO exports_api;
 GRANT SELECT ON TABLE public.notification_events TO exports_dispatcher;

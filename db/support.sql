@@ -898,3 +898,106 @@ SET attempts = d.attempts + 1, leased_until = NULL, last_attempt_at = clock_time
 FROM waited w
 WHERE d.id = w.id AND d.state = 'pending' AND d.leased_until = w.leased_until
 RETURNING d.id, d.state, d.attempts, d.next_attempt_at;
+
+-- name: page_outcome_unknown_queue
+-- The reconciler's queue (issue 26 item 4): one page of a tenant's OutcomeUnknown exports, oldest first by when
+-- each became OutcomeUnknown, after a keyset bound (outcome_unknown_at, id): an ordered walk of
+-- ix_export_jobs_tenant_outcome_unknown (0033), as many entries as the page shows, never a sort.
+SELECT * FROM export_jobs
+WHERE tenant_id = %(tenant_id)s AND status = 'OutcomeUnknown'
+  AND (outcome_unknown_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ORDER BY outcome_unknown_at, id
+LIMIT %(limit)s;
+
+-- name: count_outcome_unknown_queue
+-- How many of a tenant's exports wait for a reconciler, counted only up to %(cap)s + 1: an answer of cap + 1
+-- means "more than cap", never a number. Reads one of the OutcomeUnknown partial indexes, the planner's pick:
+-- the tenant's entries of the queue's (at most cap + 1), or, while every tenant's unknowns together are few,
+-- all of ix_export_jobs_outcome_unknown; never the table.
+SELECT count(*) AS counted FROM (
+    SELECT 1 FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND status = 'OutcomeUnknown'
+    LIMIT %(cap)s + 1) capped;
+
+-- name: estimate_outcome_unknown_queue
+-- The planner's estimate of a tenant's OutcomeUnknown exports (the plan as JSON; its top node's "Plan Rows"):
+-- what the queue's count shows, labelled "about", past the cap it counts to. Reads only the statistics.
+EXPLAIN (FORMAT JSON)
+SELECT 1 FROM export_jobs WHERE tenant_id = %(tenant_id)s AND status = 'OutcomeUnknown';
+
+-- name: outcome_unknown_summaries
+-- For one page of the queue, each export's one line of why: the attempt's write that recorded OutcomeUnknown
+-- (the worker's Finished or recovery's ResolvedByRecovery, with its summary of codes and sizes), how many
+-- times recovery listed its final name since (observed_by starting with %(recovery_prefix)s) and when last,
+-- and whether a reconciler's listing request waits for its answer (record_listing_request). Only the tenant's
+-- exports; each read by ix_attempt_events_job.
+SELECT j.id AS job_id, why.detail AS reason, why.recorded_by, why.recorded_at,
+       coalesce(checks.listings, 0) AS recovery_listings, checks.last_at AS last_listed_at,
+       EXISTS (
+           SELECT 1 FROM listing_requests r
+           WHERE r.job_id = j.id
+             AND r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+             AND NOT EXISTS (
+                 SELECT 1 FROM export_attempt_events e
+                 WHERE e.job_id = r.job_id AND e.kind = 'DeliveryEvidence'
+                   AND e.observed_by = %(observer_prefix)s || r.id::text)) AS listing_requested
+FROM export_jobs j
+LEFT JOIN LATERAL (
+    SELECT e.detail, coalesce(e.worker_id, e.observed_by) AS recorded_by, e.recorded_at
+    FROM export_attempt_events e
+    WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id AND e.kind IN ('Finished', 'ResolvedByRecovery')
+    ORDER BY e.id DESC
+    LIMIT 1) why ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS listings, max(e.recorded_at) AS last_at
+    FROM export_attempt_events e
+    WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id
+      -- the JSON is read only once the row is recovery's evidence (an AND does not order its operands)
+      AND CASE WHEN e.kind = 'DeliveryEvidence' AND starts_with(e.observed_by, %(recovery_prefix)s)
+               THEN e.detail::jsonb ->> 'observation' = 'recovery_listing' ELSE false END) checks ON true
+WHERE j.tenant_id = %(tenant_id)s AND j.id = ANY(%(job_ids)s::uuid[]);
+
+-- name: record_listing_request
+-- A reconciler asks for today's listing of an OutcomeUnknown export's final name (0033): recorded for the
+-- export's attempt, only while it is OutcomeUnknown, its partner's deliveries are not paused (no session is
+-- opened to a paused partner) and no earlier request of it still waits for its answer (an answer is the
+-- attempt's DeliveryEvidence observed by %(observer_prefix)s || the request's ID; a request unanswered after
+-- %(window_seconds)s no longer waits). Nothing is inserted otherwise; the service re-reads to say why.
+INSERT INTO listing_requests (tenant_id, job_id, attempt_id, requested_by)
+SELECT j.tenant_id, j.id, j.attempt_id, %(requested_by)s
+FROM export_jobs j
+WHERE j.tenant_id = %(tenant_id)s AND j.id = %(job_id)s AND j.status = 'OutcomeUnknown'
+  AND delivery_scope_open(j.tenant_id, j.destination_id)
+  AND NOT EXISTS (
+      SELECT 1 FROM listing_requests r
+      WHERE r.job_id = j.id
+        AND r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+        AND NOT EXISTS (
+            SELECT 1 FROM export_attempt_events e
+            WHERE e.job_id = r.job_id AND e.kind = 'DeliveryEvidence'
+              AND e.observed_by = %(observer_prefix)s || r.id::text))
+RETURNING id, job_id, attempt_id, requested_by, requested_at;
+
+-- name: listing_requests_of_job
+-- Every listing request of one of the tenant's exports, oldest first, with whether it may still be answered
+-- (made within %(window_seconds)s); its answer, if any, is among the export's events.
+SELECT r.id, r.job_id, r.attempt_id, r.requested_by, r.requested_at,
+       r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s) AS answerable
+FROM listing_requests r
+WHERE r.tenant_id = %(tenant_id)s AND r.job_id = %(job_id)s
+ORDER BY r.requested_at, r.id;
+
+-- name: find_listing_requests
+-- Recovery's nomination of the reconcilers' listing requests to answer, oldest first: made within
+-- %(window_seconds)s, for an attempt still OutcomeUnknown, not answered yet (no DeliveryEvidence observed by
+-- %(observer_prefix)s || its ID). Answering re-reads the row and lists the name once.
+SELECT r.id AS request_id, r.job_id, r.attempt_id
+FROM listing_requests r
+JOIN export_jobs j ON j.id = r.job_id AND j.attempt_id = r.attempt_id AND j.status = 'OutcomeUnknown'
+WHERE r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM export_attempt_events e
+      WHERE e.job_id = r.job_id AND e.kind = 'DeliveryEvidence'
+        AND e.observed_by = %(observer_prefix)s || r.id::text)
+ORDER BY r.requested_at
+LIMIT %(limit)s;

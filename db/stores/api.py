@@ -5,6 +5,7 @@ from __future__ import annotations
 from db.stores.destinations import DestinationStatements
 from db.stores.endpoints import EndpointStatements
 from db.stores.ledger import LedgerStatements
+from db.stores.reconciliation import ReconciliationStatements
 from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
 from db.stores.sessions import SessionStatements
@@ -19,6 +20,7 @@ class ApiStore(
     RecurringStatements,
     DestinationStatements,
     EndpointStatements,
+    ReconciliationStatements,
 ):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, destinations, webhook endpoints, and the reads."""
+    their firings, destinations, webhook endpoints, the reconciler's queue and listing requests, and the reads."""
