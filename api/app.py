@@ -159,6 +159,7 @@ def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync 
     app.include_router(routes.router)
     app.include_router(routes.batches)
     app.include_router(routes.destinations)
+    app.include_router(routes.counts)
     app.include_router(console.router)
     app.include_router(switches.router)
     app.include_router(switches.console_router)

@@ -6,6 +6,8 @@ from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
+from pydantic import Field
+
 from domain.models import CancellationOutcome, ExportJob, JobStatus, Row
 
 
@@ -225,3 +227,21 @@ class PrincipalRow(Row):
     name: str
     role: str
     revoked_at: datetime | None
+
+
+class CappedCountRow(Row):
+    """One status's count, capped (``count_tenant_jobs_by_status``: ``cap + 1`` means more than ``cap``)."""
+
+    status: JobStatus
+    counted: int
+
+
+class PlanRow(Row):
+    """What ``EXPLAIN (FORMAT JSON)`` answers: one row, its one column the plan as JSON."""
+
+    plan: list[dict[str, Any]] = Field(alias="QUERY PLAN")
+
+    @property
+    def estimated_rows(self) -> int:
+        """The planner's estimate of the rows the top node returns."""
+        return round(float(self.plan[0]["Plan"]["Plan Rows"]))

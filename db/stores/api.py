@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from db.stores.ledger import LedgerStatements
+from db.stores.listing import ListingStatements
 from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
 from db.stores.sessions import SessionStatements
 from db.stores.switches import SwitchStatements
 
 
-class ApiStore(RequestStatements, LedgerStatements, SwitchStatements, SessionStatements, RecurringStatements):
+class ApiStore(
+    RequestStatements,
+    LedgerStatements,
+    SwitchStatements,
+    SessionStatements,
+    RecurringStatements,
+    ListingStatements,
+):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, and the reads."""
+    their firings, the bounded list and its counts, and the reads."""

@@ -1,0 +1,107 @@
+"""The export list's reads (role ``exports_api``; issue 26, item 5): a page of a tenant's exports under
+optional filters, how many match per status (counted exactly up to a cap, or the planner's estimate), and
+the list names of the console's filter. Each runs under :meth:`StoreBase._bounded`: past its bound it raises
+:class:`db.errors.QueryTimedOut` instead of hanging, and its plan is custom to the filters given, so each
+filter reads through its own index (0027).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from db.queries import fetch
+from db.rows import CappedCountRow, NameRow, PlanRow
+from db.stores.base import StoreBase
+from db.stores.reads import NO_BOUND_ID, NO_BOUND_TIME
+from domain.listing import ExportFilter, id_range
+from domain.models import ExportJob, JobStatus
+
+
+def _scope(filters: ExportFilter) -> dict[str, Any] | None:
+    """The filters' parameters besides the statuses; ``None`` when the ID prefix can match no ID."""
+    id_from = id_to = None
+    if filters.id_prefix is not None:
+        found = id_range(filters.id_prefix)
+        if found is None:
+            return None
+        id_from, id_to = found
+    return {
+        "destination_id": filters.destination_id,
+        "list_name": filters.list_name,
+        "id_from": id_from,
+        "id_to": id_to,
+    }
+
+
+class ListingStatements(StoreBase):
+    """The list, its counts and its list names, each bounded by the caller's ``timeout_ms``."""
+
+    async def page_tenant_jobs(
+        self,
+        tenant_id: UUID,
+        *,
+        limit: int,
+        timeout_ms: int,
+        before: tuple[datetime, UUID] | None = None,
+        filters: ExportFilter = ExportFilter(),
+    ) -> list[ExportJob]:
+        """One page of a tenant's exports, newest first, strictly after the keyset bound ``before`` (the last
+        row of the previous page), under ``filters``. Raises ``QueryTimedOut`` past ``timeout_ms``."""
+        scope = _scope(filters)
+        if scope is None:
+            return []
+        created_at, last_id = before or (NO_BOUND_TIME, NO_BOUND_ID)
+        params = {
+            "tenant_id": tenant_id,
+            "before_created_at": created_at,
+            "before_id": last_id,
+            "limit": limit,
+            **scope,
+        }
+        if filters.statuses:
+            params["statuses"] = [s.value for s in filters.statuses]
+            return await self._bounded_rows("page_tenant_jobs_by_status", params, ExportJob, timeout_ms)
+        return await self._bounded_rows("page_tenant_jobs", params, ExportJob, timeout_ms)
+
+    async def estimate_tenant_jobs(
+        self, tenant_id: UUID, statuses: list[JobStatus], *, filters: ExportFilter, timeout_ms: int
+    ) -> dict[JobStatus, int]:
+        """The planner's estimate, per status, of the tenant's exports that match ``filters`` (whose own
+        statuses are ignored): reads only the statistics. Raises ``QueryTimedOut`` past ``timeout_ms``."""
+        scope = _scope(filters)
+        if scope is None:
+            return dict.fromkeys(statuses, 0)
+        estimates = {}
+        async with self._bounded(timeout_ms) as conn:
+            for status in statuses:
+                params = {"tenant_id": tenant_id, "status": status.value, **scope}
+                (plan,) = await fetch(conn, "estimate_tenant_jobs", params, PlanRow)
+                estimates[status] = plan.estimated_rows
+        return estimates
+
+    async def count_tenant_jobs_by_status(
+        self,
+        tenant_id: UUID,
+        statuses: list[JobStatus],
+        *,
+        filters: ExportFilter,
+        cap: int,
+        timeout_ms: int,
+    ) -> dict[JobStatus, int]:
+        """How many of the tenant's exports of each of ``statuses`` match ``filters`` (whose own statuses are
+        ignored), each counted up to ``cap + 1``: ``cap + 1`` means more than ``cap``. Raises
+        ``QueryTimedOut`` past ``timeout_ms``."""
+        scope = _scope(filters)
+        if scope is None or not statuses:
+            return dict.fromkeys(statuses, 0)
+        params = {"tenant_id": tenant_id, "statuses": [s.value for s in statuses], "cap": cap, **scope}
+        rows = await self._bounded_rows("count_tenant_jobs_by_status", params, CappedCountRow, timeout_ms)
+        return {r.status: r.counted for r in rows}
+
+    async def tenant_list_names(self, tenant_id: UUID, *, timeout_ms: int) -> list[str]:
+        """The list names a tenant's exports use (at most 200), for the console's filter. Raises
+        ``QueryTimedOut`` past ``timeout_ms``."""
+        rows = await self._bounded_rows("tenant_list_names", {"tenant_id": tenant_id}, NameRow, timeout_ms)
+        return [r.name for r in rows]

@@ -1,0 +1,48 @@
+"""How the export list's counts are decided (issue 26, item 5), with no I/O: which counts are worth taking
+exactly, what a capped count or an estimate may claim, and what their sum may claim.
+
+A count is taken exactly only where the planner expects at most ``limit`` rows: reading that many index
+entries stays well inside the list's time bound. Beyond it the planner's estimate is shown, labelled as one;
+a count that stopped at its cap says "more than", never the cap as if it were the number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from domain.listing import Count, CountKind
+from domain.models import JobStatus
+
+
+def worth_counting(estimates: Mapping[JobStatus, int], limit: int) -> list[JobStatus]:
+    """The statuses whose estimate is small enough to count exactly (at most ``limit``)."""
+    return [status for status, estimate in estimates.items() if estimate <= limit]
+
+
+def status_count(estimate: int | None, counted: int | None, limit: int) -> Count:
+    """One status's count from its estimate (``None``: not estimated in time) and its capped count
+    (``None``: not counted; ``limit + 1``: more than ``limit``)."""
+    if counted is not None and counted <= limit:
+        return Count(CountKind.EXACT, counted)
+    if counted is not None:
+        # The estimate said few, the count found more than the limit: the estimate is wrong, the bound is not.
+        if estimate is not None and estimate > limit:
+            return Count(CountKind.ESTIMATE, estimate)
+        return Count(CountKind.MORE_THAN, limit)
+    if estimate is not None:
+        return Count(CountKind.ESTIMATE, estimate)
+    return Count(CountKind.UNKNOWN)
+
+
+def total(counts: Iterable[Count]) -> Count:
+    """The sum of counts, claiming no more than its parts: exact only if every part is; an estimate if any
+    part is; "more than" when the parts are exact or lower bounds; unknown if any part is."""
+    parts = list(counts)
+    if any(c.kind == CountKind.UNKNOWN for c in parts):
+        return Count(CountKind.UNKNOWN)
+    value = sum(c.value or 0 for c in parts)
+    if all(c.kind == CountKind.EXACT for c in parts):
+        return Count(CountKind.EXACT, value)
+    if any(c.kind == CountKind.ESTIMATE for c in parts):
+        return Count(CountKind.ESTIMATE, value)
+    return Count(CountKind.MORE_THAN, value)
