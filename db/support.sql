@@ -416,6 +416,21 @@ SELECT wanted.status, (
         LIMIT %(cap)s + 1) capped) AS counted
 FROM (SELECT DISTINCT unnest(%(statuses)s::text[])) AS wanted(status);
 
+-- name: count_tenant_jobs_in_scope
+-- How many of a tenant's exports match the optional filters, per status, in one pass over at most %(cap)s + 1
+-- of them: when they add up to cap + 1 the pass stopped and no status's count is known. The counts take this
+-- when the planner expects the filters to match few in all (one walk of the filter's index, instead of one
+-- per status). Run bounded (bound_this_read).
+SELECT status, count(*) AS counted FROM (
+    SELECT status FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s
+      AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
+      AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+      AND (%(id_from)s::uuid IS NULL OR id BETWEEN %(id_from)s::uuid AND %(id_to)s::uuid)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(cap)s + 1) capped
+GROUP BY status;
+
 -- name: estimate_tenant_jobs
 -- The planner's estimate of how many of a tenant's exports of one status match the optional filters (its plan
 -- as JSON, whose top node's "Plan Rows" is the estimate): what a count too large to take exactly shows,

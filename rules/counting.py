@@ -2,7 +2,8 @@
 exactly, what a capped count or an estimate may claim, and what their sum may claim.
 
 A count is taken exactly only where the planner expects at most ``limit`` rows: reading that many index
-entries stays well inside the list's time bound. Beyond it the planner's estimate is shown, labelled as one;
+entries stays well inside the list's time bound. When it expects that few for every status together, one
+pass over the filter's matches counts them all. Beyond it the planner's estimate is shown, labelled as one;
 a count that stopped at its cap says "more than", never the cap as if it were the number.
 """
 
@@ -17,6 +18,12 @@ from domain.models import JobStatus
 def worth_counting(estimates: Mapping[JobStatus, int], limit: int) -> list[JobStatus]:
     """The statuses whose estimate is small enough to count exactly (at most ``limit``)."""
     return [status for status, estimate in estimates.items() if estimate <= limit]
+
+
+def scope_is_small(estimates: Mapping[JobStatus, int], limit: int) -> bool:
+    """Whether the planner expects every status together to come to at most ``limit``: then one pass over the
+    filter's matches counts them all, instead of one pass per status."""
+    return sum(estimates.values()) <= limit
 
 
 def status_count(estimate: int | None, counted: int | None, limit: int) -> Count:

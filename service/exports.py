@@ -32,7 +32,7 @@ from domain.models import (
     JobStatus,
 )
 from observability.metrics import CancellationSource, get_metrics
-from rules.counting import status_count, total, worth_counting
+from rules.counting import scope_is_small, status_count, total, worth_counting
 from rules.fingerprint import create_fingerprint
 from service.auth import Caller
 from service.bulk import BulkCancels
@@ -347,13 +347,20 @@ class Exports:
                 estimates = await self.store.estimate_tenant_jobs(
                     caller.tenant_id, wanted, filters=scope, timeout_ms=self.list_timeout_ms
                 )
-            counted |= await self.store.count_tenant_jobs_by_status(
-                caller.tenant_id,
-                worth_counting(estimates, limit),
-                filters=scope,
-                cap=limit,
-                timeout_ms=self.list_timeout_ms,
-            )
+            if wanted and scope_is_small(estimates, limit):
+                found = await self.store.count_tenant_jobs_in_scope(
+                    caller.tenant_id, filters=scope, cap=limit, timeout_ms=self.list_timeout_ms
+                )
+                if sum(found.values()) <= limit:  # the pass did not stop: every status is counted
+                    counted = {s: found.get(s, 0) for s in wanted}
+            if not counted:
+                counted = await self.store.count_tenant_jobs_by_status(
+                    caller.tenant_id,
+                    worth_counting(estimates, limit),
+                    filters=scope,
+                    cap=limit,
+                    timeout_ms=self.list_timeout_ms,
+                )
         except QueryTimedOut:
             log.warning("counting the export list ran past its bound of %d ms", self.list_timeout_ms)
             timed_out = True

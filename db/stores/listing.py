@@ -19,8 +19,9 @@ from domain.listing import ExportFilter, id_range
 from domain.models import ExportJob, JobStatus
 
 
-def _scope(filters: ExportFilter) -> dict[str, Any] | None:
-    """The filters' parameters besides the statuses; ``None`` when the ID prefix can match no ID."""
+def scope_params(filters: ExportFilter) -> dict[str, Any] | None:
+    """The filters' parameters besides the statuses, as the statements bind them; ``None`` when the ID prefix
+    can match no ID (then there is nothing to read)."""
     id_from = id_to = None
     if filters.id_prefix is not None:
         found = id_range(filters.id_prefix)
@@ -33,6 +34,46 @@ def _scope(filters: ExportFilter) -> dict[str, Any] | None:
         "id_from": id_from,
         "id_to": id_to,
     }
+
+
+def page_statement(
+    tenant_id: UUID,
+    *,
+    limit: int,
+    before: tuple[datetime, UUID] | None = None,
+    filters: ExportFilter = ExportFilter(),
+) -> tuple[str, dict[str, Any]] | None:
+    """The statement a page runs and its parameters (``None``: nothing can match): ``page_tenant_jobs``, or
+    ``page_tenant_jobs_by_status`` when statuses are asked for. The benchmark and the plan tests explain
+    exactly this."""
+    scope = scope_params(filters)
+    if scope is None:
+        return None
+    created_at, last_id = before or (NO_BOUND_TIME, NO_BOUND_ID)
+    params = {"tenant_id": tenant_id, "before_created_at": created_at, "before_id": last_id, "limit": limit}
+    params |= scope
+    if filters.statuses:
+        return "page_tenant_jobs_by_status", params | {"statuses": [s.value for s in filters.statuses]}
+    return "page_tenant_jobs", params
+
+
+def count_params(
+    tenant_id: UUID, statuses: list[JobStatus], *, filters: ExportFilter, cap: int
+) -> dict[str, Any] | None:
+    """``count_tenant_jobs_by_status``'s parameters (``None``: nothing can match); the filter's own statuses
+    are ignored."""
+    scope = scope_params(filters)
+    if scope is None:
+        return None
+    return {"tenant_id": tenant_id, "statuses": [s.value for s in statuses], "cap": cap, **scope}
+
+
+def estimate_params(tenant_id: UUID, status: JobStatus, *, filters: ExportFilter) -> dict[str, Any] | None:
+    """``estimate_tenant_jobs``'s parameters for one status (``None``: nothing can match)."""
+    scope = scope_params(filters)
+    if scope is None:
+        return None
+    return {"tenant_id": tenant_id, "status": status.value, **scope}
 
 
 class ListingStatements(StoreBase):
@@ -49,19 +90,11 @@ class ListingStatements(StoreBase):
     ) -> list[ExportJob]:
         """One page of a tenant's exports, newest first, strictly after the keyset bound ``before`` (the last
         row of the previous page), under ``filters``. Raises ``QueryTimedOut`` past ``timeout_ms``."""
-        scope = _scope(filters)
-        if scope is None:
+        statement = page_statement(tenant_id, limit=limit, before=before, filters=filters)
+        if statement is None:
             return []
-        created_at, last_id = before or (NO_BOUND_TIME, NO_BOUND_ID)
-        params = {
-            "tenant_id": tenant_id,
-            "before_created_at": created_at,
-            "before_id": last_id,
-            "limit": limit,
-            **scope,
-        }
-        if filters.statuses:
-            params["statuses"] = [s.value for s in filters.statuses]
+        name, params = statement
+        if name == "page_tenant_jobs_by_status":
             return await self._bounded_rows("page_tenant_jobs_by_status", params, ExportJob, timeout_ms)
         return await self._bounded_rows("page_tenant_jobs", params, ExportJob, timeout_ms)
 
@@ -70,14 +103,13 @@ class ListingStatements(StoreBase):
     ) -> dict[JobStatus, int]:
         """The planner's estimate, per status, of the tenant's exports that match ``filters`` (whose own
         statuses are ignored): reads only the statistics. Raises ``QueryTimedOut`` past ``timeout_ms``."""
-        scope = _scope(filters)
-        if scope is None:
+        if scope_params(filters) is None:
             return dict.fromkeys(statuses, 0)
         estimates = {}
         async with self._bounded(timeout_ms) as conn:
             for status in statuses:
-                params = {"tenant_id": tenant_id, "status": status.value, **scope}
-                (plan,) = await fetch(conn, "estimate_tenant_jobs", params, PlanRow)
+                params = estimate_params(tenant_id, status, filters=filters)
+                (plan,) = await fetch(conn, "estimate_tenant_jobs", params or {}, PlanRow)
                 estimates[status] = plan.estimated_rows
         return estimates
 
@@ -93,11 +125,23 @@ class ListingStatements(StoreBase):
         """How many of the tenant's exports of each of ``statuses`` match ``filters`` (whose own statuses are
         ignored), each counted up to ``cap + 1``: ``cap + 1`` means more than ``cap``. Raises
         ``QueryTimedOut`` past ``timeout_ms``."""
-        scope = _scope(filters)
-        if scope is None or not statuses:
+        params = count_params(tenant_id, statuses, filters=filters, cap=cap)
+        if params is None or not statuses:
             return dict.fromkeys(statuses, 0)
-        params = {"tenant_id": tenant_id, "statuses": [s.value for s in statuses], "cap": cap, **scope}
         rows = await self._bounded_rows("count_tenant_jobs_by_status", params, CappedCountRow, timeout_ms)
+        return {r.status: r.counted for r in rows}
+
+    async def count_tenant_jobs_in_scope(
+        self, tenant_id: UUID, *, filters: ExportFilter, cap: int, timeout_ms: int
+    ) -> dict[JobStatus, int]:
+        """How many of the tenant's exports match ``filters`` (whose own statuses are ignored), per status, in
+        one pass over at most ``cap + 1`` of them: counts adding up to ``cap + 1`` mean the pass stopped (no
+        status's count is known then). Raises ``QueryTimedOut`` past ``timeout_ms``."""
+        scope = scope_params(filters)
+        if scope is None:
+            return {}
+        params = {"tenant_id": tenant_id, "cap": cap, **scope}
+        rows = await self._bounded_rows("count_tenant_jobs_in_scope", params, CappedCountRow, timeout_ms)
         return {r.status: r.counted for r in rows}
 
     async def tenant_list_names(self, tenant_id: UUID, *, timeout_ms: int) -> list[str]:

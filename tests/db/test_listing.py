@@ -107,6 +107,20 @@ async def test_a_count_stops_at_its_cap_plus_one_and_counts_exactly_below_it(fac
     assert counted == {JobStatus.QUEUED: 4, JobStatus.CANCELED: 1, JobStatus.FAILED: 0}  # 4 is "more than 3"
 
 
+async def test_a_count_in_one_pass_counts_every_status_or_says_it_stopped(factory, api_store, acme):
+    destination = await factory.destination(acme)
+    for _ in range(3):
+        await factory.queued(acme, destination)
+    await factory.in_status(JobStatus.CANCELED, job=await factory.queued(acme, destination))
+    scope = ExportFilter(destination_id=destination)
+
+    whole = await api_store.count_tenant_jobs_in_scope(acme, filters=scope, cap=4, timeout_ms=ROOMY_MS)
+    stopped = await api_store.count_tenant_jobs_in_scope(acme, filters=scope, cap=2, timeout_ms=ROOMY_MS)
+
+    assert whole == {JobStatus.QUEUED: 3, JobStatus.CANCELED: 1}
+    assert sum(stopped.values()) == 3  # cap + 1: the pass stopped, no status's count is known
+
+
 async def test_the_list_names_are_the_tenants_own_each_once_in_order(factory, api_store, acme):
     tenant = await factory.tenant("names")
     other = await factory.tenant("others")

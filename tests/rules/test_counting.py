@@ -10,7 +10,7 @@ import pytest
 
 from domain.listing import Count, CountKind, id_range
 from domain.models import JobStatus
-from rules.counting import status_count, total, worth_counting
+from rules.counting import scope_is_small, status_count, total, worth_counting
 from service.views import about, count_text
 
 EXACT, ESTIMATE, MORE_THAN, UNKNOWN = (
@@ -24,6 +24,11 @@ EXACT, ESTIMATE, MORE_THAN, UNKNOWN = (
 def test_only_what_the_planner_expects_few_of_is_counted_exactly():
     estimates = {JobStatus.QUEUED: 10_000, JobStatus.COMPLETED: 10_001, JobStatus.OUTCOME_UNKNOWN: 1}
     assert worth_counting(estimates, 10_000) == [JobStatus.QUEUED, JobStatus.OUTCOME_UNKNOWN]
+
+
+def test_one_pass_counts_every_status_only_when_all_of_them_together_are_few():
+    assert scope_is_small({JobStatus.QUEUED: 6_000, JobStatus.FAILED: 4_000}, 10_000)
+    assert not scope_is_small({JobStatus.QUEUED: 6_000, JobStatus.FAILED: 4_001}, 10_000)
 
 
 @pytest.mark.parametrize(
