@@ -20,7 +20,9 @@ gpg --encrypt`` and ``sftp`` of the same rows, wall and CPU ratios; ``python -m 
 starts, when every firing's export exists, and that duplicate firings created nothing twice;
 ``python -m bench.recurring -h``).
 ``console`` (the console's export list, its counts and ``GET /exports`` at 10,000,000 exports against an empty
-database: p50 and p95 per request kind and per filter, and the plans; ``python -m bench.console -h``).
+database: p50 and p95 per request kind and per filter, and the plans; ``python -m bench.console -h``),
+``index_cost`` (what the list's indexes of migration 0027 cost each write of an export's life, against the same
+database as before 0027; ``python -m bench.index_cost -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -29,7 +31,20 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, console, dispatch, e2e, obs, pgp, recurring, scale, upload
+from bench import (
+    builder,
+    bulk_cancel,
+    claims,
+    console,
+    dispatch,
+    e2e,
+    index_cost,
+    obs,
+    pgp,
+    recurring,
+    scale,
+    upload,
+)
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
@@ -44,6 +59,7 @@ BENCHMARKS = {
     "pgp": pgp.run_with_defaults,
     "recurring": recurring.run_with_defaults,
     "console": console.run_with_defaults,
+    "index_cost": index_cost.run_with_defaults,
 }
 
 if __name__ == "__main__":

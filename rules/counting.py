@@ -16,8 +16,9 @@ from domain.models import JobStatus
 
 
 def worth_counting(estimates: Mapping[JobStatus, int], limit: int) -> list[JobStatus]:
-    """The statuses whose estimate is small enough to count exactly (at most ``limit``)."""
-    return [status for status, estimate in estimates.items() if estimate <= limit]
+    """The statuses whose estimate is small enough to count exactly (at most ``limit``), the cheapest first:
+    counted one after another within one budget, as many as it allows are exact."""
+    return sorted((s for s, estimate in estimates.items() if estimate <= limit), key=lambda s: estimates[s])
 
 
 def scope_is_small(estimates: Mapping[JobStatus, int], limit: int) -> bool:

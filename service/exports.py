@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -342,28 +343,37 @@ class Exports:
         counted: dict[JobStatus, int] = {}
         estimates: dict[JobStatus, int] = {}
         timed_out = False
+        # One budget for all of it: the estimates, then one pass or the counts one by one, each bounded by
+        # what is left, so counting never holds a page longer than one read's bound.
+        deadline = time.monotonic() + self.list_timeout_ms / 1000
+
+        def left() -> int:
+            return max(1, int((deadline - time.monotonic()) * 1000))
+
         try:
             if wanted:
                 estimates = await self.store.estimate_tenant_jobs(
-                    caller.tenant_id, wanted, filters=scope, timeout_ms=self.list_timeout_ms
+                    caller.tenant_id, wanted, filters=scope, timeout_ms=left()
                 )
             if wanted and scope_is_small(estimates, limit):
                 found = await self.store.count_tenant_jobs_in_scope(
-                    caller.tenant_id, filters=scope, cap=limit, timeout_ms=self.list_timeout_ms
+                    caller.tenant_id, filters=scope, cap=limit, timeout_ms=left()
                 )
                 if sum(found.values()) <= limit:  # the pass did not stop: every status is counted
                     counted = {s: found.get(s, 0) for s in wanted}
             if not counted:
-                counted = await self.store.count_tenant_jobs_by_status(
+                partial = await self.store.count_tenant_jobs_by_status(
                     caller.tenant_id,
                     worth_counting(estimates, limit),
                     filters=scope,
                     cap=limit,
-                    timeout_ms=self.list_timeout_ms,
+                    timeout_ms=left(),
                 )
+                counted, timed_out = partial.counted, not partial.complete
         except QueryTimedOut:
-            log.warning("counting the export list ran past its bound of %d ms", self.list_timeout_ms)
             timed_out = True
+        if timed_out:
+            log.warning("counting the export list ran past its bound of %d ms", self.list_timeout_ms)
         by_status = {
             s: Count(CountKind.EXACT, known[s])
             if s in known

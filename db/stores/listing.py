@@ -7,11 +7,14 @@ filter reads through its own index (0027).
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from db.queries import fetch
+from db.errors import QueryTimedOut
+from db.queries import execute, fetch
 from db.rows import CappedCountRow, NameRow, PlanRow
 from db.stores.base import StoreBase
 from db.stores.reads import NO_BOUND_ID, NO_BOUND_TIME
@@ -58,14 +61,23 @@ def page_statement(
 
 
 def count_params(
-    tenant_id: UUID, statuses: list[JobStatus], *, filters: ExportFilter, cap: int
+    tenant_id: UUID, status: JobStatus, *, filters: ExportFilter, cap: int
 ) -> dict[str, Any] | None:
-    """``count_tenant_jobs_by_status``'s parameters (``None``: nothing can match); the filter's own statuses
+    """``count_tenant_jobs_of_status``'s parameters (``None``: nothing can match); the filter's own statuses
     are ignored."""
     scope = scope_params(filters)
     if scope is None:
         return None
-    return {"tenant_id": tenant_id, "statuses": [s.value for s in statuses], "cap": cap, **scope}
+    return {"tenant_id": tenant_id, "status": status.value, "cap": cap, **scope}
+
+
+@dataclass(frozen=True)
+class StatusCounts:
+    """The capped counts a budget allowed, in the order asked; ``complete`` when every status asked was
+    counted (else the budget ran out, or a count ran past it, and the rest were not)."""
+
+    counted: dict[JobStatus, int]
+    complete: bool
 
 
 def estimate_params(tenant_id: UUID, status: JobStatus, *, filters: ExportFilter) -> dict[str, Any] | None:
@@ -121,15 +133,28 @@ class ListingStatements(StoreBase):
         filters: ExportFilter,
         cap: int,
         timeout_ms: int,
-    ) -> dict[JobStatus, int]:
+    ) -> StatusCounts:
         """How many of the tenant's exports of each of ``statuses`` match ``filters`` (whose own statuses are
-        ignored), each counted up to ``cap + 1``: ``cap + 1`` means more than ``cap``. Raises
-        ``QueryTimedOut`` past ``timeout_ms``."""
-        params = count_params(tenant_id, statuses, filters=filters, cap=cap)
-        if params is None or not statuses:
-            return dict.fromkeys(statuses, 0)
-        rows = await self._bounded_rows("count_tenant_jobs_by_status", params, CappedCountRow, timeout_ms)
-        return {r.status: r.counted for r in rows}
+        ignored), each counted up to ``cap + 1`` (``cap + 1`` means more than ``cap``), one after another in
+        the order given, all within one budget of ``timeout_ms``: each count is bounded by what is left of it,
+        and the statuses it does not reach are left out (``complete`` is then false)."""
+        counted: dict[JobStatus, int] = {}
+        if not statuses or scope_params(filters) is None:
+            return StatusCounts(dict.fromkeys(statuses, 0), complete=True)
+        deadline = time.monotonic() + timeout_ms / 1000
+        try:
+            async with self._bounded(timeout_ms) as conn:
+                for status in statuses:
+                    left = int((deadline - time.monotonic()) * 1000)
+                    if left < 1:
+                        return StatusCounts(counted, complete=False)
+                    await execute(conn, "bound_this_read", {"timeout": f"{left}ms"})
+                    params = count_params(tenant_id, status, filters=filters, cap=cap) or {}
+                    (row,) = await fetch(conn, "count_tenant_jobs_of_status", params, CappedCountRow)
+                    counted[status] = row.counted
+        except QueryTimedOut:
+            return StatusCounts(counted, complete=False)
+        return StatusCounts(counted, complete=True)
 
     async def count_tenant_jobs_in_scope(
         self, tenant_id: UUID, *, filters: ExportFilter, cap: int, timeout_ms: int

@@ -134,18 +134,22 @@ async def test_every_count_of_the_list_reads_export_jobs_through_an_index(histor
     scoped = scope_params(scope)
     assert scoped is not None
     if scope_is_small(estimates, LIMIT):
-        explained = await plan(
-            history.database, "count_tenant_jobs_in_scope", {"tenant_id": tenant, "cap": LIMIT, **scoped}
-        )
+        params = {"tenant_id": tenant, "cap": LIMIT, **scoped}
+        explained = [await plan(history.database, "count_tenant_jobs_in_scope", params)]
     else:
-        counted = worth_counting(estimates, LIMIT)
-        params = count_params(tenant, counted, filters=scope, cap=LIMIT)
-        assert params is not None
-        explained = await plan(history.database, "count_tenant_jobs_by_status", params)
+        explained = []
+        for status in worth_counting(estimates, LIMIT):
+            one = count_params(tenant, status, filters=scope, cap=LIMIT)
+            assert one is not None
+            explained.append(await plan(history.database, "count_tenant_jobs_of_status", one))
 
-    assert [n["Node Type"] for n in scans(explained) if n["Node Type"] == "Seq Scan"] == []
-    assert indexes(explained)
-    assert rows_touched(explained) <= (LIMIT + 1) * len(JobStatus)  # each count stops at its cap
+    for found in explained:
+        assert [n["Node Type"] for n in scans(found) if n["Node Type"] == "Seq Scan"] == []
+        assert indexes(found)
+        if scope == ExportFilter():
+            # The tenant's own counts by status stop at the cap, however many exports the tenant has: the
+            # status is an index condition (its list index, or a partial index of live ones).
+            assert rows_touched(found) <= 2 * (LIMIT + 1)
 
 
 async def test_the_list_names_read_one_index_entry_per_name(history):

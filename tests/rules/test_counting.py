@@ -21,9 +21,12 @@ EXACT, ESTIMATE, MORE_THAN, UNKNOWN = (
 )
 
 
-def test_only_what_the_planner_expects_few_of_is_counted_exactly():
+def test_only_what_the_planner_expects_few_of_is_counted_exactly_the_cheapest_first():
     estimates = {JobStatus.QUEUED: 10_000, JobStatus.COMPLETED: 10_001, JobStatus.OUTCOME_UNKNOWN: 1}
-    assert worth_counting(estimates, 10_000) == [JobStatus.QUEUED, JobStatus.OUTCOME_UNKNOWN]
+    assert worth_counting(estimates, 10_000) == [
+        JobStatus.OUTCOME_UNKNOWN,
+        JobStatus.QUEUED,
+    ]  # cheapest first
 
 
 def test_one_pass_counts_every_status_only_when_all_of_them_together_are_few():
