@@ -55,8 +55,8 @@ from db.stores.api import ApiStore
 from db.stores.listing import count_params, page_statement, scope_params
 from domain.listing import ExportFilter
 from domain.models import JobStatus
-from rules.counting import scope_is_small, worth_counting
-from service.auth import mint_token
+from rules.counting import plan_counts
+from service.auth import Caller, mint_token
 from service.exports import Exports
 from settings import Settings
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
@@ -84,7 +84,12 @@ class Side:
     settings: Settings
     api: httpx.AsyncClient | None = None  # bearer token (a viewer: reads are what is measured)
     console: httpx.AsyncClient | None = None  # a signed-in console session
-    store: ApiStore | None = None
+    ops: Exports = field(init=False)  # the operations the app serves, for the plans' decisions
+
+    @property
+    def caller(self) -> Caller:
+        return Caller(self.tenant.tenant_id, "bench.viewer", "viewer")
+
     times: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)  # (page, kind, case) -> ms
     shown: dict[tuple[str, str, str], str] = field(default_factory=dict)  # what the last answer said
     too_slow: dict[tuple[str, str, str], int] = field(default_factory=dict)
@@ -98,14 +103,13 @@ class Side:
     async def serving(self) -> AsyncIterator[Side]:
         pool = await open_pool(self.database.app_url, "exports_api", min_size=2, max_size=4)
         try:
-            self.store = ApiStore(pool)
-            exports = Exports(
-                self.store,
+            self.ops = Exports(
+                ApiStore(pool),
                 None,
                 list_timeout_ms=self.settings.list_query_timeout_ms,
                 exact_count_limit=self.settings.list_exact_count_limit,
             )
-            app = create_app(self.settings, exports=exports)
+            app = create_app(self.settings, exports=self.ops)
             token = await mint_token(
                 self.database.admin_url,
                 tenant_id=self.tenant.tenant_id,
@@ -315,7 +319,6 @@ def list_requests(side: Side) -> list[Request]:
 async def list_plans(side: Side) -> list[PlanCase]:
     """Per case, the page's statement and the count's (for the statuses the planner expects few of), as the
     store binds them."""
-    assert side.store is not None
     plans = []
     tenant = side.tenant.tenant_id
     for case in CASES:
@@ -328,15 +331,15 @@ async def list_plans(side: Side) -> list[PlanCase]:
         if case.deep:
             continue
         scope, limit = f.without_statuses(), side.settings.list_exact_count_limit
-        estimates = await side.store.estimate_tenant_jobs(
-            tenant, list(JobStatus), filters=scope, timeout_ms=5_000
+        plan = plan_counts(
+            await side.ops.estimates(side.caller, scope, list(JobStatus), timeout_ms=5_000), limit
         )
         scoped = scope_params(scope)
-        if scoped is not None and scope_is_small(estimates, limit):  # as Exports.counts decides
+        if scoped is not None and plan.one_pass:  # as Exports.counts decides
             params = {"tenant_id": tenant, "cap": limit, **scoped}
             plans.append(PlanCase(case.label, "count", "count_tenant_jobs_in_scope", params))
             continue
-        for status in worth_counting(estimates, limit):
+        for status in plan.one_by_one:
             params = count_params(tenant, status, filters=scope, cap=limit)
             if params is not None:
                 plans.append(
@@ -442,8 +445,8 @@ async def explain(side: Side, plan: PlanCase) -> PlanReport:
 
 LIST_INDEXES = (
     "ix_export_jobs_tenant_status_created",
-    "ix_export_jobs_tenant_destination_created",
-    "ix_export_jobs_tenant_list_created",
+    "ix_export_jobs_tenant_destination_status",
+    "ix_export_jobs_tenant_list_status",
 )
 
 

@@ -36,8 +36,8 @@ from testbed.pg import TestDatabase, clone_database, make_template, postgres_ser
 
 BEFORE_0027: list[LiteralString] = [
     "DROP INDEX ix_export_jobs_tenant_status_created",
-    "DROP INDEX ix_export_jobs_tenant_destination_created",
-    "DROP INDEX ix_export_jobs_tenant_list_created",
+    "DROP INDEX ix_export_jobs_tenant_destination_status",
+    "DROP INDEX ix_export_jobs_tenant_list_status",
     "DROP STATISTICS st_export_jobs_tenant_scope",
     "CREATE INDEX ix_export_jobs_tenant_created ON export_jobs (tenant_id, created_at DESC)",
 ]

@@ -783,11 +783,11 @@ CREATE INDEX ix_export_jobs_replaces ON public.export_jobs USING btree (replaces
 
 CREATE INDEX ix_export_jobs_tenant_created_id ON public.export_jobs USING btree (tenant_id, created_at DESC, id DESC);
 
-CREATE INDEX ix_export_jobs_tenant_destination_created ON public.export_jobs USING btree (tenant_id, destination_id, created_at DESC, id DESC) INCLUDE (status);
-
 CREATE INDEX ix_export_jobs_tenant_destination_live ON public.export_jobs USING btree (tenant_id, destination_id) WHERE (status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text]));
 
-CREATE INDEX ix_export_jobs_tenant_list_created ON public.export_jobs USING btree (tenant_id, list_name, created_at DESC, id DESC) INCLUDE (status);
+CREATE INDEX ix_export_jobs_tenant_destination_status ON public.export_jobs USING btree (tenant_id, destination_id, status, created_at DESC, id DESC);
+
+CREATE INDEX ix_export_jobs_tenant_list_status ON public.export_jobs USING btree (tenant_id, list_name, status, created_at DESC, id DESC) INCLUDE (destination_id);
 
 CREATE INDEX ix_export_jobs_tenant_status_created ON public.export_jobs USING btree (tenant_id, status, created_at DESC, id DESC);
 

@@ -368,9 +368,9 @@ SELECT set_config('statement_timeout', %(timeout)s, true) AS timeout,
 -- name: page_tenant_jobs
 -- One page of a tenant's exports, newest first, after a keyset bound (created_at, id): the row comparison
 -- seeks instead of counting past an offset. Optional filters: a destination, a list, and an ID range (the
--- console's ID prefix, as the range of IDs that start with it). Each filter has an index in the page's order
--- (0027): the tenant's (ix_export_jobs_tenant_created_id), a destination's, a list's; the ID range reads the
--- primary key. Run bounded (bound_this_read).
+-- console's ID prefix, as the range of IDs that start with it); the store takes page_tenant_jobs_by_status
+-- for a destination or a list, whose indexes hold each status apart (0027). Unfiltered it reads
+-- ix_export_jobs_tenant_created_id; the ID range reads the primary key. Run bounded (bound_this_read).
 SELECT * FROM export_jobs
 WHERE tenant_id = %(tenant_id)s
   AND (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
@@ -381,9 +381,10 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: page_tenant_jobs_by_status
--- page_tenant_jobs for the statuses asked for: one page per status, each read in order from
--- ix_export_jobs_tenant_status_created (or the other filters' index), then merged. A single index scan over
--- status = ANY(...) returns its rows ordered by status first, and so would have to read and sort every match.
+-- page_tenant_jobs for the statuses asked for (every one, for a destination or a list): one page per status,
+-- each read in order from ix_export_jobs_tenant_status_created, or the destination's or the list's index with
+-- the status in its key (0027), then merged. A single index scan over status = ANY(...) returns its rows
+-- ordered by status first, and so would have to read and sort every match.
 SELECT j.* FROM (SELECT DISTINCT unnest(%(statuses)s::text[])) AS wanted(status)
 CROSS JOIN LATERAL (
     SELECT * FROM export_jobs
@@ -401,9 +402,10 @@ LIMIT %(limit)s;
 -- name: count_tenant_jobs_of_status
 -- How many of a tenant's exports of one status match the optional filters, counted only up to %(cap)s + 1 rows:
 -- an answer of cap + 1 means "more than cap", never a number. One statement per status, so each is planned for
--- its own status: a rare one reads the status's index, a common one the filter's (whose INCLUDE (status) lets
--- it count from the index alone). The ORDER BY keeps the planner to an index in the list's order, which it
--- can stop reading at the cap. Run bounded (bound_this_read), the statuses one after another within one budget.
+-- its own status: the status's index, or the destination's or the list's, where the status is a key (0027),
+-- so a count reads that status's entries alone, from the index. The ORDER BY keeps the planner to an index in
+-- the list's order, which it can stop reading at the cap. Run bounded (bound_this_read), the statuses one
+-- after another within one budget.
 SELECT %(status)s::text AS status, count(*) AS counted FROM (
     SELECT 1 FROM export_jobs
     WHERE tenant_id = %(tenant_id)s
@@ -417,15 +419,17 @@ SELECT %(status)s::text AS status, count(*) AS counted FROM (
 -- name: count_tenant_jobs_in_scope
 -- How many of a tenant's exports match the optional filters, per status, in one pass over at most %(cap)s + 1
 -- of them: when they add up to cap + 1 the pass stopped and no status's count is known. The counts take this
--- when the planner expects the filters to match few in all (one walk of the filter's index, instead of one
--- per status). Run bounded (bound_this_read).
+-- when the planner expects the filters to match few in all: one walk of the filter's index (which carries
+-- the status, and the list's the destination: 0027), read alone, instead of one per status. ORDER BY status
+-- is that index's own order, so the walk can stop at the cap and a sequential scan has nothing to offer.
+-- Run bounded (bound_this_read).
 SELECT status, count(*) AS counted FROM (
     SELECT status FROM export_jobs
     WHERE tenant_id = %(tenant_id)s
       AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
       AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
       AND (%(id_from)s::uuid IS NULL OR id BETWEEN %(id_from)s::uuid AND %(id_to)s::uuid)
-    ORDER BY created_at DESC, id DESC
+    ORDER BY status
     LIMIT %(cap)s + 1) capped
 GROUP BY status;
 
@@ -443,7 +447,7 @@ WHERE tenant_id = %(tenant_id)s
 
 -- name: tenant_list_names
 -- The list names a tenant's exports use (at most 200), for the console's filter: a skip scan over
--- ix_export_jobs_tenant_list_created, one index probe per name, instead of reading every export of the tenant.
+-- ix_export_jobs_tenant_list_status, one index probe per name, instead of reading every export of the tenant.
 WITH RECURSIVE names(name) AS (
     (SELECT list_name FROM export_jobs WHERE tenant_id = %(tenant_id)s ORDER BY list_name LIMIT 1)
     UNION ALL

@@ -23,7 +23,7 @@ from db.errors import ConstraintRefused, IdempotencyConflict, QueryTimedOut, Unk
 from db.pool import START_RETRY_SECONDS, open_pool
 from db.stores.api import ApiStore
 from db.stores.reconciler import ReconcilerStore
-from domain.listing import Count, CountKind, Counts, ExportFilter
+from domain.listing import Count, CountKind, Counts, ExportFilter, id_range
 from domain.models import (
     AttemptEvent,
     CancellationOutcome,
@@ -33,7 +33,7 @@ from domain.models import (
     JobStatus,
 )
 from observability.metrics import CancellationSource, get_metrics
-from rules.counting import scope_is_small, status_count, total, worth_counting
+from rules.counting import one_pass_cap, plan_counts, status_count, total, within_prefix
 from rules.fingerprint import create_fingerprint
 from service.auth import Caller
 from service.bulk import BulkCancels
@@ -338,9 +338,9 @@ class Exports:
         counts the caller already has (a first page that holds every match)."""
         limit = self.exact_count_limit
         scope = filters.without_statuses()
-        known = known or {}
-        wanted = [s for s in JobStatus if s not in known]
-        counted: dict[JobStatus, int] = {}
+        exact: dict[JobStatus, int] = dict(known or {})  # counted to the end, whatever the limit
+        wanted = [s for s in JobStatus if s not in exact]
+        capped: dict[JobStatus, int] = {}  # counted up to limit + 1
         estimates: dict[JobStatus, int] = {}
         timed_out = False
         # One budget for all of it: the estimates, then one pass or the counts one by one, each bounded by
@@ -352,36 +352,46 @@ class Exports:
 
         try:
             if wanted:
-                estimates = await self.store.estimate_tenant_jobs(
-                    caller.tenant_id, wanted, filters=scope, timeout_ms=left()
-                )
-            if wanted and scope_is_small(estimates, limit):
+                estimates = await self.estimates(caller, scope, wanted, timeout_ms=left())
+            plan = plan_counts(estimates, limit)
+            if plan.one_pass:
+                cap = one_pass_cap(limit)
                 found = await self.store.count_tenant_jobs_in_scope(
-                    caller.tenant_id, filters=scope, cap=limit, timeout_ms=left()
+                    caller.tenant_id, filters=scope, cap=cap, timeout_ms=left()
                 )
-                if sum(found.values()) <= limit:  # the pass did not stop: every status is counted
-                    counted = {s: found.get(s, 0) for s in wanted}
-            if not counted:
+                if sum(found.values()) <= cap:  # the pass did not stop: every status is counted
+                    exact |= {s: found.get(s, 0) for s in wanted}
+            if any(s not in exact for s in wanted):
                 partial = await self.store.count_tenant_jobs_by_status(
-                    caller.tenant_id,
-                    worth_counting(estimates, limit),
-                    filters=scope,
-                    cap=limit,
-                    timeout_ms=left(),
+                    caller.tenant_id, plan.one_by_one, filters=scope, cap=limit, timeout_ms=left()
                 )
-                counted, timed_out = partial.counted, not partial.complete
+                capped, timed_out = partial.counted, not partial.complete
         except QueryTimedOut:
             timed_out = True
         if timed_out:
             log.warning("counting the export list ran past its bound of %d ms", self.list_timeout_ms)
         by_status = {
-            s: Count(CountKind.EXACT, known[s])
-            if s in known
-            else status_count(estimates.get(s), counted.get(s), limit)
+            s: Count(CountKind.EXACT, exact[s])
+            if s in exact
+            else status_count(estimates.get(s), capped.get(s), limit)
             for s in JobStatus
         }
         selected = filters.statuses or tuple(JobStatus)
         return Counts(total(by_status[s] for s in selected), by_status, limit, timed_out)
+
+    async def estimates(
+        self, caller: Caller, scope: ExportFilter, statuses: Sequence[JobStatus], *, timeout_ms: int
+    ) -> dict[JobStatus, int]:
+        """The planner's estimate, per status, of the tenant's exports that match ``scope`` (its statuses
+        ignored); an ID prefix by arithmetic on the rest of the filter's estimate (``within_prefix``).
+        Raises ``QueryTimedOut`` past ``timeout_ms``."""
+        unprefixed = ExportFilter((), scope.destination_id, scope.list_name)
+        if scope.id_prefix is not None and id_range(scope.id_prefix) is None:
+            unprefixed = scope  # it matches nothing: the store answers zeros
+        raw = await self.store.estimate_tenant_jobs(
+            caller.tenant_id, [*statuses], filters=unprefixed, timeout_ms=timeout_ms
+        )
+        return {s: within_prefix(e, scope.id_prefix) for s, e in raw.items()}
 
     async def count(self, caller: Caller, filters: ExportFilter) -> Answer:
         """``GET /exports/counts``: how many exports match, in total and per status (see :meth:`counts`)."""

@@ -432,14 +432,14 @@ def count_text(count: Count) -> str:
 
 
 def count_title(count: Count, exact_up_to: int, timeout_ms: int) -> str:
-    """Why a count is not exact, for the console's tooltip (empty when it is)."""
+    """Why a count is not exact, for the console's tooltip and the API's ``note`` (empty when it is)."""
     if count.kind == CountKind.ESTIMATE:
         return (
-            f"An estimate from PostgreSQL's statistics: counts of more than {exact_up_to:,} are not taken "
-            f"exactly, nor one that takes longer than {timeout_ms:,} ms."
+            "An estimate from PostgreSQL's statistics: a status the planner expects more than "
+            f"{exact_up_to:,} of is not counted exactly, nor one that would take longer than {timeout_ms:,} ms."
         )
     if count.kind == CountKind.MORE_THAN:
-        return f"Counting stopped at {exact_up_to:,}: counts are exact only up to that."
+        return f"Counting stopped at {exact_up_to:,}: a status is counted exactly only up to that."
     if count.kind == CountKind.UNKNOWN:
         return f"Neither counted nor estimated within {timeout_ms:,} ms."
     return ""

@@ -57,7 +57,7 @@
       $("match-noun").textContent = one ? "export matches" : "exports match";
       $("count-note").textContent = body.timed_out
         ? `(counting exactly took longer than ${body.timeout_ms.toLocaleString("en-US")} ms: the rest are estimates)`
-        : body.matching.kind === "exact" ? "" : `(counts above ${body.exact_up_to.toLocaleString("en-US")} are estimates)`;
+        : body.matching.kind === "exact" ? "" : "(not exact where counting exactly would take too long: hover a count to see why)";
       for (const chip of document.querySelectorAll(".chip .count[data-status]")) {
         const count = body.by_status[chip.dataset.status];
         if (count) showCount(chip, count);

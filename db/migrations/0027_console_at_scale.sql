@@ -1,15 +1,16 @@
 -- Issue 26 item 5: a console that stays honest at ten million exports.
 --
 -- Every filter of the export list gets an index that hands its rows over in the list's own order (a tenant's
--- exports newest first, keyset on (created_at, id)), so a page reads about as many index entries as it shows,
--- whatever the filter matches: a status (one index scan per status asked for, merged; the reconciler's queue
--- of OutcomeUnknown exports, oldest first, is the same index read backwards), a destination, a list. An ID
--- prefix is a range of the primary key and needs nothing new. Before this, a page filtered on a rare status
--- or list walked the tenant's whole history through ix_export_jobs_tenant_created_id, discarding row after row.
+-- exports newest first, keyset on (created_at, id)) for each status, so a page reads about as many index
+-- entries as it shows, whatever the filter matches: a status, a destination, a list (one index scan per
+-- status, merged; the reconciler's queue of OutcomeUnknown exports, oldest first, is the status's index read
+-- backwards). An ID prefix is a range of the primary key and needs nothing new. Before this, a page filtered
+-- on a rare status or list walked the tenant's whole history through ix_export_jobs_tenant_created_id,
+-- discarding row after row.
 --
 -- IF NOT EXISTS on purpose: a migration runs in one transaction (db/migrate.py), where CREATE INDEX
 -- CONCURRENTLY is not allowed, and a plain CREATE INDEX holds off every write to export_jobs while it builds
--- (about 20 s per index per ten million rows on 2 cores). On a large live table build them first, outside the
+-- (a minute or so per index at ten million rows on 2 busy cores: docs/benchmarks.md). On a large live table build them first, outside the
 -- migration, with the same names and CREATE INDEX CONCURRENTLY (docs/operations.md), and this finds them.
 -- A concurrent build that failed leaves an INVALID index of that name, which IF NOT EXISTS would take for
 -- done: refuse it instead.
@@ -19,8 +20,8 @@ DECLARE
 BEGIN
     SELECT string_agg(c.relname, ', ') INTO invalid
     FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-    WHERE c.relname IN ('ix_export_jobs_tenant_status_created', 'ix_export_jobs_tenant_destination_created',
-                        'ix_export_jobs_tenant_list_created')
+    WHERE c.relname IN ('ix_export_jobs_tenant_status_created', 'ix_export_jobs_tenant_destination_status',
+                        'ix_export_jobs_tenant_list_status')
       AND NOT i.indisvalid;
     IF invalid IS NOT NULL THEN
         RAISE EXCEPTION 'index % exists but is INVALID (a CREATE INDEX CONCURRENTLY that failed): drop it and '
@@ -30,13 +31,17 @@ END $$;
 
 CREATE INDEX IF NOT EXISTS ix_export_jobs_tenant_status_created
     ON export_jobs (tenant_id, status, created_at DESC, id DESC);
--- The destination's and the list's carry the status too (INCLUDE: not a key, so their order stays the list's),
--- so the counts of a destination or a list by status read the index alone, never the rows.
-CREATE INDEX IF NOT EXISTS ix_export_jobs_tenant_destination_created
-    ON export_jobs (tenant_id, destination_id, created_at DESC, id DESC) INCLUDE (status);
+-- A destination's and a list's carry the status before the time, so a destination's exports of one status
+-- are read, and counted, as one range of the index at any size: its page merges one ordered scan per status
+-- (all of them when no status is asked for), its count by status reads that status's entries alone, from
+-- the index. (With the status after the time, counting a middling destination's rarer statuses walked its
+-- half a million entries once per status at ten million exports, past the bound.) The list's also carries
+-- the destination, so one partner's list is counted from the index alone too.
+CREATE INDEX IF NOT EXISTS ix_export_jobs_tenant_destination_status
+    ON export_jobs (tenant_id, destination_id, status, created_at DESC, id DESC);
 -- Also the console's list names: a skip scan over it reads one entry per name (tenant_list_names).
-CREATE INDEX IF NOT EXISTS ix_export_jobs_tenant_list_created
-    ON export_jobs (tenant_id, list_name, created_at DESC, id DESC) INCLUDE (status);
+CREATE INDEX IF NOT EXISTS ix_export_jobs_tenant_list_status
+    ON export_jobs (tenant_id, list_name, status, created_at DESC, id DESC) INCLUDE (destination_id);
 
 -- (tenant_id, created_at DESC) is a prefix of ix_export_jobs_tenant_created_id (0007), which answers every
 -- read it served; each index of export_jobs costs an entry on every status change (none of them is HOT:

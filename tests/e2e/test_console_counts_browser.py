@@ -115,8 +115,10 @@ async def test_a_count_too_large_to_take_exactly_reads_about_with_its_reason(pag
     shown = await total.text_content()
     assert shown is not None and shown.startswith(("about ", "more than ")), shown  # never "3", never "60"
     assert await total.get_attribute("data-kind") in ("estimate", "more_than")
-    assert "counts" in (await total.get_attribute("title") or "")
-    await expect(page.locator("#count-note")).to_have_text(f"(counts above {EXACT_UP_TO} are estimates)")
+    assert "counted" in (await total.get_attribute("title") or "")
+    await expect(page.locator("#count-note")).to_have_text(
+        "(not exact where counting exactly would take too long: hover a count to see why)"
+    )
     queued = chip(page, JobStatus.QUEUED)
     assert (await queued.text_content() or "").startswith(("about ", "more than "))
     assert await page.locator("#rows tr[data-export]").count() == 50

@@ -10,7 +10,7 @@ import pytest
 
 from domain.listing import Count, CountKind, id_range
 from domain.models import JobStatus
-from rules.counting import scope_is_small, status_count, total, worth_counting
+from rules.counting import one_pass_cap, scope_is_small, status_count, total, within_prefix, worth_counting
 from service.views import about, count_text
 
 EXACT, ESTIMATE, MORE_THAN, UNKNOWN = (
@@ -29,9 +29,21 @@ def test_only_what_the_planner_expects_few_of_is_counted_exactly_the_cheapest_fi
     ]  # cheapest first
 
 
+def test_an_id_prefix_keeps_a_sixteenth_of_the_estimate_per_hex_digit():
+    assert [within_prefix(8_500_000, p) for p in (None, "a", "ab", "abcd", "abcdef01-2")] == [
+        8_500_000,
+        531_250,
+        33_204,
+        130,
+        1,
+    ]
+
+
 def test_one_pass_counts_every_status_only_when_all_of_them_together_are_few():
-    assert scope_is_small({JobStatus.QUEUED: 6_000, JobStatus.FAILED: 4_000}, 10_000)
-    assert not scope_is_small({JobStatus.QUEUED: 6_000, JobStatus.FAILED: 4_001}, 10_000)
+    # One pass reads the filter's index alone: up to ten times one status's limit.
+    assert one_pass_cap(1_000) == 10_000
+    assert scope_is_small({JobStatus.QUEUED: 6_000, JobStatus.FAILED: 4_000}, 1_000)
+    assert not scope_is_small({JobStatus.QUEUED: 6_000, JobStatus.FAILED: 4_001}, 1_000)
 
 
 @pytest.mark.parametrize(
