@@ -22,7 +22,12 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 
 # -- runtime: the environment and the application, run as an unprivileged user ----------------------------
 FROM ${PYTHON_IMAGE} AS runtime
-RUN groupadd --system --gid 10001 exports \
+# gnupg: the builder encrypts and signs OpenPGP files with Debian's gpg in its own process (encoding/); it is
+# the one system package the application runs, and the lists go with the layer.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gnupg \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 exports \
     && useradd --system --uid 10001 --gid exports --home-dir /app --no-create-home --shell /usr/sbin/nologin exports \
     && install -d -o exports -g exports -m 0700 /var/lib/fenced-exports
 COPY --from=build /opt/venv /opt/venv

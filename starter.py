@@ -21,6 +21,7 @@ import logging
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import date
 from typing import Any
 
 from pydantic import ValidationError
@@ -402,6 +403,97 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     return _run_operation(args, settings, call, render)
 
 
+# -- destinations (an admin's) ------------------------------------------------------------------------
+
+
+def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The contract fields given on the command line (those left out are not in the dict)."""
+    fields = {
+        "name": args.name,
+        "host": args.host,
+        "port": args.port,
+        "username": args.username,
+        "host_key": args.host_key,
+        "credential_ref": args.credential_ref,
+        "remote_dir": args.remote_dir,
+        "hash_evidence": args.hash_evidence,
+        "ack_suffix": args.ack_suffix,
+        "max_write_request": args.max_write_request,
+        "temporary_files": args.temporary_files,
+        "name_and_size_identify": args.name_and_size_identify,
+        "contract_starts_on": args.contract_starts_on,
+        "contract_ends_on": args.contract_ends_on,
+    }
+    given = {k: v for k, v in fields.items() if v is not None}
+    if getattr(args, "clear_ack_suffix", False):
+        given["ack_suffix"] = None
+    if getattr(args, "open_ended", False):
+        given["contract_ends_on"] = None
+    return given
+
+
+def _render_destination(answer: Any) -> str:
+    d = answer.body["destination"]
+    lines = [
+        f"destination {d['id']} {d['name']}: version {d['version']}"
+        + (f", retired on {str(d['retired_at'])[:10]} by {d['retired_by']}" if d.get("retired_at") else "")
+        + f"; deliveries {d['deliveries']}",
+    ]
+    shown = {k: v for k, v in d.items() if k not in {"id", "name", "version", "links", "deliveries"}}
+    lines += [f"  {k:<24} {'-' if v is None else v}" for k, v in shown.items()]
+    for v in answer.body.get("versions", []):
+        lines.append(
+            f"  v{v['version']:<4} {v['change']:<8} {v['changed_at'][:19]}  by {v['changed_by']} ({v['changed_role']}):"
+            f" {v['reason']}"
+            + ("  [delivery terms]" if v["delivery_changed"] and v["change"] != "created" else "")
+        )
+        lines += [f"         {c['field']}: {c['before']} -> {c['after']}" for c in v["changes"]]
+    return "\n".join(lines)
+
+
+def cmd_destination(args: argparse.Namespace, settings: Settings) -> int:
+    """Create, show, edit or retire a destination of the tenant (changes as an admin, each a recorded version)."""
+    from service.destinations import CreateDestination, Destinations, EditDestination, RetireDestination
+    from service.outcomes import refusal
+
+    key = getattr(args, "idempotency_key", None) or f"cli-{uuid.uuid4()}"
+
+    async def call(ops: Any, caller: Any) -> Any:
+        destinations = Destinations(ops.store)
+        # The principal named on the command line acts with the role the tenant gave it: only an admin's
+        # changes go through, as over the API.
+        caller = await destinations.caller(caller.tenant_id, caller.principal)
+        if caller is None:
+            return refusal(
+                Kind.FORBIDDEN,
+                f"{args.principal} is not a principal of this tenant (or was revoked): "
+                "destinations are read by its principals and changed by its admins",
+            )
+        match args.action:
+            case "add":
+                body = CreateDestination(**_destination_fields(args), reason=args.reason or "created")
+                return await destinations.create(caller, body, key)
+            case "show":
+                return await destinations.show(caller, args.destination)
+            case "edit":
+                edit = EditDestination(**_destination_fields(args), reason=args.reason)
+                return await destinations.edit(caller, args.destination, edit, f'"{args.version}"')
+            case _:
+                return await destinations.retire(
+                    caller, args.destination, RetireDestination(reason=args.reason)
+                )
+
+    def render(answer: Any) -> str:
+        if args.action == "show":
+            return _render_destination(answer)
+        text = str(answer.body["message"])
+        if args.action == "add":
+            text += f"\n(destination {answer.body['destination']['id']}; idempotency key {key})"
+        return text
+
+    return _run_operation(args, settings, call, render, role="admin")
+
+
 # -- delivery switches ----------------------------------------------------------------------------------
 
 
@@ -687,6 +779,19 @@ def cmd_recurring_usage(args: argparse.Namespace, settings: Settings) -> int:  #
     return _fail_usage("give an action: add, list, show, pause, resume, delete")
 
 
+def _boolean(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"not true or false: {value!r}")
+    return value.lower() == "true"
+
+
+def _date(value: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {value!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with one subcommand per operation."""
     parser = argparse.ArgumentParser(
@@ -778,6 +883,68 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("list", cmd_list, "the tenant's exports")
     acting(sub, export=False)
     sub.add_argument("--limit", type=int, default=50)
+
+    destination = command(
+        "destination",
+        cmd_destination,
+        "a tenant's destinations: add, show, edit, retire (changes need an admin)",
+    )
+    actions = destination.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def destination_action(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        acting(sub, export=False)
+        if name != "add":
+            sub.add_argument("destination", type=_uuid, help="destination ID")
+        return sub
+
+    def contract_options(sub: argparse.ArgumentParser, *, required: bool) -> None:
+        sub.add_argument("--name", required=required, help="the destination's name, e.g. partner-new")
+        sub.add_argument("--host", required=required, help="the partner's SFTP host")
+        sub.add_argument("--port", type=int, help="its SSH port (default 22)")
+        sub.add_argument("--user", dest="username", required=required, help="the SFTP account")
+        sub.add_argument(
+            "--host-key", required=required, help="the server's public host key line to pin (ssh-keyscan)"
+        )
+        sub.add_argument(
+            "--credential-ref",
+            required=required,
+            help="where the login key is on the worker host (a reference, never the key)",
+        )
+        sub.add_argument("--remote-dir", required=required, help="the directory files are delivered to")
+        sub.add_argument("--hash-evidence", choices=["none", "read_back", "ack_file"])
+        sub.add_argument(
+            "--ack-suffix", help="with --hash-evidence ack_file: the partner's acknowledgment suffix"
+        )
+        sub.add_argument("--max-write-request", type=int, help="the largest SFTP write the server accepts")
+        sub.add_argument("--temporary-files", choices=["keep", "remove"], help="the cleanup agreement")
+        sub.add_argument(
+            "--name-and-size-identify",
+            type=_boolean,
+            metavar="true|false",
+            help="whether name and size identify a delivered file (the partner's contract)",
+        )
+        sub.add_argument(
+            "--contract-starts-on", type=_date, help="first day of the contract (UTC, YYYY-MM-DD)"
+        )
+        sub.add_argument("--contract-ends-on", type=_date, help="last day of the contract (UTC, YYYY-MM-DD)")
+
+    sub = destination_action("add", "create a destination (it starts paused: resume it once checked)")
+    contract_options(sub, required=True)
+    sub.add_argument("--reason", help="why (recorded with version 1)")
+    sub.add_argument("--idempotency-key", help="reuse on retry to get the first destination back")
+    destination_action(
+        "show", "a destination: its settings (references shown as 'set'), versions and changes"
+    )
+    sub = destination_action("edit", "change a destination from the version you read, with a reason")
+    sub.add_argument("--version", type=int, required=True, help="the version you read (show prints it)")
+    contract_options(sub, required=False)
+    sub.add_argument("--clear-ack-suffix", action="store_true", help="no acknowledgment suffix any more")
+    sub.add_argument("--open-ended", action="store_true", help="the contract has no last day any more")
+    sub.add_argument("--reason", required=True, help="why (recorded with the change)")
+    sub = destination_action("retire", "retire a destination (final): building exports stop at cutoff 2")
+    sub.add_argument("--reason", required=True, help="why (recorded with the retirement)")
 
     def switch_scope(sub: argparse.ArgumentParser) -> None:
         acting(sub, export=False)

@@ -137,8 +137,19 @@ class DeliverActivity:
 
     async def _upload_and_finish(self, job: ExportJob, inp: DeliverInput, attempt: Attempt) -> DeliverResult:
         loop = asyncio.get_running_loop()
-        recorder = _EvidenceRecorder(self.host.store, job.id, inp.attempt_id, self.host.worker_id, loop)
-        destination = await self.host.store.load_destination(job.tenant_id, job.destination_id)
+        # The contract cutoff 2 authorized, whatever the destination says since: an edit after cutoff 2 does
+        # not touch this upload (issue #24.2). Every observation names that version.
+        destination = await self.host.store.load_destination(
+            job.tenant_id, job.destination_id, job.destination_version
+        )
+        recorder = _EvidenceRecorder(
+            self.host.store,
+            job.id,
+            inp.attempt_id,
+            self.host.worker_id,
+            loop,
+            context={"destination_version": destination.version},
+        )
         original = await self._original_file(job)
 
         def during_upload(sent: int) -> None:
@@ -262,8 +273,10 @@ class _EvidenceRecorder:
         attempt_id: UUID,
         observed_by: str,
         loop: asyncio.AbstractEventLoop,
+        context: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
+        self.context = context or {}  # added to every observation (the destination version delivered to)
         self.job_id = job_id
         self.attempt_id = attempt_id
         self.observed_by = observed_by
@@ -273,7 +286,7 @@ class _EvidenceRecorder:
 
     def observe_from_thread(self, evidence: dict[str, Any]) -> None:
         """Called in the delivering thread: blocks until the observation is appended (or set aside)."""
-        future = asyncio.run_coroutine_threadsafe(self.append(evidence), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self.append({**evidence, **self.context}), self.loop)
         future.result(timeout=EVIDENCE_TIMEOUT_SECONDS + 5)
 
     async def append(self, evidence: dict[str, Any]) -> None:

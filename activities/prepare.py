@@ -86,6 +86,7 @@ class PrepareActivity:
                 )
             )
             built: BuiltFile | None = None
+            destination_version = 0  # the version of the destination the build read (#24.2)
             authorized = False
             try:
                 if self.host.attempts.draining:
@@ -93,7 +94,7 @@ class PrepareActivity:
                 if attempt.reason is None:
                     attempt.build = asyncio.create_task(self._build(job, attempt))
                     try:
-                        built = await attempt.build
+                        built, destination_version = await attempt.build
                     except asyncio.CancelledError:
                         if attempt.reason is None:  # not ours: nothing else cancels the build task
                             raise
@@ -122,7 +123,7 @@ class PrepareActivity:
                 if refusal is not None:
                     return await self._give_back(job, attempt, *refusal)
                 try:
-                    answers = await self._cutoff_2(job, attempt, built)
+                    answers = await self._cutoff_2(job, attempt, built, destination_version)
                 except StoreError as exc:
                     # Cutoff 2 could not read a fact it decides on (a delivery switch, the destination, the
                     # creator): it authorized nothing, so nothing has left the host. The attempt is given
@@ -171,6 +172,18 @@ class PrepareActivity:
                         job, attempt, ReleaseCause.PAUSED, f"cutoff 2: {answer.value}"
                     )
                     return given_back.model_copy(update={"cutoff_answers": answers})
+                if answer == AuthorizationResult.DESTINATION_CHANGED:
+                    # An admin changed what a delivery uses (host, credentials, keys, format) after the build
+                    # read the destination: this file is for a version cutoff 2 no longer authorizes. Nothing
+                    # has left the host; given back uncounted, the next claim rebuilds for the new version.
+                    given_back = await self._give_back(
+                        job,
+                        attempt,
+                        ReleaseCause.DESTINATION_CHANGED,
+                        f"cutoff 2: the destination's delivery terms changed after version {destination_version},"
+                        " which this file was built for",
+                    )
+                    return given_back.model_copy(update={"cutoff_answers": answers})
                 if answer == AuthorizationResult.POLICY_DENIED:
                     # The creator may no longer export, or the list is gone (001: facts outside the row):
                     # nothing has left the host. Given back with the policy's reason; the next claim's
@@ -188,7 +201,10 @@ class PrepareActivity:
                 if built is not None and not authorized:
                     remove_export_file(built.path)
 
-    async def _build(self, job: ExportJob, attempt: Attempt) -> BuiltFile:
+    async def _build(self, job: ExportJob, attempt: Attempt) -> tuple[BuiltFile, int]:
+        """The file, and the version of the destination read before it was built: the version cutoff 2 must
+        still find, for every term a delivery uses (issue #24.2)."""
+
         def progress(rows: int, size: int) -> None:
             attempt.rows, attempt.bytes = rows, size
 
@@ -223,7 +239,7 @@ class PrepareActivity:
             except BaseException:  # a stop, or a simulated crash: the built file goes either way
                 remove_export_file(built.path)
                 raise
-        return built
+        return built, destination.version
 
     async def _stopped_while_building(self, job: ExportJob, attempt: Attempt) -> PrepareResult:
         if attempt.reason == StopReason.OWNERSHIP_LOST:
@@ -319,7 +335,7 @@ class PrepareActivity:
         return decision.message
 
     async def _cutoff_2(
-        self, job: ExportJob, attempt: Attempt, built: BuiltFile
+        self, job: ExportJob, attempt: Attempt, built: BuiltFile, destination_version: int
     ) -> list[AuthorizationResult]:
         async def authorize() -> AuthorizationResult:
             return await self.host.store.authorize_delivery_if_running(
@@ -332,6 +348,7 @@ class PrepareActivity:
                 sha256=built.sha256,
                 rows=built.rows,
                 evidence=built.evidence(),
+                destination_version=destination_version,
             )
 
         answers = [await authorize()]

@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from api import console, recurring, routes, switches
+from api import console, destinations, reconciliation, recurring, routes, switches, webhooks
 from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError, translate
 from observability.health import health_router, instrument_fastapi, standard_readiness
@@ -158,13 +158,18 @@ def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync 
 
     app.include_router(routes.router)
     app.include_router(routes.batches)
-    app.include_router(routes.destinations)
+    app.include_router(destinations.router)
     app.include_router(routes.counts)
     app.include_router(console.router)
+    app.include_router(destinations.console_router)
     app.include_router(switches.router)
     app.include_router(switches.console_router)
     app.include_router(recurring.router)
     app.include_router(recurring.console_router)
+    app.include_router(webhooks.router)
+    app.include_router(webhooks.console_router)
+    app.include_router(reconciliation.router)
+    app.include_router(reconciliation.console_router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
     # /healthz, /readyz (PostgreSQL through the API's own pool, migrations, Temporal through the stop
     # signaller's client when there is one) and /metrics (this process's registry); traced when on.

@@ -34,7 +34,6 @@ from service.exports import (
 from service.outcomes import Answer, Kind
 
 router = APIRouter(prefix="/exports", tags=["exports"])
-destinations = APIRouter(prefix="/destinations", tags=["exports"])
 batches = APIRouter(prefix="/cancellation-batches", tags=["bulk cancel"])
 # Beside /exports rather than under it: /exports/{export_id} would take any name there (its UUID is checked
 # after routing), so a method it serves would answer 422 at /exports/counts instead of 405.
@@ -326,35 +325,6 @@ async def correct_export(
     export_id: UUID, body: CorrectExport, caller: CallerDep, ops: ExportsDep
 ) -> JSONResponse:
     return respond(await ops.correct(caller, export_id, body))
-
-
-@destinations.get(
-    "",
-    operation_id="list_destinations",
-    summary="Your tenant's destinations: the destination_id an export or a bulk cancel names",
-    responses={
-        200: {
-            "description": "The destinations, by ID and name",
-            "links": {
-                "CreateExport": {
-                    "operationId": "create_export",
-                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
-                },
-                "PreviewBulkCancel": {
-                    "operationId": "preview_bulk_cancel",
-                    "parameters": {"destination_id": "$response.body#/destinations/0/id"},
-                },
-                "BulkCancel": {
-                    "operationId": "bulk_cancel",
-                    "requestBody": {"destination_id": "$response.body#/destinations/0/id"},
-                },
-            },
-        },
-        **ERRORS,
-    },
-)
-async def list_destinations(caller: CallerDep, ops: ExportsDep) -> JSONResponse:
-    return respond(await ops.destinations(caller))
 
 
 # -- bulk cancel ----------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ Names: ``builder`` (the builder against ``psql \\copy``), ``upload`` (``deliver(
 ``sftp``), ``claims`` (claims against cancellations on one set of jobs; its options:
 ``python -m bench.claims -h``), ``e2e`` (fenced exports end to end on the Temporal dev server against
 the same workflow without its database writes, and stop-request latency; ``python -m bench.e2e -h``),
+``notify`` (the terminal write with the outcome-notification trigger on against off, and the webhook
+dispatcher's statements per event; ``python -m bench.notify -h``),
 ``bulk_cancel`` (10,000 queued exports cancelled in one batch against as many single-row UPDATEs on one
 connection; ``python -m bench.bulk_cancel -h``),
 ``dispatch`` (the outbox dispatcher publishing 10,000 queued wake-ups against the SDK's own
@@ -39,6 +41,7 @@ from bench import (
     dispatch,
     e2e,
     index_cost,
+    notify,
     obs,
     pgp,
     recurring,
@@ -51,6 +54,7 @@ BENCHMARKS = {
     "upload": lambda: upload.main(megabytes=200, runs=3),
     "claims": claims.run_with_defaults,
     "e2e": e2e.run_with_defaults,
+    "notify": notify.run_with_defaults,
     "bulk_cancel": bulk_cancel.run_with_defaults,
     "dispatch": dispatch.run_with_defaults,
     "obs": obs.run_with_defaults,

@@ -53,11 +53,18 @@ from db.pool import open_pool
 from db.queries import q
 from db.stores.api import ApiStore
 from db.stores.listing import count_params, page_statement, scope_params
+from db.stores.reconciliation import QUEUE_START_AT, QUEUE_START_ID
 from domain.listing import ExportFilter
 from domain.models import JobStatus
 from rules.counting import plan_counts
+from rules.recovery import (
+    LISTING_REQUEST_OBSERVER_PREFIX,
+    LISTING_REQUEST_WINDOW_SECONDS,
+    RECOVERY_OBSERVER_PREFIX,
+)
 from service.auth import Caller, mint_token
 from service.exports import Exports
+from service.reconciliation import QUEUE_COUNT_CAP, QUEUE_PAGE_SIZE
 from settings import Settings
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
 
@@ -82,13 +89,14 @@ class Side:
     scopes: list[ConsoleScope]
     exports: int
     settings: Settings
-    api: httpx.AsyncClient | None = None  # bearer token (a viewer: reads are what is measured)
+    api: httpx.AsyncClient | None = None  # bearer token (a reconciler's: the queue is theirs; reads only)
     console: httpx.AsyncClient | None = None  # a signed-in console session
     ops: Exports = field(init=False)  # the operations the app serves, for the plans' decisions
+    queue_middle: tuple[datetime, UUID] = (datetime.min.replace(tzinfo=UTC), UUID(int=0))
 
     @property
     def caller(self) -> Caller:
-        return Caller(self.tenant.tenant_id, "bench.viewer", "viewer")
+        return Caller(self.tenant.tenant_id, "bench.reconciler", "reconciler")
 
     times: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)  # (page, kind, case) -> ms
     shown: dict[tuple[str, str, str], str] = field(default_factory=dict)  # what the last answer said
@@ -113,8 +121,8 @@ class Side:
             token = await mint_token(
                 self.database.admin_url,
                 tenant_id=self.tenant.tenant_id,
-                principal="bench.viewer",
-                role="viewer",
+                principal="bench.reconciler",
+                role="reconciler",
             )
             async with (
                 httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE_URL) as api,
@@ -350,8 +358,107 @@ async def list_plans(side: Side) -> list[PlanCase]:
 
 EXPORT_LIST = PageBench("export list", list_requests, list_plans)
 
-# The pages measured, in order; issue 26's audit page and reconciler queue join here.
-PAGES: tuple[PageBench, ...] = (EXPORT_LIST,)
+
+# -- the reconciler's queue (issue 26 item 4: service.reconciliation.reconciler_queue_page) ----------------
+
+
+async def queue_middle(side: Side) -> tuple[datetime, UUID]:
+    """A keyset bound halfway through the measured tenant's queue (on the empty side: before any row)."""
+    rows = await side.admin(
+        "SELECT outcome_unknown_at, id FROM export_jobs WHERE tenant_id = %(t)s AND status = 'OutcomeUnknown'"
+        " ORDER BY outcome_unknown_at, id"
+        " OFFSET (SELECT count(*) / 2 FROM export_jobs WHERE tenant_id = %(t)s AND status = 'OutcomeUnknown')"
+        " LIMIT 1",
+        {"t": side.tenant.tenant_id},
+    )
+    return (rows[0][0], rows[0][1]) if rows else (datetime.now(UTC) - timedelta(days=1), UUID(int=0))
+
+
+def _read_queue_console(response: httpx.Response) -> tuple[str, bool]:
+    if response.status_code != 200:
+        raise SystemExit(f"the reconciler's console answered {response.status_code}")
+    found = re.search(r'id="queue-count"[^>]*><strong>([^<]*)<', response.text)
+    return (found.group(1) if found else "?"), False
+
+
+def _read_queue_api(response: httpx.Response) -> tuple[str, bool]:
+    if response.status_code != 200:
+        raise SystemExit(f"GET /reconciliation-queue answered {response.status_code}: {response.text[:200]}")
+    body = response.json()
+    return f"{body['count']['label']} ({len(body['exports'])} rows)", False
+
+
+def queue_requests(side: Side) -> list[Request]:
+    """The queue's first page and a keyset page from its middle, on the console and over the API."""
+    middle = _cursor(side.queue_middle)
+    return [
+        Request("console page", "first page", "console", "/console/reconciliation", _read_queue_console),
+        Request(
+            "console page",
+            "a page mid-queue",
+            "console",
+            f"/console/reconciliation?after={middle}",
+            _read_queue_console,
+        ),
+        Request("GET /reconciliation-queue", "first page", "api", "/reconciliation-queue", _read_queue_api),
+        Request(
+            "GET /reconciliation-queue",
+            "a page mid-queue",
+            "api",
+            f"/reconciliation-queue?after={middle}",
+            _read_queue_api,
+        ),
+    ]
+
+
+async def queue_plans(side: Side) -> list[PlanCase]:
+    """The statements of ``reconciler_queue_page`` as its store binds them (the estimate reads statistics only)."""
+    tenant = side.tenant.tenant_id
+    plans = []
+    for case, (after_at, after_id) in (
+        ("first page", (QUEUE_START_AT, QUEUE_START_ID)),
+        ("a page mid-queue", side.queue_middle),
+    ):
+        params = {
+            "tenant_id": tenant,
+            "after_at": after_at,
+            "after_id": after_id,
+            "limit": QUEUE_PAGE_SIZE + 1,
+        }
+        plans.append(PlanCase(case, "page", "page_outcome_unknown_queue", params))
+    plans.append(
+        PlanCase(
+            "first page",
+            "count",
+            "count_outcome_unknown_queue",
+            {"tenant_id": tenant, "cap": QUEUE_COUNT_CAP},
+        )
+    )
+    ids = await side.admin(
+        "SELECT id FROM export_jobs WHERE tenant_id = %(t)s AND status = 'OutcomeUnknown'"
+        " ORDER BY outcome_unknown_at, id LIMIT %(n)s",
+        {"t": tenant, "n": QUEUE_PAGE_SIZE},
+    )
+    summaries = {
+        "tenant_id": tenant,
+        "job_ids": [r[0] for r in ids],
+        "recovery_prefix": f"{RECOVERY_OBSERVER_PREFIX}:",
+        "observer_prefix": f"{LISTING_REQUEST_OBSERVER_PREFIX}:",
+        "window_seconds": LISTING_REQUEST_WINDOW_SECONDS,
+    }
+    plans.append(PlanCase("first page", "summaries", "outcome_unknown_summaries", summaries))
+    return plans
+
+
+async def load_queue(side: Side) -> None:
+    """Nothing to load (the history has the queue's exports and their events); where its middle is."""
+    side.queue_middle = await queue_middle(side)
+
+
+RECONCILER_QUEUE = PageBench("reconciler queue", queue_requests, queue_plans, load_queue)
+
+# The pages measured, in order; issue 26's audit page joins here (a PageBench with a load step for its rows).
+PAGES: tuple[PageBench, ...] = (EXPORT_LIST, RECONCILER_QUEUE)
 
 
 # -- the run ----------------------------------------------------------------------------------------------
@@ -430,7 +537,6 @@ async def explain(side: Side, plan: PlanCase) -> PlanReport:
                 n["Index Name"]
                 for n in nodes
                 if n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
-                and n.get("Relation Name", "export_jobs") == "export_jobs"
             }
         ),
         [
@@ -500,30 +606,33 @@ def report(sides: Sequence[Side], plans: dict[str, list[PlanReport]], truths: di
             print(
                 f"{kind:<22} {len(lo):>5} {_ms(e, 50):>10} {_ms(e, 95):>10} {_ms(lo, 50):>11} {_ms(lo, 95):>11}  {verdict:<13}  {slow}"
             )
+        ordered = [k for k in dict.fromkeys(r.kind for r in page.requests(loaded))]
+        print(f"\n-- {page.name}, loaded side, per case: p50/p95 ms of {' / '.join(ordered)}")
         print(
-            f"\n-- {page.name}, loaded side, per case: console page / GET /exports / GET /export-counts, p50 and p95 ms"
-        )
-        print(
-            f"{'case':<42} {'console':>13} {'list':>13} {'counts':>13}  {'shown':<18} {'true count':>11}  page read by / count read by"
+            f"{'case':<42} "
+            + " ".join(f"{k[:13]:>13}" for k in ordered)
+            + f"  {'shown':<22} {'true count':>11}  page read by / count read by"
         )
         by_case: dict[str, list[PlanReport]] = {}
         for found in plans.get(page.name, []):
             by_case.setdefault(found.case, []).append(found)
         for case in dict.fromkeys(r.case for r in page.requests(loaded)):
             cells = []
-            for kind in ("console page", "GET /exports", "GET /export-counts"):
+            for kind in ordered:
                 ts = loaded.times.get((page.name, kind, case), [])
                 cells.append(f"{_ms(ts, 50)}/{_ms(ts, 95)}" if ts else "-")
-            shown = loaded.shown.get((page.name, "console page", case), "")
+            shown = loaded.shown.get((page.name, ordered[0], case), "")
             found = by_case.get(case, [])
             page_read = {i for r in found if r.what == "page" for i in r.indexes}
             count_read = {i for r in found if r.what != "page" for i in r.indexes}
             read = f"{', '.join(sorted(page_read)) or '-'} / {', '.join(sorted(count_read)) or '-'}"
             if any(r.seq_scans for r in found):
                 read += " SEQUENTIAL"
-            truth = truths.get(case)
+            truth = truths.get(case) if page is EXPORT_LIST else None
             print(
-                f"{case:<42} {cells[0]:>13} {cells[1]:>13} {cells[2]:>13}  {shown:<18} {'' if truth is None else f'{truth:,}':>11}  {read}"
+                f"{case:<42} "
+                + " ".join(f"{c:>13}" for c in cells)
+                + f"  {shown:<22} {'' if truth is None else f'{truth:,}':>11}  {read}"
             )
         sequential = [f"{r.case} ({r.what})" for r in plans.get(page.name, []) if r.seq_scans]
         ok &= not sequential
@@ -540,6 +649,7 @@ def report(sides: Sequence[Side], plans: dict[str, list[PlanReport]], truths: di
 
 
 SHOWN_PLANS = (
+    "first page",
     "status OutcomeUnknown",
     "statuses Failed+OutcomeUnknown",
     f"list {RARE_LIST} (1 in 200,003)",

@@ -4,9 +4,10 @@ Tenants with several destinations each, a skewed mix of lists, every status in p
 one tenant much larger than the others (the one an operator of a big customer scrolls), loaded into
 ``export_jobs`` as the superuser with ``generate_series`` in chunks, the triggers off for the load
 (``session_replication_role = replica``, as ``bench/scale.py`` loads: the guard admits only new Queued
-jobs, and this loads a history), then ``VACUUM ANALYZE`` as autovacuum would. Only ``export_jobs`` is
-loaded: the list and its counts read nothing else (a later page that reads other tables, the audit ledger's
-or the reconciler's evidence, loads its own rows in its own step). Nothing here is contact data.
+jobs, and this loads a history), then ``VACUUM ANALYZE`` as autovacuum would. Loaded: ``export_jobs``
+and each attempt's events (its claim and how it ended, and recovery's listings of each OutcomeUnknown, which the
+reconciler's queue reads); not the deliveries, the outbox or cancellation requests, which no page measured
+reads (the audit ledger's page loads its own rows in its own step). Nothing here is contact data.
 
 The mix, by job number ``g`` (1 is the oldest; one second apart, the newest now):
 
@@ -16,8 +17,10 @@ The mix, by job number ``g`` (1 is the oldest; one second apart, the newest now)
 - list: 50 lists ``list-01`` .. ``list-50``, the first takes about 27 %, the last under 1 %; and a rare
   ``escalations`` list, one job in 200,003;
 - status: the newest ``live`` jobs are live (2 % Running, 1 % Delivering, the rest Queued); the history is
-  90 % Completed, 5 % Failed (three reasons), 3 % Canceled, 1 % Stopped, 1 % Rejected; one job in 50,021
-  is OutcomeUnknown.
+  90 % Completed, 5 % Failed (three reasons), 3 % Canceled, 1 % Stopped, 1 % Rejected; one job in 5,003
+  is OutcomeUnknown (about 1,700 in the large tenant's reconciler queue at ten million: past its exact
+  count), each with what the queue reads of it: its attempt's ``Finished`` event and two of recovery's
+  listings of its final name.
 """
 
 from __future__ import annotations
@@ -42,6 +45,38 @@ DESTINATION = {
 }
 LISTS = 50
 RARE_LIST = "escalations"
+UNKNOWN_EVERY = 5_003
+
+# Each attempt's events, as the protocol writes them (its claim, and how it ended), and what the reconciler's
+# queue reads of each OutcomeUnknown export (outcome_unknown_summaries): the write that recorded it and
+# recovery's listings of its final name since. The events table then has a history's size, as the queue's
+# per-export lookups by ix_attempt_events_job meet it in production.
+_EVENTS: list[LiteralString] = [
+    """
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
+    SELECT id, attempt_id, 'Claimed', 1, claimed_by, created_at + interval '1 s'
+    FROM export_jobs WHERE attempt_id IS NOT NULL
+    """,
+    """
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT id, attempt_id,
+           CASE WHEN status = 'Stopped' THEN 'Stopped' WHEN failure_reason = 'BuildFailed' THEN 'Failed'
+                WHEN failure_reason = 'AttemptsExhausted' THEN 'AttemptsExhausted' ELSE 'Finished' END,
+           claimed_by,
+           CASE WHEN status = 'OutcomeUnknown' THEN 'OutcomeUnknown: renamed, read-back failed (TimeoutError)'
+                ELSE status || coalesce(' ' || failure_reason, '') END,
+           coalesce(outcome_unknown_at, created_at + interval '30 s')
+    FROM export_jobs
+    WHERE attempt_id IS NOT NULL AND status IN ('Completed', 'Failed', 'Stopped', 'OutcomeUnknown')
+    """,
+    """
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+    SELECT id, attempt_id, 'DeliveryEvidence', 'recovery:bench/run',
+           '{"observation": "recovery_listing", "final_name_present": false}',
+           outcome_unknown_at + n * interval '10 min'
+    FROM export_jobs CROSS JOIN generate_series(1, 2) n WHERE status = 'OutcomeUnknown'
+    """,
+]
 
 
 @dataclass(frozen=True)
@@ -79,7 +114,8 @@ _CHUNK: LiteralString = """
 INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, attempt_id, attempt_count, claimed_by,
     lease_expires_at, stop_request_id, expected_file_name, expected_file_bytes, expected_file_sha256,
     expected_file_rows, delivery_authorized_at, woken_at, failure_reason, delivery_key, created_by, list_name,
-    rejection_code, rejection_reason, workflow_id, fence_expected, upload_fenced_at, rename_fenced_at, created_at)
+    rejection_code, rejection_reason, workflow_id, fence_expected, upload_fenced_at, rename_fenced_at, created_at,
+    outcome_unknown_at)
 SELECT md5('job' || g)::uuid, (%(tenants)s::uuid[])[k.t], s.status, 1,
     (%(destinations)s::uuid[])[(k.t - 1) * %(per_tenant)s + k.d],
     CASE WHEN s.attempted THEN md5('att' || g)::uuid END,
@@ -100,7 +136,9 @@ SELECT md5('job' || g)::uuid, (%(tenants)s::uuid[])[k.t], s.status, 1,
     s.authorized,
     CASE WHEN s.authorized THEN c.created_at + interval '21 s' END,
     CASE WHEN s.status = 'Completed' THEN c.created_at + interval '25 s' END,
-    c.created_at
+    c.created_at,
+    -- what 0033's trigger would have set (the guard is off for the load; its CHECK is not)
+    CASE WHEN s.status = 'OutcomeUnknown' THEN c.created_at + interval '30 s' END
 FROM generate_series(%(lo)s::int, %(hi)s::int) g
 CROSS JOIN LATERAL (SELECT now() - (%(total)s - g) * interval '1 s' AS created_at,
                            (hashint4extended(g, 1) & 1048575) / 1048576.0 AS u_tenant,
@@ -116,7 +154,7 @@ CROSS JOIN LATERAL (SELECT
 CROSS JOIN LATERAL (SELECT
     CASE WHEN g > %(total)s - %(live)s THEN
               CASE WHEN mod(g, 100) < 2 THEN 'Running' WHEN mod(g, 100) = 2 THEN 'Delivering' ELSE 'Queued' END
-         WHEN mod(g, 50021) = 17 THEN 'OutcomeUnknown'
+         WHEN mod(g, %(unknown_every)s) = 17 THEN 'OutcomeUnknown'
          WHEN c.u_status < 0.90 THEN 'Completed' WHEN c.u_status < 0.95 THEN 'Failed'
          WHEN c.u_status < 0.98 THEN 'Canceled' WHEN c.u_status < 0.99 THEN 'Stopped' ELSE 'Rejected' END AS status,
     CASE WHEN g > %(total)s - %(live)s OR c.u_status >= 0.95 THEN NULL WHEN c.u_status < 0.90 THEN NULL
@@ -124,7 +162,7 @@ CROSS JOIN LATERAL (SELECT
          ELSE 'AttemptsExhausted' END AS failure_raw) s0
 CROSS JOIN LATERAL (SELECT s0.status,
     CASE WHEN s0.status = 'Failed' THEN s0.failure_raw END AS failure,
-    s0.status NOT IN ('Queued', 'Rejected') AS attempted,
+    s0.status NOT IN ('Queued', 'Rejected', 'Canceled') AS attempted,  -- a cancel wins only while Queued
     s0.status IN ('Delivering', 'Completed', 'OutcomeUnknown')
         OR (s0.status = 'Failed' AND s0.failure_raw = 'NotDelivered') AS authorized) s
 """
@@ -156,6 +194,7 @@ def load_console_history(
         "rare_list": RARE_LIST,
         "total": total,
         "live": live,
+        "unknown_every": UNKNOWN_EVERY,
     }
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute("SET session_replication_role = replica")
@@ -164,8 +203,13 @@ def load_console_history(
             conn.execute(_CHUNK, {**base, "lo": lo, "hi": hi})
             if progress is not None:
                 progress(f"loaded {hi:,} of {total:,} exports ({time.perf_counter() - started:.0f} s)")
+        for statement in _EVENTS:
+            conn.execute(statement)
+        if progress is not None:
+            progress(f"loaded the attempts' events ({time.perf_counter() - started:.0f} s)")
         conn.execute("SET session_replication_role = origin")
         conn.execute("VACUUM ANALYZE export_jobs")
+        conn.execute("VACUUM ANALYZE export_attempt_events")
         found = conn.execute("SELECT count(*) FROM export_jobs").fetchone()
     if found is None or found[0] < total:
         raise SystemExit(f"loaded {found}, expected at least {total}")

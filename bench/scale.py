@@ -498,6 +498,7 @@ def cutoff2_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float) ->
         "sha256": b"\x01" * 32,
         "rows": 400,
         "detail": json.dumps({"file": final_name_for(job.delivery_key)}),
+        "destination_version": 1,  # the version the build read, as the worker passes it (issue #24.2)
         "lease_seconds": lease_seconds,
     }
 

@@ -1,5 +1,6 @@
 """What only an administrator's connection does: seed tenants, destinations and contacts, store tokens,
-manage principals (grant, revoke), retire destinations and set their contracts.
+manage principals (grant, revoke), retire destinations and change them (each change a recorded version, as an
+admin's requests through the API are).
 
 No application role may write these tables; the demo, ``starter.py seed-demo`` / ``token`` and the
 benchmarks use this module with a database owner's URL. A tenant or destination created here starts
@@ -8,6 +9,7 @@ paused unless created enabled (``seed_tenant`` creates both enabled: the caller 
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import date
@@ -17,10 +19,12 @@ from uuid import UUID
 import psycopg
 
 from db.errors import StoreError, translated
-from db.queries import execute
+from db.queries import execute, fetch
+from db.rows import DestinationEdit, DestinationRetirement
 from domain.file_format import FileFormat
 
 DEMO_LIST = "newsletter"
+OWNER = "owner"  # the role a destination's record names for an administrator's connection
 
 
 @dataclass(frozen=True)
@@ -84,25 +88,66 @@ async def revoke_principal(admin_url: str, *, tenant_id: UUID, name: str, revoke
 
 
 async def retire_destination(
-    admin_url: str, *, tenant_id: UUID, destination_id: UUID, retired_by: str
+    admin_url: str,
+    *,
+    tenant_id: UUID,
+    destination_id: UUID,
+    retired_by: str,
+    reason: str = "retired by an administrator",
 ) -> bool:
-    """Retire a destination: what is building for it stops at cutoff 2, what is queued is rejected.
-    False when it was already retired or is not the tenant's."""
-    params = {"tenant_id": tenant_id, "destination_id": destination_id, "retired_by": retired_by}
-    return await _admin(admin_url, "retire_destination", params) == 1
+    """Retire a destination as its next version, recorded with who and why: what is building for it stops at
+    cutoff 2, what is queued is rejected. False when it was already retired or is not the tenant's."""
+    params = {
+        "tenant_id": tenant_id,
+        "destination_id": destination_id,
+        "retired_by": retired_by,
+        "changed_role": OWNER,
+        "reason": reason,
+    }
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        rows = await fetch(conn, "retire_destination", params, DestinationRetirement)
+    return bool(rows) and rows[0].matched
+
+
+async def edit_destination(
+    admin_url: str,
+    *,
+    tenant_id: UUID,
+    destination_id: UUID,
+    changes: dict[str, Any],
+    changed_by: str = "administrator",
+    reason: str = "changed by an administrator",
+) -> DestinationEdit | None:
+    """Change a destination's columns (``changes``: column to value; ``None`` clears a nullable one) as its
+    next version, whatever version it is at, recorded with who and why (an administrator's connection: the
+    same statement an admin's ``PATCH /destinations/{id}`` runs). ``None`` when it is not the tenant's."""
+    params = {
+        "tenant_id": tenant_id,
+        "destination_id": destination_id,
+        "expected_version": None,
+        "changes": json.dumps(changes, default=str),
+        "changed_by": changed_by,
+        "changed_role": OWNER,
+        "reason": reason,
+    }
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        rows = await fetch(conn, "edit_destination_if_version", params, DestinationEdit)
+    return rows[0] if rows else None
 
 
 async def set_destination_contract(
     admin_url: str, *, tenant_id: UUID, destination_id: UUID, starts_on: date, ends_on: date | None
 ) -> bool:
-    """Set a destination's contract window (UTC days, both ends inclusive; ``None``: open-ended)."""
-    params = {
-        "tenant_id": tenant_id,
-        "destination_id": destination_id,
-        "starts_on": starts_on,
-        "ends_on": ends_on,
-    }
-    return await _admin(admin_url, "set_destination_contract", params) == 1
+    """Set a destination's contract window (UTC days, both ends inclusive; ``None``: open-ended), as its next
+    version."""
+    edited = await edit_destination(
+        admin_url,
+        tenant_id=tenant_id,
+        destination_id=destination_id,
+        changes={"contract_starts_on": starts_on, "contract_ends_on": ends_on},
+        reason="contract window set by an administrator",
+    )
+    return edited is not None and edited.matched
 
 
 async def seed_switch(
@@ -159,18 +204,44 @@ async def add_destination(
     )
     async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn, conn.transaction():
         await execute(conn, "insert_destination", row)
+        await _record_seeded(conn, tenant_id, destination_id)
         if contract_starts_on is not None or contract_ends_on is not None:
+            # its contract window, as its version 2 (the seeding's own recorded change)
             window = {
-                "tenant_id": tenant_id,
-                "destination_id": destination_id,
-                "starts_on": contract_starts_on or date.min,
-                "ends_on": contract_ends_on,
+                "contract_starts_on": contract_starts_on or date.min,
+                "contract_ends_on": contract_ends_on,
             }
-            await execute(conn, "set_destination_contract", window)
+            await execute(
+                conn,
+                "edit_destination_if_version",
+                {
+                    "tenant_id": tenant_id,
+                    "destination_id": destination_id,
+                    "expected_version": 1,
+                    "changes": json.dumps(window, default=str),
+                    "changed_by": "seeding",
+                    "changed_role": OWNER,
+                    "reason": "contract window seeded",
+                },
+            )
         await _seed_switch(
             conn, tenant_id, destination_id, enabled, "created enabled" if enabled else "created", "seeding"
         )
     return destination_id
+
+
+async def _record_seeded(conn: psycopg.AsyncConnection[Any], tenant_id: UUID, destination_id: UUID) -> None:
+    """The seeded destination's version 1, recorded (its whole row, who and why) in the same transaction."""
+    await execute(
+        conn,
+        "record_destination_seeded",
+        {
+            "tenant_id": tenant_id,
+            "destination_id": destination_id,
+            "changed_by": "seeding",
+            "reason": "seeded",
+        },
+    )
 
 
 _DESTINATION_DEFAULTS: dict[str, Any] = {
@@ -229,6 +300,7 @@ async def seed_tenant(
     async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn, conn.transaction():
         await execute(conn, "insert_tenant", {"id": tenant_id, "name": tenant_name})
         await execute(conn, "insert_destination", row)
+        await _record_seeded(conn, tenant_id, destination_id)
         for scoped in (None, destination_id):
             await _seed_switch(
                 conn, tenant_id, scoped, enabled, "created enabled" if enabled else "created", "seeding"

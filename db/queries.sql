@@ -149,11 +149,14 @@ RETURNING id AS job_id;
 -- and within its contract today (UTC) and every delivery switch of its scope exists and is enabled; and
 -- only while the creator may still export the list and the list still has contacts (001: "facts that live
 -- outside the claimed row"; the claim's policy check read them before the build). FOR SHARE on the
--- original conflicts with a correction's update of it, on the destination with its retirement, on the
--- switches with a pause, on the creator's principal row with its revocation: whichever commits first makes
--- the other wait, and this statement then re-checks. It answers with state and ownership whether or not it
--- matched, so a refusal is classified from this answer (StopRecorded, LeaseLapsed, NotOwner,
--- OriginalCompleted, DestinationInactive, PolicyDenied, Paused).
+-- original conflicts with a correction's update of it, on the destination with its retirement and its
+-- edits, on the switches with a pause, on the creator's principal row with its revocation: whichever
+-- commits first makes the other wait, and this statement then re-checks. It authorizes only the destination
+-- version the build read (issue #24.2): no change of what a delivery uses (delivery_version, set by the
+-- destination's trigger) since then, and it records the version it authorized on the row and in the event.
+-- It answers with state and ownership whether or not it matched, so a refusal is classified from this
+-- answer (StopRecorded, LeaseLapsed, NotOwner, OriginalCompleted, DestinationInactive, PolicyDenied, Paused,
+-- DestinationChanged).
 WITH job AS (
     SELECT id, status, attempt_id, stop_request_id, tenant_id, destination_id, created_by, list_name,
            coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
@@ -166,7 +169,12 @@ destination AS (
     SELECT d.retired_at IS NULL
            AND d.contract_starts_on <= (clock_timestamp() AT TIME ZONE 'UTC')::date
            AND (d.contract_ends_on IS NULL
-                OR (clock_timestamp() AT TIME ZONE 'UTC')::date <= d.contract_ends_on) AS usable
+                OR (clock_timestamp() AT TIME ZONE 'UTC')::date <= d.contract_ends_on) AS usable,
+           -- nothing a delivery uses changed since the version the build read (a caller that read none
+           -- checks nothing: the worker always passes it)
+           (%(destination_version)s::int IS NULL OR d.delivery_version <= %(destination_version)s::int)
+               AS unchanged,
+           d.version
     FROM destinations d, job
     WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
     FOR SHARE OF d),
@@ -183,6 +191,7 @@ gate AS (
     SELECT coalesce((SELECT lock_delivery_scope(job.tenant_id, job.destination_id) FROM job
                      WHERE job.status = 'Running'), false) AS open,
            coalesce((SELECT usable FROM destination), false) AS usable,
+           coalesce((SELECT unchanged FROM destination), false) AS unchanged,
            coalesce((SELECT may_export FROM creator), false)
            AND EXISTS (SELECT 1 FROM contacts c, job
                        WHERE c.tenant_id = job.tenant_id AND c.list_name = job.list_name) AS policy_allows),
@@ -194,7 +203,8 @@ authorized AS (
         delivery_authorized_at = clock_timestamp(),
         -- the upload starts with a full lease, never with what was left of the build's
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
-        fence_expected = true, upload_fenced_at = NULL, rename_fenced_at = NULL
+        fence_expected = true, upload_fenced_at = NULL, rename_fenced_at = NULL,
+        destination_version = (SELECT version FROM destination)
     FROM job, gate
     WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Running'
       AND j.stop_request_id IS NULL
@@ -204,20 +214,23 @@ authorized AS (
       -- a retired or out-of-contract destination, a creator who may no longer export the list or a list
       -- that is gone, or a paused scope stops the attempt before delivery
       AND gate.usable AND gate.policy_allows AND gate.open
-    RETURNING j.id, j.status, j.attempt_id, j.stop_request_id, j.delivery_authorized_at),
+      -- an edit of the host, credentials, keys or format since the build read the destination: rebuild
+      AND gate.unchanged
+    RETURNING j.id, j.status, j.attempt_id, j.stop_request_id, j.delivery_authorized_at, j.destination_version),
 event AS (
-    INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at)
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at, destination_version)
     -- the attempt's file evidence (JSON: file, bytes, SHA-256, rows, plaintext, format, fingerprints)
-    SELECT id, attempt_id, 'DeliveryAuthorized', %(detail)s, delivery_authorized_at FROM authorized)
+    SELECT id, attempt_id, 'DeliveryAuthorized', %(detail)s, delivery_authorized_at, destination_version
+    FROM authorized)
 SELECT true AS matched, status, attempt_id, stop_request_id, true AS lease_current,
        (SELECT status FROM original) AS original_status, true AS destination_usable, true AS deliveries_open,
-       true AS policy_allows
+       true AS policy_allows, true AS destination_unchanged
 FROM authorized
 UNION ALL
 SELECT false AS matched, status, attempt_id, stop_request_id, lease_current,
        (SELECT status FROM original) AS original_status,
        (SELECT usable FROM gate) AS destination_usable, (SELECT open FROM gate) AS deliveries_open,
-       (SELECT policy_allows FROM gate) AS policy_allows
+       (SELECT policy_allows FROM gate) AS policy_allows, (SELECT unchanged FROM gate) AS destination_unchanged
 FROM job WHERE NOT EXISTS (SELECT 1 FROM authorized);
 
 -- name: read_ownership

@@ -37,6 +37,7 @@ class CutoffAnswer(Row):
     policy_allows: (
         bool  # the creator may still export the list (principal read FOR SHARE), and it has contacts
     )
+    destination_unchanged: bool = True  # nothing a delivery uses changed since the version the build read
 
 
 class FenceAnswer(Row):
@@ -117,6 +118,10 @@ class NameRow(Row):
     name: str
 
 
+class RoleRow(Row):
+    role: str
+
+
 class DestinationName(Row):
     """A destination for display: never its credential reference."""
 
@@ -125,6 +130,62 @@ class DestinationName(Row):
     host: str
     port: int
     remote_dir: str
+    version: int = 1
+    retired_at: datetime | None = None
+
+
+class CreatedDestination(Row):
+    """``create_destination``'s answer: the destination created now, or the one an earlier request with the
+    same Idempotency-Key created (``replayed``), with that request's fingerprint."""
+
+    destination_id: UUID
+    replayed: bool
+    fingerprint: str | None
+
+
+class DestinationEdit(Row):
+    """``edit_destination_if_version``'s answer: whether it matched, the version the row is at, the fields that
+    changed and whether a delivery term was among them; unmatched, whether the destination is retired."""
+
+    matched: bool
+    version: int
+    changed_fields: list[str]
+    delivery_changed: bool
+    retired_at: datetime | None
+
+
+class DestinationRetirement(Row):
+    """``retire_destination``'s answer: whether this call retired it, the version, and the retirement."""
+
+    matched: bool
+    version: int
+    retired_at: datetime | None
+    retired_by: str | None
+
+
+class DestinationRecord(Row):
+    """One destination as it is now: every column as JSON (``settings``, for display after references are
+    masked), and its switch (``None``: never enabled, so paused)."""
+
+    id: UUID
+    version: int
+    settings: dict[str, Any]
+    enabled: bool | None
+
+
+class DestinationVersion(Row):
+    """One recorded version of a destination and the change that made it."""
+
+    version: int
+    change: str
+    changed_by: str
+    changed_role: str
+    reason: str
+    changed_at: datetime
+    before: dict[str, Any] | None
+    after: dict[str, Any]
+    changed_fields: list[str]
+    delivery_changed: bool
 
 
 class LedgerAnswer(ExportJob):
@@ -230,13 +291,22 @@ class PrincipalRow(Row):
 
 
 class CappedCountRow(Row):
-    """One status's count, capped (``count_tenant_jobs_by_status``: ``cap + 1`` means more than ``cap``)."""
+    """One status's count, capped (``count_tenant_jobs_of_status``: ``cap + 1`` means more than ``cap``)."""
 
     status: JobStatus
     counted: int
 
 
-class PlanRow(Row):
+# -- the reconciler's console (issue 26 item 4) --------------------------------------------------------
+
+
+class CountedRow(Row):
+    """A capped count (``count_outcome_unknown_queue``: ``cap + 1`` means more than ``cap``)."""
+
+    counted: int
+
+
+class QueryPlanRow(Row):
     """What ``EXPLAIN (FORMAT JSON)`` answers: one row, its one column the plan as JSON."""
 
     plan: list[dict[str, Any]] = Field(alias="QUERY PLAN")
@@ -245,3 +315,34 @@ class PlanRow(Row):
     def estimated_rows(self) -> int:
         """The planner's estimate of the rows the top node returns."""
         return round(float(self.plan[0]["Plan"]["Plan Rows"]))
+
+
+class QueueSummaryRow(Row):
+    """One queued OutcomeUnknown's line of why (``outcome_unknown_summaries``)."""
+
+    job_id: UUID
+    reason: str | None  # the Finished / ResolvedByRecovery detail that recorded OutcomeUnknown
+    recorded_by: str | None
+    recorded_at: datetime | None
+    recovery_listings: int
+    last_listed_at: datetime | None
+    listing_requested: bool
+
+
+class ListingRequestRow(Row):
+    """A reconciler's request for today's listing of an export's final name (``listing_requests``)."""
+
+    id: UUID
+    job_id: UUID
+    attempt_id: UUID
+    requested_by: str
+    requested_at: datetime
+    answerable: bool = True  # still within the window in which recovery answers it
+
+
+class ListingToAnswer(Row):
+    """A listing request recovery answers (``find_listing_requests``)."""
+
+    request_id: UUID
+    job_id: UUID
+    attempt_id: UUID

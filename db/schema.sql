@@ -73,18 +73,102 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE TABLE public.destinations (
+    id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    name text NOT NULL,
+    host text NOT NULL,
+    port integer NOT NULL,
+    username text NOT NULL,
+    host_key text NOT NULL,
+    credential_ref text NOT NULL,
+    remote_dir text NOT NULL,
+    name_and_size_identify boolean DEFAULT false NOT NULL,
+    hash_evidence text DEFAULT 'none'::text NOT NULL,
+    ack_suffix text,
+    max_write_request integer DEFAULT 32768 NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    contract_starts_on date DEFAULT ((clock_timestamp() AT TIME ZONE 'UTC'::text))::date NOT NULL,
+    contract_ends_on date,
+    retired_at timestamp with time zone,
+    retired_by text,
+    temporary_files text DEFAULT 'keep'::text NOT NULL,
+    csv_header boolean DEFAULT true NOT NULL,
+    csv_delimiter text DEFAULT ','::text NOT NULL,
+    csv_columns text[] DEFAULT ARRAY['email'::text, 'first_name'::text, 'last_name'::text] NOT NULL,
+    compression text DEFAULT 'none'::text NOT NULL,
+    pgp_recipient_keys text[] DEFAULT '{}'::text[] NOT NULL,
+    pgp_signing_key_ref text,
+    version integer DEFAULT 1 NOT NULL,
+    delivery_version integer DEFAULT 1 NOT NULL,
+    CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
+    CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
+    CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
+    CONSTRAINT ck_destinations_credential_ref CHECK ((((length(credential_ref) >= 1) AND (length(credential_ref) <= 1000)) AND (credential_ref !~ '[[:cntrl:]]'::text) AND (credential_ref !~~ '%-----BEGIN%'::text) AND (credential_ref !~~ '%PRIVATE KEY%'::text))),
+    CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
+    CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
+    CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
+    CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
+    CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
+    CONSTRAINT ck_destinations_temporary_files CHECK ((temporary_files = ANY (ARRAY['keep'::text, 'remove'::text]))),
+    CONSTRAINT ck_destinations_version CHECK (((version >= 1) AND ((delivery_version >= 1) AND (delivery_version <= version)))),
+    CONSTRAINT destinations_hash_evidence_check CHECK ((hash_evidence = ANY (ARRAY['none'::text, 'read_back'::text, 'ack_file'::text]))),
+    CONSTRAINT destinations_max_write_request_check CHECK (((max_write_request >= 1024) AND (max_write_request <= 261120))),
+    CONSTRAINT destinations_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT destinations_port_check CHECK (((port >= 1) AND (port <= 65535)))
+);
+
+CREATE FUNCTION public.destination_delivery_terms(d public.destinations) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+SELECT to_jsonb(d) - ARRAY['name', 'created_at', 'contract_starts_on', 'contract_ends_on', 'retired_at',
+                           'retired_by', 'version', 'delivery_version']
+$$;
+
+CREATE FUNCTION public.destinations_change_recorded() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM destination_versions v
+        WHERE v.tenant_id = NEW.tenant_id AND v.destination_id = NEW.id AND v.version = NEW.version) THEN
+        RAISE EXCEPTION 'destination %: version % must commit with its record in destination_versions',
+                NEW.id, NEW.version
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_change_recorded';
+    END IF;
+    RETURN NULL;
+END $$;
+
 CREATE FUNCTION public.destinations_guard() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF TG_OP = 'INSERT' THEN
+        NEW.version := 1;
+        NEW.delivery_version := 1;
+        RETURN NEW;
+    END IF;
     IF current_user = 'exports_worker' THEN
         RAISE EXCEPTION 'exports_worker reads destinations, it never changes them'
             USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_destinations_writer';
     END IF;
-    IF NEW.id <> OLD.id OR NEW.tenant_id <> OLD.tenant_id THEN
+    IF NEW.id <> OLD.id OR NEW.tenant_id <> OLD.tenant_id OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
         RAISE EXCEPTION 'destination % never changes its identity', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_identity';
     END IF;
+    IF OLD.retired_at IS NOT NULL
+       AND (NEW.retired_at IS DISTINCT FROM OLD.retired_at OR NEW.retired_by IS DISTINCT FROM OLD.retired_by) THEN
+        RAISE EXCEPTION 'destination % was retired on %: a retirement is final', OLD.id, OLD.retired_at
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_retirement_final';
+    END IF;
+    IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
+        RAISE EXCEPTION 'destination % is at version %: a change writes version %, one step at a time',
+                OLD.id, OLD.version, OLD.version + 1
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_version_step';
+    END IF;
+    NEW.delivery_version := CASE
+        WHEN destination_delivery_terms(NEW) IS DISTINCT FROM destination_delivery_terms(OLD) THEN NEW.version
+        ELSE OLD.delivery_version END;
     RETURN NEW;
 END $$;
 
@@ -116,6 +200,17 @@ BEGIN
         RAISE EXCEPTION 'export %: the correction % -> % of attempt % records another failure code than %',
                 OLD.id, OLD.status, NEW.status, OLD.attempt_id, coalesce(NEW.failure_reason, 'none')
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_correction_code';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.export_jobs_destination_version_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT (OLD.status = 'Running' AND NEW.status = 'Delivering') THEN
+        RAISE EXCEPTION 'export %: the destination version is recorded by cutoff 2 and never changes', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_destination_version';
     END IF;
     RETURN NEW;
 END $$;
@@ -198,6 +293,14 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.export_jobs_mark_outcome_unknown() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.outcome_unknown_at := clock_timestamp();
+    RETURN NEW;
+END $$;
+
 CREATE FUNCTION public.export_jobs_no_delete() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -230,6 +333,14 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.listing_requests_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'listing requests are history: append-only'
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+
 CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -250,6 +361,157 @@ BEGIN
            AND coalesce(destination_enabled, false);
 END
 $$;
+
+CREATE FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by text, requested_at timestamp with time zone, authorized_at timestamp with time zone, job_id uuid, outcome text, failure_reason text, file_name text, file_bytes bigint, file_rows bigint, file_sha256 bytea, outcome_at timestamp with time zone) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'cancellation_request_id', request_id,
+        'export_id', job_id,
+        'requested_by', requested_by,
+        'requested_at', notification_time(requested_at),
+        'delivery_authorized_at', notification_time(authorized_at),
+        'outcome', outcome,
+        'outcome_at', notification_time(outcome_at),
+        'failure_reason', failure_reason,
+        'file', CASE WHEN file_sha256 IS NOT NULL THEN jsonb_build_object(
+            'name', file_name, 'bytes', file_bytes, 'rows', file_rows, 'sha256', encode(file_sha256, 'hex')) END,
+        'message', 'Your cancel of export ' || job_id || ' lost: delivery had been authorized at '
+            || coalesce(notification_time(authorized_at), 'an earlier time') || '; '
+            || CASE outcome
+                   WHEN 'Completed' THEN 'delivered at ' || notification_time(outcome_at)
+                       || coalesce(', sha256 ' || encode(file_sha256, 'hex'), '')
+                   WHEN 'Failed' THEN 'it then failed (' || failure_reason || ') at ' || notification_time(outcome_at)
+                   ELSE 'its outcome is unknown since ' || notification_time(outcome_at)
+                       || ' (reconciliation needed)'
+               END || '.'))
+$$;
+
+CREATE FUNCTION public.notification_time(t timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+CREATE FUNCTION public.notify_export_outcome() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+DECLARE
+    at timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO notification_events (tenant_id, kind, job_id, subject_key, payload, created_at)
+    VALUES (NEW.tenant_id,
+            CASE NEW.status
+                WHEN 'Completed' THEN 'export.completed' WHEN 'Failed' THEN 'export.failed'
+                WHEN 'Stopped' THEN 'export.stopped' WHEN 'Canceled' THEN 'export.canceled'
+                WHEN 'Rejected' THEN 'export.rejected' ELSE 'export.outcome_unknown' END,
+            NEW.id, NEW.id::text,
+            jsonb_strip_nulls(jsonb_build_object(
+                'export_id', NEW.id,
+                'status', NEW.status,
+                'previous_status', OLD.status,
+                'outcome_at', notification_time(at),
+                'destination_id', NEW.destination_id,
+                'destination_name', (SELECT d.name FROM destinations d WHERE d.id = NEW.destination_id),
+                'list_name', NEW.list_name,
+                'created_by', NEW.created_by,
+                'attempt_id', NEW.attempt_id,
+                'replaces_export_id', NEW.replaces_job_id,
+                'failure_reason', NEW.failure_reason,
+                'rejection_code', NEW.rejection_code,
+                'rejection_reason', NEW.rejection_reason,   -- the policy's sentence: names and dates only
+                'stop_request_id', CASE WHEN NEW.status = 'Stopped' THEN NEW.stop_request_id END,
+                'cancellation_request_id', NEW.cancellation_request_id,
+                'delivery_authorized_at', notification_time(NEW.delivery_authorized_at),
+                'reconciliation_needed', CASE WHEN NEW.status = 'OutcomeUnknown' THEN true END,
+                'file', CASE WHEN NEW.expected_file_sha256 IS NOT NULL
+                                  AND NEW.status IN ('Completed', 'Failed', 'OutcomeUnknown')
+                             THEN jsonb_build_object(
+                                 'name', NEW.expected_file_name, 'bytes', NEW.expected_file_bytes,
+                                 'rows', NEW.expected_file_rows, 'sha256', encode(NEW.expected_file_sha256, 'hex'))
+                        END)),
+            at)
+    ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING;
+
+    IF OLD.status = 'Delivering' THEN
+        INSERT INTO notification_events (tenant_id, kind, job_id, subject_key, payload, created_at)
+        SELECT r.tenant_id, 'export.cancellation_lost', NEW.id, r.id::text,
+               lost_cancellation_payload(
+                   r.id, r.requested_by, r.recorded_at, r.found_delivery_authorized_at, NEW.id, NEW.status,
+                   NEW.failure_reason, NEW.expected_file_name, NEW.expected_file_bytes, NEW.expected_file_rows,
+                   NEW.expected_file_sha256, at), at
+        FROM cancellation_requests r
+        WHERE r.job_id = NEW.id AND r.tenant_id = NEW.tenant_id AND r.outcome = 'TooLate'
+          AND r.found_status = 'Delivering' AND r.found_attempt_id IS NOT DISTINCT FROM OLD.attempt_id
+        ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.notify_lost_cancellation() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+DECLARE
+    j record;
+    ended_at timestamptz;
+BEGIN
+    SELECT status, failure_reason, expected_file_name, expected_file_bytes, expected_file_rows, expected_file_sha256
+    INTO j FROM export_jobs WHERE id = NEW.job_id AND tenant_id = NEW.tenant_id;
+    SELECT e.created_at INTO ended_at FROM notification_events e
+    WHERE e.tenant_id = NEW.tenant_id AND e.subject_key = NEW.job_id::text
+      AND e.kind IN ('export.completed', 'export.failed', 'export.outcome_unknown')
+    ORDER BY e.created_at
+    LIMIT 1;
+    INSERT INTO notification_events (tenant_id, kind, job_id, subject_key, payload)
+    VALUES (NEW.tenant_id, 'export.cancellation_lost', NEW.job_id, NEW.id::text,
+            lost_cancellation_payload(
+                NEW.id, NEW.requested_by, NEW.recorded_at, NEW.found_delivery_authorized_at, NEW.job_id, j.status,
+                j.failure_reason, j.expected_file_name, j.expected_file_bytes, j.expected_file_rows,
+                j.expected_file_sha256, coalesce(ended_at, NEW.recorded_at)))
+    ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.notify_recurring_firing_row() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+BEGIN
+    PERFORM notify_recurring_firing_skipped(
+        NEW.tenant_id, NEW.recurring_export_id,
+        (SELECT r.list_name || ' to ' || coalesce(d.name, r.destination_id::text)
+         FROM recurring_exports r
+         LEFT JOIN destinations d ON d.tenant_id = r.tenant_id AND d.id = r.destination_id
+         WHERE r.tenant_id = NEW.tenant_id AND r.id = NEW.recurring_export_id),
+        NEW.nominal_time, NEW.reason);
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $_$
+DECLARE
+    new_id uuid;
+BEGIN
+    IF p_reason IS NULL OR p_reason !~ '^[a-z][a-z0-9_]{0,63}$' THEN
+        RAISE EXCEPTION 'a skipped firing''s reason is a short code (lower case, digits, _), not %', p_reason
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_notification_events_skip_reason';
+    END IF;
+    INSERT INTO notification_events (tenant_id, kind, subject_key, payload)
+    VALUES (p_tenant_id, 'recurring_export.firing_skipped',
+            p_recurring_export_id::text || '@' || notification_time(p_scheduled_for),
+            jsonb_strip_nulls(jsonb_build_object(
+                'recurring_export_id', p_recurring_export_id,
+                'recurring_export_name', p_recurring_name,
+                'scheduled_for', notification_time(p_scheduled_for),
+                'reason', p_reason)))
+    ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END $_$;
 
 CREATE FUNCTION public.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
@@ -433,45 +695,29 @@ CREATE TABLE public.delivery_switches (
     CONSTRAINT delivery_switches_scope_check CHECK ((scope = ANY (ARRAY['global'::text, 'tenant'::text, 'destination'::text])))
 );
 
-CREATE TABLE public.destinations (
-    id uuid NOT NULL,
+CREATE TABLE public.destination_versions (
     tenant_id uuid NOT NULL,
-    name text NOT NULL,
-    host text NOT NULL,
-    port integer NOT NULL,
-    username text NOT NULL,
-    host_key text NOT NULL,
-    credential_ref text NOT NULL,
-    remote_dir text NOT NULL,
-    name_and_size_identify boolean DEFAULT false NOT NULL,
-    hash_evidence text DEFAULT 'none'::text NOT NULL,
-    ack_suffix text,
-    max_write_request integer DEFAULT 32768 NOT NULL,
-    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    contract_starts_on date DEFAULT ((clock_timestamp() AT TIME ZONE 'UTC'::text))::date NOT NULL,
-    contract_ends_on date,
-    retired_at timestamp with time zone,
-    retired_by text,
-    temporary_files text DEFAULT 'keep'::text NOT NULL,
-    csv_header boolean DEFAULT true NOT NULL,
-    csv_delimiter text DEFAULT ','::text NOT NULL,
-    csv_columns text[] DEFAULT ARRAY['email'::text, 'first_name'::text, 'last_name'::text] NOT NULL,
-    compression text DEFAULT 'none'::text NOT NULL,
-    pgp_recipient_keys text[] DEFAULT '{}'::text[] NOT NULL,
-    pgp_signing_key_ref text,
-    CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
-    CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
-    CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
-    CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
-    CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
-    CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
-    CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
-    CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
-    CONSTRAINT ck_destinations_temporary_files CHECK ((temporary_files = ANY (ARRAY['keep'::text, 'remove'::text]))),
-    CONSTRAINT destinations_hash_evidence_check CHECK ((hash_evidence = ANY (ARRAY['none'::text, 'read_back'::text, 'ack_file'::text]))),
-    CONSTRAINT destinations_max_write_request_check CHECK (((max_write_request >= 1024) AND (max_write_request <= 261120))),
-    CONSTRAINT destinations_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200))),
-    CONSTRAINT destinations_port_check CHECK (((port >= 1) AND (port <= 65535)))
+    destination_id uuid NOT NULL,
+    version integer NOT NULL,
+    change text NOT NULL,
+    changed_by text NOT NULL,
+    changed_role text NOT NULL,
+    reason text NOT NULL,
+    changed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    before jsonb,
+    after jsonb NOT NULL,
+    changed_fields text[] NOT NULL,
+    delivery_changed boolean NOT NULL,
+    request_key text,
+    request_fingerprint text,
+    CONSTRAINT ck_destination_versions_before CHECK (((change = 'created'::text) = (before IS NULL))),
+    CONSTRAINT ck_destination_versions_request CHECK ((((request_key IS NULL) = (request_fingerprint IS NULL)) AND ((request_key IS NULL) OR (change = 'created'::text)))),
+    CONSTRAINT destination_versions_change_check CHECK ((change = ANY (ARRAY['created'::text, 'edited'::text, 'retired'::text]))),
+    CONSTRAINT destination_versions_changed_by_check CHECK (((length(changed_by) >= 1) AND (length(changed_by) <= 200))),
+    CONSTRAINT destination_versions_changed_role_check CHECK ((changed_role = ANY (ARRAY['admin'::text, 'owner'::text]))),
+    CONSTRAINT destination_versions_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT destination_versions_request_key_check CHECK (((length(request_key) >= 1) AND (length(request_key) <= 200))),
+    CONSTRAINT destination_versions_version_check CHECK ((version >= 1))
 );
 
 CREATE TABLE public.export_attempt_events (
@@ -484,6 +730,7 @@ CREATE TABLE public.export_attempt_events (
     observed_by text,
     detail text,
     recorded_at timestamp with time zone NOT NULL,
+    destination_version integer,
     CONSTRAINT export_attempt_events_kind_check CHECK ((kind = ANY (ARRAY['Claimed'::text, 'DeliveryAuthorized'::text, 'Stopped'::text, 'Failed'::text, 'Finished'::text, 'RequeuedByRecovery'::text, 'StoppedByRecovery'::text, 'AttemptsExhausted'::text, 'ResolvedByRecovery'::text, 'Reconciled'::text, 'Corrected'::text, 'DeliveryEvidence'::text, 'Released'::text, 'UploadFenced'::text, 'RenameFenced'::text])))
 );
 
@@ -532,8 +779,11 @@ CREATE TABLE public.export_jobs (
     rejection_code text,
     available_at timestamp with time zone,
     transient_releases integer DEFAULT 0 NOT NULL,
+    destination_version integer,
+    outcome_unknown_at timestamp with time zone,
     CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
     CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_outcome_unknown_at CHECK (((status <> 'OutcomeUnknown'::text) OR (outcome_unknown_at IS NOT NULL))),
     CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
     CONSTRAINT ck_export_jobs_rejection CHECK ((((status = 'Rejected'::text) = (rejection_code IS NOT NULL)) AND ((rejection_code IS NULL) OR (rejection_reason IS NOT NULL)))),
     CONSTRAINT ck_export_jobs_rejection_code CHECK ((rejection_code = ANY (ARRAY['list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text, 'list_missing'::text]))),
@@ -559,6 +809,29 @@ CREATE TABLE public.idempotency_keys (
     job_id uuid NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT idempotency_keys_key_check CHECK (((length(key) >= 1) AND (length(key) <= 200)))
+);
+
+CREATE TABLE public.listing_requests (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    attempt_id uuid NOT NULL,
+    requested_by text NOT NULL,
+    requested_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT listing_requests_requested_by_check CHECK (((length(requested_by) >= 1) AND (length(requested_by) <= 200)))
+);
+
+CREATE TABLE public.notification_events (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    kind text NOT NULL,
+    job_id uuid,
+    subject_key text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    fanned_out_at timestamp with time zone,
+    CONSTRAINT notification_events_kind_check CHECK ((kind = ANY (ARRAY['export.completed'::text, 'export.failed'::text, 'export.stopped'::text, 'export.canceled'::text, 'export.rejected'::text, 'export.outcome_unknown'::text, 'export.cancellation_lost'::text, 'recurring_export.firing_skipped'::text]))),
+    CONSTRAINT notification_events_subject_key_check CHECK (((length(subject_key) >= 1) AND (length(subject_key) <= 200)))
 );
 
 CREATE TABLE public.outbox (
@@ -673,6 +946,51 @@ CREATE TABLE public.tenants (
     CONSTRAINT tenants_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)))
 );
 
+CREATE TABLE public.webhook_deliveries (
+    tenant_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    event_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone NOT NULL,
+    give_up_at timestamp with time zone NOT NULL,
+    leased_until timestamp with time zone,
+    last_attempt_at timestamp with time zone,
+    last_status_code integer,
+    last_error text,
+    delivered_at timestamp with time zone,
+    redeliveries integer DEFAULT 0 NOT NULL,
+    redelivered_by text,
+    redelivered_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT ck_webhook_deliveries_delivered CHECK (((state = 'delivered'::text) <= (delivered_at IS NOT NULL))),
+    CONSTRAINT webhook_deliveries_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT webhook_deliveries_last_error_check CHECK (((last_error IS NULL) OR (length(last_error) <= 200))),
+    CONSTRAINT webhook_deliveries_redeliveries_check CHECK ((redeliveries >= 0)),
+    CONSTRAINT webhook_deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
+);
+
+CREATE TABLE public.webhook_endpoints (
+    tenant_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    url text NOT NULL,
+    secret text NOT NULL,
+    events text[] NOT NULL,
+    description text,
+    enabled boolean DEFAULT true NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_by text,
+    updated_at timestamp with time zone,
+    CONSTRAINT webhook_endpoints_description_check CHECK (((description IS NULL) OR ((length(description) >= 1) AND (length(description) <= 200)))),
+    CONSTRAINT webhook_endpoints_events_check CHECK ((((cardinality(events) >= 1) AND (cardinality(events) <= 8)) AND (events <@ ARRAY['export.completed'::text, 'export.failed'::text, 'export.stopped'::text, 'export.canceled'::text, 'export.rejected'::text, 'export.outcome_unknown'::text, 'export.cancellation_lost'::text, 'recurring_export.firing_skipped'::text]))),
+    CONSTRAINT webhook_endpoints_secret_check CHECK ((secret ~ '^whsec_[A-Za-z0-9+/]{32,88}={0,2}$'::text)),
+    CONSTRAINT webhook_endpoints_url_check CHECK (((length(url) >= 8) AND (length(url) <= 2000))),
+    CONSTRAINT webhook_endpoints_version_check CHECK ((version >= 1))
+);
+
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (token_sha256);
 
@@ -690,6 +1008,12 @@ ALTER TABLE ONLY public.export_jobs
 
 ALTER TABLE ONLY public.export_status_edges
     ADD CONSTRAINT export_status_edges_pkey PRIMARY KEY (from_status, to_status);
+
+ALTER TABLE ONLY public.listing_requests
+    ADD CONSTRAINT listing_requests_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.notification_events
+    ADD CONSTRAINT notification_events_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (message_id);
@@ -715,6 +1039,9 @@ ALTER TABLE ONLY public.contacts
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT pk_deliveries PRIMARY KEY (tenant_id, delivery_key);
 
+ALTER TABLE ONLY public.destination_versions
+    ADD CONSTRAINT pk_destination_versions PRIMARY KEY (tenant_id, destination_id, version);
+
 ALTER TABLE ONLY public.destinations
     ADD CONSTRAINT pk_destinations PRIMARY KEY (id);
 
@@ -732,6 +1059,12 @@ ALTER TABLE ONLY public.recurring_export_firings
 
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT pk_recurring_exports PRIMARY KEY (tenant_id, id);
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT pk_webhook_deliveries PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT pk_webhook_endpoints PRIMARY KEY (id);
 
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (name);
@@ -751,11 +1084,20 @@ ALTER TABLE ONLY public.destinations
 ALTER TABLE ONLY public.export_jobs
     ADD CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id);
 
+ALTER TABLE ONLY public.notification_events
+    ADD CONSTRAINT uq_notification_events_subject UNIQUE (tenant_id, kind, subject_key);
+
 ALTER TABLE ONLY public.recurring_export_firings
     ADD CONSTRAINT uq_recurring_export_firings_id UNIQUE (id);
 
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT uq_recurring_exports_id UNIQUE (id);
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT uq_webhook_deliveries_event_endpoint UNIQUE (event_id, endpoint_id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT uq_webhook_endpoints_tenant UNIQUE (tenant_id, id);
 
 CREATE INDEX ix_attempt_events_job ON public.export_attempt_events USING btree (job_id, id);
 
@@ -789,11 +1131,19 @@ CREATE INDEX ix_export_jobs_tenant_destination_status ON public.export_jobs USIN
 
 CREATE INDEX ix_export_jobs_tenant_list_status ON public.export_jobs USING btree (tenant_id, list_name, status, created_at DESC, id DESC) INCLUDE (destination_id);
 
+CREATE INDEX ix_export_jobs_tenant_outcome_unknown ON public.export_jobs USING btree (tenant_id, outcome_unknown_at, id) WHERE (status = 'OutcomeUnknown'::text);
+
 CREATE INDEX ix_export_jobs_tenant_status_created ON public.export_jobs USING btree (tenant_id, status, created_at DESC, id DESC);
 
 CREATE INDEX ix_export_jobs_transient_releases ON public.export_jobs USING btree (transient_releases) WHERE ((status = ANY (ARRAY['Queued'::text, 'Running'::text])) AND (transient_releases > 0));
 
 CREATE INDEX ix_export_jobs_woken ON public.export_jobs USING btree (woken_at) WHERE (status = 'Queued'::text);
+
+CREATE INDEX ix_listing_requests_job ON public.listing_requests USING btree (job_id, requested_at);
+
+CREATE INDEX ix_listing_requests_requested ON public.listing_requests USING btree (requested_at);
+
+CREATE INDEX ix_notification_events_unfanned ON public.notification_events USING btree (created_at) WHERE (fanned_out_at IS NULL);
 
 CREATE INDEX ix_outbox_deferred ON public.outbox USING btree (available_at) WHERE ((published_at IS NULL) AND (available_at IS NOT NULL));
 
@@ -805,7 +1155,13 @@ CREATE INDEX ix_recurring_export_firings_recent ON public.recurring_export_firin
 
 CREATE INDEX ix_recurring_exports_tenant_created ON public.recurring_exports USING btree (tenant_id, created_at DESC, id);
 
+CREATE INDEX ix_webhook_deliveries_due ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+
+CREATE INDEX ix_webhook_deliveries_endpoint ON public.webhook_deliveries USING btree (endpoint_id, created_at DESC, id DESC);
+
 CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING btree (job_id, attempt_id, kind) WHERE (kind <> 'DeliveryEvidence'::text);
+
+CREATE UNIQUE INDEX uq_destination_versions_request ON public.destination_versions USING btree (tenant_id, request_key) WHERE (request_key IS NOT NULL);
 
 CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING btree (tenant_id, replaces_job_id) WHERE ((replaces_job_id IS NOT NULL) AND ((status <> ALL (ARRAY['Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text])) OR (failure_reason = 'OriginalDelivered'::text)));
 
@@ -815,6 +1171,8 @@ CREATE UNIQUE INDEX uq_recurring_export_firings_job ON public.recurring_export_f
 
 CREATE STATISTICS public.st_export_jobs_tenant_scope (dependencies) ON tenant_id, destination_id, list_name FROM public.export_jobs;
 
+CREATE TRIGGER tr_cancellation_requests_notify_lost AFTER INSERT ON public.cancellation_requests FOR EACH ROW WHEN (((new.outcome = 'TooLate'::text) AND (new.found_status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_lost_cancellation();
+
 CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_changes_append_only();
 
 CREATE TRIGGER tr_delivery_switch_changes_scope_owner BEFORE INSERT ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
@@ -823,9 +1181,13 @@ CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switc
 
 CREATE TRIGGER tr_delivery_switches_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
 
-CREATE TRIGGER tr_destinations_guard BEFORE UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
+CREATE CONSTRAINT TRIGGER tr_destinations_change_recorded AFTER UPDATE ON public.destinations DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.destinations_change_recorded();
+
+CREATE TRIGGER tr_destinations_guard BEFORE INSERT OR UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
 
 CREATE TRIGGER tr_export_jobs_backoff_guard BEFORE UPDATE OF available_at, transient_releases ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_backoff_guard();
+
+CREATE TRIGGER tr_export_jobs_destination_version BEFORE UPDATE OF destination_version ON public.export_jobs FOR EACH ROW WHEN ((new.destination_version IS DISTINCT FROM old.destination_version)) EXECUTE FUNCTION public.export_jobs_destination_version_guard();
 
 CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_guard();
 
@@ -835,15 +1197,23 @@ CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs F
 
 CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_no_delete();
 
+CREATE TRIGGER tr_export_jobs_notify_outcome AFTER UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'Stopped'::text, 'Canceled'::text, 'Rejected'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_export_outcome();
+
+CREATE TRIGGER tr_export_jobs_outcome_unknown_at BEFORE UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((new.status = 'OutcomeUnknown'::text) AND (old.status IS DISTINCT FROM 'OutcomeUnknown'::text))) EXECUTE FUNCTION public.export_jobs_mark_outcome_unknown();
+
 CREATE TRIGGER tr_export_jobs_replacement_terms BEFORE UPDATE OF destination_id, list_name ON public.export_jobs FOR EACH ROW WHEN (((old.replaces_job_id IS NOT NULL) AND ((new.destination_id IS DISTINCT FROM old.destination_id) OR (new.list_name IS DISTINCT FROM old.list_name)))) EXECUTE FUNCTION public.export_jobs_replacement_terms_guard();
 
 CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status ON public.export_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.status = ANY (ARRAY['OutcomeUnknown'::text, 'Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_transition_event_guard();
+
+CREATE TRIGGER tr_listing_requests_append_only BEFORE DELETE OR UPDATE ON public.listing_requests FOR EACH ROW EXECUTE FUNCTION public.listing_requests_append_only();
 
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
 
 CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH ROW EXECUTE FUNCTION public.principals_guard();
 
 CREATE TRIGGER tr_recurring_export_firings_append_only BEFORE DELETE OR UPDATE ON public.recurring_export_firings FOR EACH ROW EXECUTE FUNCTION public.recurring_export_firings_append_only();
+
+CREATE TRIGGER tr_recurring_export_firings_notify_skipped AFTER INSERT ON public.recurring_export_firings FOR EACH ROW WHEN ((new.outcome = 'skipped'::text)) EXECUTE FUNCTION public.notify_recurring_firing_row();
 
 CREATE TRIGGER tr_recurring_exports_guard BEFORE DELETE OR UPDATE ON public.recurring_exports FOR EACH ROW EXECUTE FUNCTION public.recurring_exports_guard();
 
@@ -901,6 +1271,9 @@ ALTER TABLE ONLY public.deliveries
 ALTER TABLE ONLY public.delivery_switches
     ADD CONSTRAINT fk_delivery_switches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
+ALTER TABLE ONLY public.destination_versions
+    ADD CONSTRAINT fk_destination_versions_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
 ALTER TABLE ONLY public.export_jobs
     ADD CONSTRAINT fk_export_jobs_delivery FOREIGN KEY (tenant_id, delivery_key) REFERENCES public.deliveries(tenant_id, delivery_key);
 
@@ -912,6 +1285,9 @@ ALTER TABLE ONLY public.export_jobs
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT fk_idempotency_keys_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
+
+ALTER TABLE ONLY public.listing_requests
+    ADD CONSTRAINT fk_listing_requests_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
 
 ALTER TABLE ONLY public.outcome_corrections
     ADD CONSTRAINT fk_outcome_corrections_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
@@ -928,19 +1304,86 @@ ALTER TABLE ONLY public.recurring_exports
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT fk_recurring_exports_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT fk_webhook_deliveries_endpoint FOREIGN KEY (tenant_id, endpoint_id) REFERENCES public.webhook_endpoints(tenant_id, id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.notification_events
+    ADD CONSTRAINT notification_events_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT principals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT recurring_exports_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_event_id_fkey FOREIGN KEY (event_id) REFERENCES public.notification_events(id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT webhook_endpoints_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
 REVOKE ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_api;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_recovery;
 
+GRANT SELECT,INSERT ON TABLE public.destinations TO exports_api;
+GRANT SELECT ON TABLE public.destinations TO exports_worker;
+GRANT SELECT ON TABLE public.destinations TO exports_reconciler;
+GRANT SELECT ON TABLE public.destinations TO exports_recovery;
+
+GRANT UPDATE(id) ON TABLE public.destinations TO exports_worker;
+
+GRANT UPDATE(name) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(host) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(port) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(username) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(host_key) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(credential_ref) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(remote_dir) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(name_and_size_identify) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(hash_evidence) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(ack_suffix) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(max_write_request) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(contract_starts_on) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(contract_ends_on) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(retired_at) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(retired_by) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(temporary_files) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
+
+REVOKE ALL ON FUNCTION public.export_jobs_mark_outcome_unknown() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
+
+REVOKE ALL ON FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by text, requested_at timestamp with time zone, authorized_at timestamp with time zone, job_id uuid, outcome text, failure_reason text, file_name text, file_bytes bigint, file_rows bigint, file_sha256 bytea, outcome_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_export_outcome() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_lost_cancellation() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_recurring_firing_row() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) TO exports_worker;
+GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) TO exports_api;
 
 GRANT SELECT ON TABLE public.api_tokens TO exports_api;
 
@@ -990,12 +1433,9 @@ GRANT UPDATE(changed_by) ON TABLE public.delivery_switches TO exports_platform;
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_api;
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_platform;
 
-GRANT SELECT ON TABLE public.destinations TO exports_api;
-GRANT SELECT ON TABLE public.destinations TO exports_worker;
-GRANT SELECT ON TABLE public.destinations TO exports_reconciler;
-GRANT SELECT ON TABLE public.destinations TO exports_recovery;
-
-GRANT UPDATE(id) ON TABLE public.destinations TO exports_worker;
+GRANT SELECT,INSERT ON TABLE public.destination_versions TO exports_api;
+GRANT SELECT ON TABLE public.destination_versions TO exports_worker;
+GRANT SELECT ON TABLE public.destination_versions TO exports_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_api;
 GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_worker;
@@ -1071,12 +1511,22 @@ GRANT UPDATE(available_at) ON TABLE public.export_jobs TO exports_worker;
 
 GRANT UPDATE(transient_releases) ON TABLE public.export_jobs TO exports_worker;
 
+GRANT UPDATE(destination_version) ON TABLE public.export_jobs TO exports_worker;
+
 GRANT SELECT ON TABLE public.export_status_edges TO exports_api;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_worker;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_reconciler;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.idempotency_keys TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.listing_requests TO exports_api;
+GRANT SELECT ON TABLE public.listing_requests TO exports_recovery;
+
+GRANT SELECT ON TABLE public.notification_events TO exports_api;
+GRANT SELECT ON TABLE public.notification_events TO exports_dispatcher;
+
+GRANT UPDATE(fanned_out_at) ON TABLE public.notification_events TO exports_dispatcher;
 
 GRANT INSERT ON TABLE public.outbox TO exports_api;
 GRANT INSERT ON TABLE public.outbox TO exports_worker;
@@ -1141,6 +1591,62 @@ GRANT SELECT ON TABLE public.tenants TO exports_api;
 GRANT SELECT ON TABLE public.tenants TO exports_worker;
 GRANT SELECT ON TABLE public.tenants TO exports_reconciler;
 GRANT SELECT ON TABLE public.tenants TO exports_recovery;
+
+GRANT SELECT ON TABLE public.webhook_deliveries TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(state) ON TABLE public.webhook_deliveries TO exports_api;
+GRANT UPDATE(state) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(attempts) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(next_attempt_at) ON TABLE public.webhook_deliveries TO exports_api;
+GRANT UPDATE(next_attempt_at) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(give_up_at) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT UPDATE(leased_until) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(last_attempt_at) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(last_status_code) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(last_error) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(delivered_at) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(redeliveries) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT UPDATE(redelivered_by) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT UPDATE(redelivered_at) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT DELETE ON TABLE public.webhook_endpoints TO exports_api;
+GRANT SELECT ON TABLE public.webhook_endpoints TO exports_dispatcher;
+
+GRANT SELECT(tenant_id),INSERT(tenant_id) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(id),INSERT(id) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(url),INSERT(url),UPDATE(url) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT INSERT(secret),UPDATE(secret) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(events),INSERT(events),UPDATE(events) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(description),INSERT(description),UPDATE(description) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(enabled),INSERT(enabled),UPDATE(enabled) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(version),UPDATE(version) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(created_by),INSERT(created_by) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(created_at) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(updated_by),UPDATE(updated_by) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(updated_at),UPDATE(updated_at) ON TABLE public.webhook_endpoints TO exports_api;
 
 -- The roles 0003, 0005 and 0019 create (cluster objects, checked by the same test):
 -- ALTER ROLE exports_api WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;

@@ -6,6 +6,9 @@ never a pool.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 from collections.abc import Mapping
 from typing import Any, Literal
 from uuid import UUID
@@ -59,6 +62,9 @@ class Destination(BaseModel):
     # Not in a repr, so a destination that reaches a log line never carries key blocks or the reference.
     pgp_recipient_keys: tuple[str, ...] = Field(default=(), repr=False)
     pgp_signing_key_ref: str | None = Field(default=None, repr=False)
+    # The version of the destination this value is (issue #24: every change is a new version); a delivery
+    # uses the version cutoff 2 authorized, and its evidence names it.
+    version: int = 1
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Destination:
@@ -80,3 +86,41 @@ class Destination(BaseModel):
     def remote_path(self, name: str) -> str:
         """The absolute path of ``name`` in the destination's remote directory."""
         return f"{self.remote_dir.rstrip('/')}/{name}"
+
+
+# What a pinned host key line may look like: an optional known_hosts host field, the key type, the base64 key
+# blob, an optional comment; one line of visible ASCII (the API's pattern; the blob is checked below).
+HOST_KEY_PATTERN = (
+    r"^([!-~]+ )?(ssh-|ecdsa-|sk-|rsa-)[!-~]{1,60} [A-Za-z0-9+/]{16,16384}={0,3}( [ -~]{0,200})?$"
+)
+_KEY_TYPE_PREFIXES = ("ssh-", "ecdsa-", "sk-", "rsa-")
+
+
+def host_key_blob(line: str) -> bytes | None:
+    """The public key blob of a pinned host key line (``"ssh-ed25519 AAAA..."``, optionally after a known_hosts
+    host field), or ``None`` when it is not one: the base64 must decode and the blob must name the same key
+    type as the line (the SSH wire format starts with the type's length and name)."""
+    parts = line.split()
+    if len(parts) >= 3 and not parts[0].startswith(_KEY_TYPE_PREFIXES):
+        parts = parts[1:]
+    if len(parts) < 2 or not parts[0].startswith(_KEY_TYPE_PREFIXES):
+        return None
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(blob) < 4:
+        return None
+    length = int.from_bytes(blob[:4], "big")
+    if blob[4 : 4 + length] != parts[0].encode("ascii", "replace"):
+        return None
+    return blob
+
+
+def host_key_fingerprint(line: str) -> str | None:
+    """The OpenSSH ``SHA256:...`` fingerprint of a pinned host key line (what ``ssh-keygen -lf`` prints and the
+    delivery's evidence records), or ``None`` when the line is not a key."""
+    blob = host_key_blob(line)
+    if blob is None:
+        return None
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")

@@ -122,6 +122,8 @@ class AuthorizationResult(StrEnum):
     POLICY_DENIED = (
         "PolicyDenied"  # the creator may no longer export, or the list is gone: release; the policy rejects
     )
+    # what a delivery of the destination uses changed since the build read it: release, and rebuild (#24.2)
+    DESTINATION_CHANGED = "DestinationChanged"
     UNKNOWN = "Unknown"
 
 
@@ -143,6 +145,9 @@ class ReleaseCause(StrEnum):
         "policy"  # at cutoff 2 the creator may no longer export, or the list is gone: the next claim rejects
     )
     TERMINATED = "terminated"  # a person terminated its workflow in Temporal: nobody's failure, a fresh wake-up runs it
+    # an admin changed what a delivery of the destination uses during the build: nobody's failure, the next
+    # claim rebuilds for the new version at once (issue #24.2)
+    DESTINATION_CHANGED = "destination_changed"
     WORKFLOW = (
         "workflow"  # its workflow is gone, timed out, or not confirmed (Temporal unreachable, throttled)
     )
@@ -243,6 +248,8 @@ class ExportJob(Row):
     rejection_code: RejectionCode | None
     available_at: datetime | None = None  # not claimable before this (database clock), after a give-back
     transient_releases: int = 0  # give-backs for a failure: each makes the next claim wait longer
+    destination_version: int | None = None  # the destination version cutoff 2 authorized (issue #24.2)
+    outcome_unknown_at: datetime | None = None  # when it became OutcomeUnknown (database clock; 0033)
 
     @property
     def final_name(self) -> str:
@@ -286,6 +293,7 @@ class AttemptEvent(Row):
     observed_by: str | None
     detail: str | None
     recorded_at: datetime
+    destination_version: int | None = None  # DeliveryAuthorized: the destination version it authorized
 
 
 class CancellationRequest(Row):

@@ -106,6 +106,7 @@ _RESULTS: dict[str, TransitionResult] = {
     AuthorizationResult.PAUSED: TransitionResult.REFUSED,
     AuthorizationResult.DESTINATION_INACTIVE: TransitionResult.REFUSED,
     AuthorizationResult.POLICY_DENIED: TransitionResult.REFUSED,
+    AuthorizationResult.DESTINATION_CHANGED: TransitionResult.REFUSED,
     ReleaseResult.RELEASED: TransitionResult.WRITTEN,
     ReleaseResult.EXHAUSTED: TransitionResult.WRITTEN,
     AuthorizationResult.UNKNOWN: TransitionResult.UNKNOWN,

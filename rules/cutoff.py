@@ -15,6 +15,7 @@ def authorization_from(
     destination_usable: bool = True,
     deliveries_open: bool = True,
     policy_allows: bool = True,
+    destination_unchanged: bool = True,
 ) -> AuthorizationResult:
     """Cutoff 2's answer for ``attempt_id`` from state and ownership read together.
 
@@ -22,9 +23,10 @@ def authorization_from(
     Running is NotOwner; a recorded stop request is StopRecorded; a replacement whose original is
     Completed is OriginalCompleted; a destination retired or out of contract is DestinationInactive, a
     creator who may no longer export this list or a list with no contacts is PolicyDenied, and a paused
-    switch of the job's scope is Paused (all three give the attempt back to the queue, as cutoff 2 read them
-    under its own locks; a lost-response re-read does not know them and says LeaseLapsed, whose retry
-    answers again); anything else is LeaseLapsed, which gets one renewal and retry.
+    switch of the job's scope is Paused, and a destination whose delivery terms changed since the build read
+    it is DestinationChanged (all four give the attempt back to the queue, as cutoff 2 read them under its
+    own locks; a lost-response re-read does not know them and says LeaseLapsed, whose retry answers again);
+    anything else is LeaseLapsed, which gets one renewal and retry.
     """
     if held_by(state, attempt_id, JobStatus.DELIVERING):
         return AuthorizationResult.AUTHORIZED
@@ -40,5 +42,7 @@ def authorization_from(
         return AuthorizationResult.POLICY_DENIED
     if not deliveries_open:
         return AuthorizationResult.PAUSED
+    if not destination_unchanged:
+        return AuthorizationResult.DESTINATION_CHANGED
     # Expired, or renewed between the refusal and the re-read: either way LeaseLapsed, with its one retry.
     return AuthorizationResult.LEASE_LAPSED

@@ -1,7 +1,9 @@
 """Give-backs: which ones count, how long the next claim waits, and when they end the job (issue 23.1).
 
 An attempt gives its job back to the queue before cutoff 2 when it must not go on (``ReleaseCause``). A
-drain, a pause or a policy refusal is nobody's failure: the job is handed on at once and nothing counts it.
+drain, a pause, a policy refusal or a destination an admin changed during the build (issue #24.2: the file was
+built for a version cutoff 2 no longer authorizes) is nobody's failure: the job is handed on at once and
+nothing counts it.
 A failure the attempt could not get past (the build interrupted by the database, a fact cutoff 2 could not
 read, a workflow nobody could confirm) counts: the next claim waits ``min(cap, base * 2^n)`` scaled by a
 jitter between 0.5 and 1 (n: the job's earlier counted give-backs), and past ``max_releases`` of them the

@@ -237,11 +237,6 @@ class Exports:
         """The tenant's destinations by ID, for display."""
         return {d.id: d.name for d in await self.store.tenant_destinations(tenant_id)}
 
-    async def destinations(self, caller: Caller) -> Answer:
-        """``GET /destinations``: the tenant's destinations (ID and name; never a credential reference)."""
-        rows = await self.store.tenant_destinations(caller.tenant_id)
-        return Answer(Kind.DONE, {"destinations": [{"id": str(d.id), "name": d.name} for d in rows]})
-
     async def detail(self, caller: Caller, job_id: UUID) -> Detail | None:
         """One export of the caller's tenant with its timeline, or ``None`` (missing or another tenant's)."""
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)

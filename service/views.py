@@ -289,6 +289,9 @@ def _event_entry(e: AttemptEvent, job: ExportJob, claimers: dict[UUID, str]) -> 
         detail = _authorized_summary(e.detail)
         if job.expected_file_bytes is not None and e.attempt_id == job.attempt_id:
             detail = f"{detail}, {job.expected_file_bytes:,} bytes expected"
+    if e.kind == EventKind.DELIVERY_AUTHORIZED and e.destination_version is not None:
+        # the destination version cutoff 2 authorized: the delivery uses it whatever the destination says since
+        detail = f"{detail}; destination version {e.destination_version}"
     elif e.kind == EventKind.DELIVERY_EVIDENCE:
         detail = _evidence_summary(e.detail)
     return TimelineEntry(

@@ -10,7 +10,7 @@ what the code can even ask, so a process reaches only the statements its grants 
 | `WorkerStore` (protocol.py) | ``exports_worker`` | protocol (claim, cutoff 2, renewal, fences, terminal writes, sweep), evidence, reads |
 | `RecoveryStore` (recovery.py) | ``exports_recovery`` | recovery (takeovers, set-aside proofs, re-checks), evidence, reads |
 | `DispatcherStore` (outbox.py) | ``exports_dispatcher`` | outbox |
-| `ApiStore` (api.py) | ``exports_api`` | requests (create, replace, edit), the cancellation ledger, switches, sessions, reads |
+| `ApiStore` (api.py) | ``exports_api`` | requests (create, replace, edit), the cancellation ledger, switches, sessions, destinations (an admin's: create, edit, retire, their versions), reads |
 | `ReconcilerStore` (reconciler.py) | ``exports_reconciler`` | reconciliation and corrections, reads |
 | `PlatformStore` (platform.py) | ``exports_platform`` | the global delivery switch (the switch change of switching.py, which the API's switches room shares) |
 

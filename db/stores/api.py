@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from db.stores.destinations import DestinationStatements
+from db.stores.endpoints import EndpointStatements
 from db.stores.ledger import LedgerStatements
 from db.stores.listing import ListingStatements
+from db.stores.reconciliation import ReconciliationStatements
 from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
 from db.stores.sessions import SessionStatements
@@ -16,7 +19,11 @@ class ApiStore(
     SwitchStatements,
     SessionStatements,
     RecurringStatements,
+    DestinationStatements,
+    EndpointStatements,
+    ReconciliationStatements,
     ListingStatements,
 ):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, the bounded list and its counts, and the reads."""
+    their firings, destinations, webhook endpoints, the reconciler's queue and listing requests, the bounded
+    export list and its counts, and the reads."""

@@ -15,7 +15,7 @@ from uuid import UUID
 
 from db.errors import QueryTimedOut
 from db.queries import execute, fetch, send
-from db.rows import CappedCountRow, NameRow, PlanRow
+from db.rows import CappedCountRow, NameRow, QueryPlanRow
 from db.stores.base import StoreBase
 from db.stores.reads import NO_BOUND_ID, NO_BOUND_TIME
 from domain.listing import ExportFilter, id_range
@@ -126,7 +126,7 @@ class ListingStatements(StoreBase):
                         conn,
                         "estimate_tenant_jobs",
                         estimate_params(tenant_id, s, filters=filters) or {},
-                        PlanRow,
+                        QueryPlanRow,
                     )
                     for s in statuses
                 ]

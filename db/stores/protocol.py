@@ -159,13 +159,17 @@ class ProtocolStatements(Reads):
         sha256: bytes,
         rows: int | None = None,
         evidence: Mapping[str, object] | None = None,
+        destination_version: int | None = None,
     ) -> AuthorizationResult:
         """Cutoff 2, reporting why delivery was refused from the statement's own answer (or, when that
         answer was lost, from a re-read).
 
         The DeliveryAuthorized event's detail is the attempt's file evidence as JSON: the file, its bytes,
         SHA-256 and rows, and whatever ``evidence`` adds (the builder's: the plaintext's hash and size, the
-        format, the OpenPGP fingerprints). IDs, sizes, hashes and fingerprints only.
+        format, the OpenPGP fingerprints). IDs, sizes, hashes and fingerprints only. ``destination_version`` is
+        the version of the destination the build read: cutoff 2 authorizes delivery only while nothing a
+        delivery uses changed since (``None``: not checked, for callers that built nothing from the
+        destination; the worker always passes it).
         """
         detail = {
             "file": final_name,
@@ -186,6 +190,7 @@ class ProtocolStatements(Reads):
                 "sha256": sha256,
                 "rows": rows,
                 "detail": json.dumps(detail, sort_keys=True),
+                "destination_version": destination_version,
                 "lease_seconds": self.lease_seconds,
             },
             CutoffAnswer,
@@ -212,6 +217,7 @@ class ProtocolStatements(Reads):
             destination_usable=found.destination_usable,
             deliveries_open=found.deliveries_open,
             policy_allows=found.policy_allows,
+            destination_unchanged=found.destination_unchanged,
         )
 
     async def renew_lease(self, job_id: UUID, attempt_id: UUID) -> Renewal:

@@ -73,10 +73,16 @@ class Reads(StoreBase):
         """State and ownership read together (the signal's confirmation, the re-read)."""
         return await self._row("read_ownership", {"job_id": job_id}, OwnershipState)
 
-    async def load_destination(self, tenant_id: UUID, destination_id: UUID) -> Destination:
-        """One tenant's destination with its contract; raises :class:`DestinationNotFound`."""
+    async def load_destination(
+        self, tenant_id: UUID, destination_id: UUID, version: int | None = None
+    ) -> Destination:
+        """One tenant's destination with its contract, as it is now or, given ``version``, as that version
+        recorded it (a delivery uses the version cutoff 2 authorized); raises :class:`DestinationNotFound`
+        (also for a version nothing recorded)."""
         found = await self._row(
-            "load_destination", {"tenant_id": tenant_id, "destination_id": destination_id}, Destination
+            "load_destination",
+            {"tenant_id": tenant_id, "destination_id": destination_id, "version": version},
+            Destination,
         )
         if found is None:
             raise DestinationNotFound(str(destination_id))

@@ -106,16 +106,37 @@ _ALLOWED = {
 }
 
 
+# What a role's grants allow but a trigger refuses: the API changes a destination only as its next version,
+# recorded (0021; tests/db/test_destination_versions.py).
+_REFUSED_BY_TRIGGER = {"exports_api": {"destination retire", "destination contract"}}
+
+
 @pytest.mark.parametrize(
     ("role", "change"),
     # The allowed ones are exercised through the API's and the platform's own statements (test_switches and
     # below).
-    [(r, c) for r in ROLES for c in sorted(_CHANGES) if c not in _ALLOWED.get(r, set())],
+    [
+        (r, c)
+        for r in ROLES
+        for c in sorted(_CHANGES)
+        if c not in _ALLOWED.get(r, set()) | _REFUSED_BY_TRIGGER.get(r, set())
+    ],
 )
 async def test_each_role_changes_only_what_its_part_needs(database, factory, scope, role, change):
     before = await state(factory, scope)
     error = await refused(database, role, _CHANGES[change], scope)
     assert isinstance(error, psycopg.errors.InsufficientPrivilege), (role, change, error)
+    assert await state(factory, scope) == before
+
+
+@pytest.mark.parametrize("change", ["destination retire", "destination contract"])
+async def test_the_api_changes_a_destination_only_as_its_next_recorded_version(
+    database, factory, scope, change
+):
+    before = await state(factory, scope)
+    error = await refused(database, "exports_api", _CHANGES[change], scope)
+    assert isinstance(error, psycopg.errors.CheckViolation)
+    assert error.diag.constraint_name == "ck_destinations_version_step"
     assert await state(factory, scope) == before
 
 
@@ -205,6 +226,31 @@ async def test_the_exact_grants_on_the_controls_tables(database):
         ("exports_api", "delivery_switches", "changed_by"),
         ("exports_api", "delivery_switches", "enabled"),
         ("exports_api", "delivery_switches", "reason"),
+        # an admin's changes of a destination (0021): each through a statement that records the version
+        *[
+            ("exports_api", "destinations", column)
+            for column in sorted(
+                [
+                    "ack_suffix",
+                    "contract_ends_on",
+                    "contract_starts_on",
+                    "credential_ref",
+                    "hash_evidence",
+                    "host",
+                    "host_key",
+                    "max_write_request",
+                    "name",
+                    "name_and_size_identify",
+                    "port",
+                    "remote_dir",
+                    "retired_at",
+                    "retired_by",
+                    "temporary_files",
+                    "username",
+                    "version",
+                ]
+            )
+        ],
         ("exports_platform", "delivery_switches", "changed_at"),
         ("exports_platform", "delivery_switches", "changed_by"),
         ("exports_platform", "delivery_switches", "enabled"),

@@ -152,7 +152,13 @@ async def _hold_retirement(kit, job):
     retire = await kit.hold(None)  # an administrator's connection
     rows = await retire.run(
         "retire_destination",
-        {"tenant_id": job.tenant_id, "destination_id": job.destination_id, "retired_by": "lee.admin"},
+        {
+            "tenant_id": job.tenant_id,
+            "destination_id": job.destination_id,
+            "retired_by": "lee.admin",
+            "changed_role": "owner",
+            "reason": "contract ended",
+        },
     )
     assert len(rows) == 1
     return retire
@@ -181,7 +187,13 @@ async def test_a_retirement_waits_for_cutoff_2_and_the_authorized_delivery_stand
     retiring = asyncio.create_task(
         retire.run(
             "retire_destination",
-            {"tenant_id": job.tenant_id, "destination_id": job.destination_id, "retired_by": "lee.admin"},
+            {
+                "tenant_id": job.tenant_id,
+                "destination_id": job.destination_id,
+                "retired_by": "lee.admin",
+                "changed_role": "owner",
+                "reason": "contract ended",
+            },
         )
     )
     await kit.wait_until_blocked_by(retire.pid, cutoff.pid)

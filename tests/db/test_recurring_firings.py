@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime, timedelta
 import psycopg
 import pytest
 
+from db.admin import set_destination_contract
 from db.stores.api import ApiStore
 from domain.models import JobStatus
 from domain.recurring import FiringOutcome, SkipReason, firing_key
@@ -135,9 +136,13 @@ async def test_a_firing_under_a_paused_destination_is_skipped_with_the_reason_an
 
 async def test_a_firing_after_the_contract_ended_is_skipped_with_the_policys_reason(factory, api_store):
     row = await recurring(factory, api_store)
-    await factory.admin(
-        "UPDATE destinations SET contract_starts_on = %(s)s, contract_ends_on = %(e)s WHERE id = %(d)s",
-        {"s": date(2020, 1, 1), "e": date(2020, 12, 31), "d": row.destination_id},
+    # every change to a destination is its next version, recorded (#24): an administrator's statement
+    await set_destination_contract(
+        factory.db.admin_url,
+        tenant_id=row.tenant_id,
+        destination_id=row.destination_id,
+        starts_on=date(2020, 1, 1),
+        ends_on=date(2020, 12, 31),
     )
 
     answer = await fire(api_store, row, now())

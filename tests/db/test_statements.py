@@ -19,7 +19,13 @@ from db.queries import all_queries, q
 from db.rows import (
     CancellationBatch,
     ClaimAnswer,
+    CreatedDestination,
     CutoffAnswer,
+    DestinationEdit,
+    DestinationName,
+    DestinationRecord,
+    DestinationRetirement,
+    DestinationVersion,
     LedgerAnswer,
     PreviewedExport,
     StopToSignal,
@@ -65,8 +71,7 @@ DOCUMENTED_CONSUMERS: dict[str, str] = {
     "seed_switch": "db/admin.py: a tenant or destination created enabled, as an administrator",
     "upsert_principal": "db/admin.py: granting a principal its role, as an administrator",
     "revoke_principal": "db/admin.py: revoking a principal, as an administrator",
-    "retire_destination": "db/admin.py: retiring a destination, as an administrator",
-    "set_destination_contract": "db/admin.py: a destination's contract window, as an administrator",
+    "record_destination_seeded": "db/admin.py: a seeded destination's version 1, as an administrator",
     "set_build_scope": "db/builder.py: the COPY's scope, on the builder's own connection",
     "copy_contacts": "db/builder.py: the COPY itself, read by libpq in a thread",
     "lock_migrations": "db/migrate.py: the migration runner, as the database owner",
@@ -279,6 +284,12 @@ _RETURNED_ROWS: list[tuple[str, type[BaseModel]]] = [
     ("claim_if_queued", ClaimAnswer),
     ("authorize_delivery_if_running", CutoffAnswer),
     ("load_destination", Destination),
+    ("tenant_destinations", DestinationName),
+    ("create_destination", CreatedDestination),
+    ("edit_destination_if_version", DestinationEdit),
+    ("retire_destination", DestinationRetirement),
+    ("get_tenant_destination", DestinationRecord),
+    ("destination_versions_of", DestinationVersion),
 ]
 
 

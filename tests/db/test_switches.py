@@ -6,9 +6,11 @@ the scope's Queued jobs in bounded conditional batches, and every change is reco
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
 
+from db.admin import retire_destination
 from db.errors import UnknownReference
 from domain.controls import SwitchScope
 from domain.models import AuthorizationResult, ClaimResult, JobStatus
@@ -141,9 +143,8 @@ async def test_the_paused_attempt_is_given_back_without_using_up_an_attempt(fact
 
 async def test_a_retired_destination_stops_cutoff_2(factory, worker_store):
     job, attempt = await factory.running()
-    await factory.admin(
-        "UPDATE destinations SET retired_at = clock_timestamp(), retired_by = 'lee' WHERE id = %(d)s",
-        {"d": job.destination_id},
+    assert await retire_destination(
+        factory.db.admin_url, tenant_id=job.tenant_id, destination_id=job.destination_id, retired_by="lee"
     )
     assert await authorize(worker_store, job, attempt) == AuthorizationResult.DESTINATION_INACTIVE
     assert await factory.status(job.id) == JobStatus.RUNNING
@@ -155,20 +156,24 @@ async def test_a_retired_destination_stops_cutoff_2(factory, worker_store):
 async def test_a_destination_out_of_contract_stops_cutoff_2(factory, worker_store, starts, ends):
     # Offsets in days from the database clock's UTC day, the one cutoff 2 judges by.
     job, attempt = await factory.running()
-    await factory.admin(
-        "UPDATE destinations SET contract_starts_on = (clock_timestamp() AT TIME ZONE 'UTC')::date + %(s)s,"
-        " contract_ends_on = (clock_timestamp() AT TIME ZONE 'UTC')::date + %(e)s::int WHERE id = %(d)s",
-        {"d": job.destination_id, "s": starts, "e": ends},
+    today = await factory.db_today()
+    await factory.change_destination(
+        job.tenant_id,
+        job.destination_id,
+        contract_starts_on=today + timedelta(days=starts),
+        contract_ends_on=None if ends is None else today + timedelta(days=ends),
     )
     assert await authorize(worker_store, job, attempt) == AuthorizationResult.DESTINATION_INACTIVE
 
 
 async def test_a_contract_that_ends_today_still_delivers_today(factory, worker_store):
     job, attempt = await factory.running()
-    await factory.admin(
-        "UPDATE destinations SET contract_starts_on = (clock_timestamp() AT TIME ZONE 'UTC')::date - 30,"
-        " contract_ends_on = (clock_timestamp() AT TIME ZONE 'UTC')::date WHERE id = %(d)s",
-        {"d": job.destination_id},
+    today = await factory.db_today()
+    await factory.change_destination(
+        job.tenant_id,
+        job.destination_id,
+        contract_starts_on=today - timedelta(days=30),
+        contract_ends_on=today,
     )
     assert await authorize(worker_store, job, attempt) == AuthorizationResult.AUTHORIZED
 

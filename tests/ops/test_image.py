@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -104,8 +105,13 @@ def test_the_dockerfile_builds_in_one_stage_and_runs_from_another_as_a_non_root_
     build_runs = " ".join(i.args for i in INSTRUCTIONS if i.stage == 0 and i.keyword == "RUN")
     assert "--only-binary=:all:" in build_runs  # nothing is compiled, so no compiler is needed anywhere
     final_runs = " ".join(i.args for i in FINAL if i.keyword == "RUN")
-    for tool in ("pip ", "apt-get", "gcc", "build-essential", "make "):
+    for tool in ("pip ", "gcc", "build-essential", "make "):
         assert tool not in final_runs, f"{tool.strip()} in the final stage"
+    # The final stage installs exactly the system packages the application runs (gpg, for OpenPGP files:
+    # encoding/), without recommends, and leaves no package lists behind.
+    installs = re.findall(r"apt-get install ([^&]*)", final_runs)
+    assert [i.split() for i in installs] == [["-y", "--no-install-recommends", "gnupg"]], installs
+    assert "rm -rf /var/lib/apt/lists/*" in final_runs
     copied_from_build = [i.args for i in FINAL if i.keyword == "COPY" and "--from=" in i.args]
     assert copied_from_build == ["--from=build /opt/venv /opt/venv"]  # the environment, not the sources
     user = last("USER").args

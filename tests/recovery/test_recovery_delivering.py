@@ -16,7 +16,6 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.recovery import RecoveryActivities
-from db.embedded import free_port
 from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
 from partner.delivery import FileToDeliver, deliver, observe_final_name
 from partner.kinds import partner_for
@@ -62,12 +61,10 @@ async def delivering_to(
     return job, attempt
 
 
-async def unreachable(factory, job: ExportJob) -> None:
-    """Point the job's destination at a port nothing listens on: the partner's server cannot be asked."""
-    await factory.admin(
-        "UPDATE destinations SET port = %(port)s WHERE id = %(id)s",
-        {"port": free_port(), "id": job.destination_id},
-    )
+def unreachable(target: SftpTarget) -> None:
+    """The partner's server cannot be asked: its proxy closes every new connection at once. (Editing the
+    destination would not do: recovery asks the partner the attempt was authorized for, #24.2.)"""
+    target.proxy.refuse_new_connections()
 
 
 async def recovery_evidence(factory, job_id, observation: str = "recovery_listing") -> list[dict]:
@@ -213,7 +210,7 @@ async def test_the_attempts_own_receipt_completes_it_when_the_destination_cannot
     assert report.outcome == DeliveryOutcome.COMPLETED
     for item in evidence:
         await worker_store.append_delivery_evidence(job.id, attempt, f"attempt:{attempt}", item)
-    await unreachable(factory, job)  # the partner's server cannot be reached when recovery runs
+    unreachable(sftp_target)  # the partner's server cannot be reached when recovery runs
     await factory.expire_lease(job.id)
 
     await recover(client, settings)
@@ -234,7 +231,7 @@ async def test_no_receipt_and_no_destination_answer_is_outcome_unknown(
     data = os.urandom(SIZE)
     job, _ = await delivering_to(factory, sftp_target, data)
     sftp_target.put(job.final_name, data)
-    await unreachable(factory, job)
+    unreachable(sftp_target)
     await factory.expire_lease(job.id)
 
     await recover(client, settings)

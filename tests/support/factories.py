@@ -12,12 +12,14 @@ created enabled unless ``enabled=False``.
 from __future__ import annotations
 
 import uuid
+from datetime import date
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
 
+from db.admin import edit_destination
 from db.stores.api import ApiStore
 from db.stores.protocol import WorkerStore
 from db.stores.reconciler import ReconcilerStore
@@ -157,6 +159,25 @@ class Factory:
         if enabled:
             await self.switch(tenant_id, dest_id, enabled=True)
         return dest_id
+
+    async def change_destination(self, tenant_id: UUID, destination_id: UUID, **changes: Any) -> int:
+        """Change a destination's columns as an administrator would (its next version, recorded with who and
+        why: the statement an admin's PATCH runs); returns the version it is now at."""
+        edited = await edit_destination(
+            self.db.admin_url,
+            tenant_id=tenant_id,
+            destination_id=destination_id,
+            changes=changes,
+            changed_by="factory",
+            reason="test set-up",
+        )
+        assert edited is not None and edited.matched, edited
+        return edited.version
+
+    async def db_today(self) -> date:
+        """Today's UTC day on the database clock (what the policy check and cutoff 2 judge contracts by)."""
+        rows = await self.admin("SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date AS today")
+        return rows[0]["today"]
 
     async def contacts(self, tenant_id: UUID, list_name: str, rows: list[tuple[str, str, str]]) -> None:
         """Insert contacts (email, first, last) for a tenant's list."""

@@ -1,0 +1,513 @@
+"""A tenant's destinations as versioned contracts (issue #24, item 1): an admin creates, edits and retires
+them; everyone who reads exports reads them, with every version and the change that made it.
+
+- Every change is the destination's next version, written in one statement with its record: who, the role,
+  when, why, and the whole row before and after (``db/stores/destinations.py``; the database refuses a
+  change that does not commit with its record, migration 0021).
+- An edit names the version its author read (``If-Match``, compared as ``PATCH /exports/{id}`` compares it):
+  428 without it, 412 when the destination moved on, 409 once it is retired.
+- Secrets are never shown, stored or logged: a credential is a reference (the path of a key file on the worker
+  host), the database refuses key material in it, and every ``*_ref`` column is shown as ``"set"`` (or
+  ``null``) only, in the destination and in its history alike. A request the schema refuses answers which
+  field and why, never the value.
+- Which changes make an export building for the destination start again: a change of anything a delivery
+  uses (the host, the port, the account, the pinned key, the credential, the directory, the contract's
+  evidence terms; any column a later migration adds) makes cutoff 2 refuse the file built for the version
+  before, and the attempt is given back and rebuilt; the name, the contract window and the retirement do
+  not (cutoff 2 re-checks the window and the retirement itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import date
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
+
+from db.errors import ConstraintRefused
+from db.rows import DestinationRecord, DestinationVersion
+from db.stores.api import ApiStore
+from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint
+from service.auth import Caller
+from service.commands import MAX_REASON, REASON_PATTERN, Name, Reason
+from service.exports import ANY_VERSION, IDEMPOTENCY_KEY_PATTERN, if_match_versions
+from service.outcomes import Answer, Kind, refusal
+from service.permissions import Action, refused
+
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+CREATE_OPERATION = "create_destination"
+ADMIN_ROLE = "admin"  # the role a record names for an admin's request (the database also knows 'owner')
+VERSIONS_SHOWN = 100
+SET = "set"  # how a reference is shown: never its value
+
+# The fields of a destination's contract, as a request may name them (each column of ``destinations``).
+HOST_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._:-]{0,251}[A-Za-z0-9])?$"  # a DNS name or an IP address
+USERNAME_PATTERN = r"^[A-Za-z0-9._@+-]{1,200}$"
+# A reference is one line naming where the secret is (a key file's path on the worker host), never the secret.
+REFERENCE_PATTERN = r"^[!-~]([ -~]{0,998}[!-~])?$"
+REMOTE_DIR_PATTERN = r"^/([ -~]{0,999})$"
+ACK_SUFFIX_PATTERN = r"^[A-Za-z0-9._-]{1,50}$"
+_KEY_MATERIAL = re.compile(r"-----BEGIN|PRIVATE KEY", re.IGNORECASE)
+
+Host = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=HOST_PATTERN)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Username = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=USERNAME_PATTERN)]
+HostKey = Annotated[str, StringConstraints(min_length=20, max_length=16600, pattern=HOST_KEY_PATTERN)]
+Reference = Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=REFERENCE_PATTERN)]
+RemoteDir = Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=REMOTE_DIR_PATTERN)]
+AckSuffix = Annotated[str, StringConstraints(min_length=1, max_length=50, pattern=ACK_SUFFIX_PATTERN)]
+HashEvidence = Literal["none", "read_back", "ack_file"]
+TemporaryFiles = Literal["keep", "remove"]
+WriteRequest = Annotated[int, Field(ge=1024, le=261120)]
+_DATE_OR_NULL: dict[str, Any] = {"anyOf": [{"type": "string", "format": "date"}, {"type": "null"}]}
+_SUFFIX_OR_NULL: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "minLength": 1, "maxLength": 50, "pattern": ACK_SUFFIX_PATTERN},
+        {"type": "null"},
+    ]
+}
+
+# Fields whose null means something (no acknowledgment file; an open-ended contract); every other field a
+# PATCH names must have a value.
+NULLABLE = frozenset({"ack_suffix", "contract_ends_on"})
+
+
+def _edit_schema(schema: dict[str, Any], model: Any = None) -> None:
+    """The published schema of a PATCH body says what the server enforces: the reason and at least one field
+    (``minProperties``), and a field other than the nullable ones takes a value, never null."""
+    schema["minProperties"] = 2
+    for name, prop in schema.get("properties", {}).items():
+        if name in NULLABLE or "anyOf" not in prop:
+            continue
+        kept = [option for option in prop["anyOf"] if option.get("type") != "null"]
+        if len(kept) == 1:
+            rest = {k: v for k, v in prop.items() if k not in ("anyOf", "default")}
+            prop.clear()
+            prop.update({**kept[0], **rest})
+
+
+class DestinationFields(BaseModel):
+    """What an admin may set on a destination (the columns of ``destinations`` a request may name)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Name | None = None
+    host: Host | None = None
+    port: Port | None = None
+    username: Username | None = None
+    host_key: HostKey | None = Field(
+        default=None, description="The server's public host key to pin, as `ssh-keyscan` prints it"
+    )
+    credential_ref: Reference | None = Field(
+        default=None,
+        description="Where the login key is (a path on the worker host): a reference, never the key; shown as 'set'",
+    )
+    remote_dir: RemoteDir | None = None
+    name_and_size_identify: bool | None = None
+    hash_evidence: HashEvidence | None = None
+    ack_suffix: Annotated[AckSuffix | None, WithJsonSchema(_SUFFIX_OR_NULL)] = None
+    max_write_request: WriteRequest | None = None
+    temporary_files: TemporaryFiles | None = None
+    contract_starts_on: Annotated[date | None, WithJsonSchema(_DATE_OR_NULL)] = None
+    contract_ends_on: Annotated[date | None, WithJsonSchema(_DATE_OR_NULL)] = None
+
+
+class CreateDestination(DestinationFields):
+    """POST /destinations: a new partner destination of your tenant. It starts paused (resume it with POST
+    /switches/resume once its connection is checked)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Name
+    host: Host
+    port: Port = 22
+    username: Username
+    host_key: HostKey
+    credential_ref: Reference
+    remote_dir: RemoteDir
+    name_and_size_identify: bool = False
+    hash_evidence: HashEvidence = "read_back"
+    max_write_request: WriteRequest = 32768
+    temporary_files: TemporaryFiles = "keep"
+    reason: Reason = Field(default="created", description="Why (recorded with the first version)")
+
+
+class EditDestination(DestinationFields):
+    """PATCH /destinations/{id}: the fields to change (a field left out keeps its value; ``ack_suffix`` and
+    ``contract_ends_on`` may be null to clear them) and why. At least one field besides the reason."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_edit_schema)
+
+    reason: Reason
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_only_where_they_mean_something(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nulls = sorted(k for k, v in data.items() if v is None and k not in NULLABLE)
+            if nulls:
+                raise ValueError(
+                    f"{', '.join(nulls)}: a field given must have a value; leave a field out to keep it"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> EditDestination:
+        if not self.changes():
+            raise ValueError("name at least one field to change besides the reason")
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        """The fields this request sets, as JSON values (a null clears a nullable one)."""
+        return self.model_dump(mode="json", exclude_unset=True, exclude={"reason"})
+
+
+class RetireDestination(BaseModel):
+    """POST /destinations/{id}/retirement: why. What is building for it stops at cutoff 2, what is queued is
+    rejected; a retirement is final."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON, pattern=REASON_PATTERN)]
+
+
+def value_problem(fields: Mapping[str, Any]) -> str | None:
+    """What the schema cannot see inside a value given (``None``: nothing): key material where a reference
+    belongs, a host key that is not a public key line. It answers 422 with a ``detail`` and no ``errors``,
+    before anything is written (the database refuses key material in a reference too). A message never
+    repeats a value: one refused here may be the secret itself."""
+    reference = fields.get("credential_ref")
+    if isinstance(reference, str) and _KEY_MATERIAL.search(reference):
+        return "credential_ref must be a reference to a secret (a key file's path on the worker host), never the secret"
+    host_key = fields.get("host_key")
+    if isinstance(host_key, str) and ("PRIVATE" in host_key.upper() or host_key_blob(host_key) is None):
+        return "host_key must be the server's public key line, '<type> <base64>', as ssh-keyscan prints it"
+    return None
+
+
+def contract_problem(row: Mapping[str, Any]) -> str | None:
+    """What does not hold between a destination's fields (``None``: it holds), which the schema cannot say:
+    the acknowledgment suffix goes with its evidence kind, the contract ends no earlier than it starts."""
+    if (row.get("hash_evidence") == "ack_file") != (row.get("ack_suffix") is not None):
+        return "ack_suffix is required with hash_evidence 'ack_file', and only with it"
+    starts, ends = row.get("contract_starts_on"), row.get("contract_ends_on")
+    if starts is not None and ends is not None and str(ends) < str(starts):
+        return "contract_ends_on must not be before contract_starts_on"
+    return None
+
+
+def masked(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A destination's columns for people: every reference (``*_ref``) shown as ``"set"`` or ``None``."""
+    if row is None:
+        return None
+    return {k: (SET if v is not None else None) if k.endswith("_ref") else v for k, v in row.items()}
+
+
+def destination_json(record: DestinationRecord) -> dict[str, Any]:
+    """One destination as the API shows it: its columns with references masked, its pinned key's fingerprint,
+    and whether its deliveries are on."""
+    settings = masked(record.settings) or {}
+    host_key = record.settings.get("host_key")
+    return {
+        **settings,
+        "host_key_fingerprint": host_key_fingerprint(host_key) if isinstance(host_key, str) else None,
+        "deliveries": "enabled" if record.enabled else "paused",
+        "links": {"self": f"/destinations/{record.id}", "console": f"/console/destinations/{record.id}"},
+    }
+
+
+def version_json(v: DestinationVersion) -> dict[str, Any]:
+    """One recorded version: who, the role, when, why, and each changed field before and after (masked)."""
+    before, after = masked(v.before) or {}, masked(v.after) or {}
+    return {
+        "version": v.version,
+        "change": v.change,
+        "changed_by": v.changed_by,
+        "changed_role": v.changed_role,
+        "reason": v.reason,
+        "changed_at": v.changed_at.isoformat(),
+        "delivery_changed": v.delivery_changed,
+        "changes": [{"field": f, "before": before.get(f), "after": after.get(f)} for f in v.changed_fields],
+    }
+
+
+def request_fingerprint(caller: Caller, body: CreateDestination) -> str:
+    """SHA-256 of the canonical JSON of the validated creation and its scope (002 "Canonical fingerprint"),
+    so the same Idempotency-Key with another request is told apart; the reference is hashed, never stored."""
+    canonical = json.dumps(
+        {
+            "operation": CREATE_OPERATION,
+            "tenant_id": str(caller.tenant_id),
+            "principal": caller.principal,
+            **body.model_dump(mode="json"),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+class Destinations:
+    """The destination operations over an ``exports_api`` store."""
+
+    def __init__(self, store: ApiStore) -> None:
+        self.store = store
+
+    async def caller(self, tenant_id: UUID, principal: str) -> Caller | None:
+        """The command line's caller: the named principal with the role the tenant gave it (``None`` when it
+        is no principal of the tenant, or revoked). A token carries its role; the command line has none."""
+        role = await self.store.principal_role(tenant_id, principal)
+        if role not in ("viewer", "operator", "reconciler", "admin"):
+            return None
+        return Caller(tenant_id=tenant_id, principal=principal, role=role)  # type: ignore[arg-type]
+
+    # -- reads -----------------------------------------------------------------------------------------
+
+    async def list(self, caller: Caller) -> Answer:
+        """``GET /destinations``: the tenant's destinations (ID, name, version, retired; never a reference)."""
+        rows = await self.store.tenant_destinations(caller.tenant_id)
+        return Answer(
+            Kind.DONE,
+            {
+                "destinations": [
+                    {
+                        "id": str(d.id),
+                        "name": d.name,
+                        "version": d.version,
+                        "retired": d.retired_at is not None,
+                    }
+                    for d in rows
+                ]
+            },
+        )
+
+    async def show(self, caller: Caller, destination_id: UUID, *, limit: int = VERSIONS_SHOWN) -> Answer:
+        """``GET /destinations/{id}``: the destination as it is now and its versions, newest first; the ETag
+        is its version (what an edit's If-Match names)."""
+        record = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
+        if record is None:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        versions = await self.store.destination_versions_of(caller.tenant_id, destination_id, limit)
+        return Answer(
+            Kind.DONE,
+            {"destination": destination_json(record), "versions": [version_json(v) for v in versions]},
+            version=record.version,
+        )
+
+    # -- changes ---------------------------------------------------------------------------------------
+
+    async def create(self, caller: Caller, body: CreateDestination, idempotency_key: str | None) -> Answer:
+        """Create a destination once per Idempotency-Key (the same key and request replay the first, 200;
+        another request is 409); it is version 1, recorded with who and why, and starts paused."""
+        forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
+        if forbidden is not None:
+            return forbidden
+        if idempotency_key is None:
+            return refusal(
+                Kind.MALFORMED,
+                "the Idempotency-Key header is required: one value per request, reused on retry",
+            )
+        if not _IDEMPOTENCY_KEY.match(idempotency_key):
+            return refusal(Kind.MALFORMED, "Idempotency-Key must be 1-200 visible ASCII characters")
+        given = body.model_dump(mode="json", exclude={"reason"})
+        problem = value_problem(given) or contract_problem(given)
+        if problem:
+            return refusal(Kind.INVALID, problem)
+        fingerprint = request_fingerprint(caller, body)
+        fields = body.model_dump(exclude={"reason", "contract_starts_on", "contract_ends_on"})
+        for attempt in range(2):
+            try:
+                created = await self.store.create_destination(
+                    destination_id=uuid.uuid4(),
+                    tenant_id=caller.tenant_id,
+                    fields=fields,
+                    contract_starts_on=body.contract_starts_on,
+                    contract_ends_on=body.contract_ends_on,
+                    changed_by=caller.principal,
+                    changed_role=ADMIN_ROLE,
+                    reason=body.reason,
+                    request_key=idempotency_key,
+                    request_fingerprint=fingerprint,
+                )
+                break
+            except ConstraintRefused as exc:
+                # The same key, submitted twice at once: the other submission created it; read its answer.
+                if exc.constraint == "uq_destination_versions_request" and attempt == 0:
+                    continue
+                return refusal(Kind.INVALID, _refused_contract(exc))
+        if created.replayed and created.fingerprint != fingerprint:
+            return refusal(
+                Kind.REFUSED,
+                "this Idempotency-Key was used for a different request",
+                code="idempotency_conflict",
+            )
+        record = await self.store.get_tenant_destination(caller.tenant_id, created.destination_id)
+        assert record is not None  # created in this tenant, never deleted
+        return Answer(
+            Kind.DONE if created.replayed else Kind.CREATED,
+            {
+                "destination": destination_json(record),
+                "replayed": created.replayed,
+                "message": (
+                    f"Destination {record.settings['name']} {'was already created' if created.replayed else 'created'}"
+                    f" (version {record.version}); its deliveries are "
+                    f"{'enabled' if record.enabled else 'paused until an operator resumes them'}."
+                ),
+            },
+            location=f"/destinations/{record.id}",
+            version=record.version,
+            replayed=created.replayed,
+        )
+
+    async def edit(
+        self, caller: Caller, destination_id: UUID, body: EditDestination, if_match: str | None
+    ) -> Answer:
+        """Change a destination from the version its author read (``If-Match``): its next version, recorded.
+
+        428 without If-Match, 400 when it is malformed, 412 when the destination moved on, 409 once retired,
+        422 when the contract would not hold together. Changing nothing records nothing (200).
+        """
+        forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
+        if forbidden is not None:
+            return forbidden
+        if if_match is None:
+            return refusal(
+                Kind.PRECONDITION_REQUIRED,
+                'the If-Match header is required: the version you read, e.g. If-Match: "1"',
+            )
+        versions = if_match_versions(if_match)
+        if versions is None:
+            return refusal(
+                Kind.MALFORMED,
+                'If-Match must be entity tags as the ETag header gives them, e.g. If-Match: "1" (quoted)',
+            )
+        record = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
+        if record is None:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        if ANY_VERSION not in versions and record.version not in versions:
+            why = "" if versions else " (a weak entity tag never matches: If-Match uses strong comparison)"
+            return refusal(
+                Kind.STALE,
+                f'the destination is at version {record.version}; If-Match names no "{record.version}"{why}',
+                version=record.version,
+            )
+        if record.settings.get("retired_at") is not None:
+            return _retired(record.settings)
+        current = record.settings
+        changes = {k: v for k, v in body.changes().items() if current.get(k) != v}
+        if not changes:
+            return Answer(
+                Kind.DONE,
+                {
+                    "destination": destination_json(record),
+                    "changed_fields": [],
+                    "message": f"Nothing changed: every field already has that value (still version {record.version}).",
+                },
+                version=record.version,
+            )
+        problem = value_problem(changes) or contract_problem({**current, **changes})
+        if problem:
+            return refusal(Kind.INVALID, problem)
+        try:
+            edited = await self.store.edit_destination_if_version(
+                tenant_id=caller.tenant_id,
+                destination_id=destination_id,
+                expected_version=record.version,
+                changes=changes,
+                changed_by=caller.principal,
+                changed_role=ADMIN_ROLE,
+                reason=body.reason,
+            )
+        except ConstraintRefused as exc:
+            return refusal(Kind.INVALID, _refused_contract(exc))
+        if edited is None:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        if not edited.matched:
+            # Someone moved first (another edit, or the retirement): say which.
+            if edited.retired_at is not None:
+                return refusal(
+                    Kind.REFUSED, "the destination was retired meanwhile; a retired one never changes"
+                )
+            return refusal(
+                Kind.STALE,
+                f"the destination is at version {edited.version}, not {record.version}",
+                version=edited.version,
+            )
+        now = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
+        assert now is not None
+        consequence = (
+            "Exports building for it are given back at cutoff 2 and rebuilt for this version; "
+            "deliveries already authorized finish on the version they were authorized for."
+            if edited.delivery_changed
+            else "No delivery term changed: exports building for it go on."
+        )
+        return Answer(
+            Kind.DONE,
+            {
+                "destination": destination_json(now),
+                "changed_fields": edited.changed_fields,
+                "delivery_changed": edited.delivery_changed,
+                "message": f"Destination {now.settings['name']} is at version {edited.version}. {consequence}",
+            },
+            version=edited.version,
+        )
+
+    async def retire(self, caller: Caller, destination_id: UUID, body: RetireDestination) -> Answer:
+        """Retire a destination (its next version, recorded): what is building for it stops at cutoff 2, what is
+        queued is rejected. 409 when it is already retired."""
+        forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
+        if forbidden is not None:
+            return forbidden
+        retired = await self.store.retire_destination(
+            tenant_id=caller.tenant_id,
+            destination_id=destination_id,
+            retired_by=caller.principal,
+            changed_role=ADMIN_ROLE,
+            reason=body.reason,
+        )
+        if retired is None:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        record = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
+        assert record is not None
+        if not retired.matched:
+            return _retired(record.settings)
+        return Answer(
+            Kind.DONE,
+            {
+                "destination": destination_json(record),
+                "message": (
+                    f"Destination {record.settings['name']} retired (version {retired.version}): exports building "
+                    "for it stop at cutoff 2 and are given back; queued ones are rejected."
+                ),
+            },
+            version=retired.version,
+        )
+
+
+def _retired(settings: Mapping[str, Any]) -> Answer:
+    return refusal(
+        Kind.REFUSED,
+        f"the destination was retired on {str(settings.get('retired_at'))[:10]} by {settings.get('retired_by')};"
+        " a retired destination never changes",
+    )
+
+
+# What each check of the destinations table means, in words (the request was refused and nothing changed).
+_CONTRACT_CHECKS = {
+    "ck_destinations_ack": "ack_suffix is required with hash_evidence 'ack_file', and only with it",
+    "ck_destinations_contract": "contract_ends_on must not be before contract_starts_on",
+    "ck_destinations_credential_ref": "credential_ref must be a reference to a secret, never the secret",
+}
+
+
+def _refused_contract(exc: ConstraintRefused) -> str:
+    return _CONTRACT_CHECKS.get(
+        exc.constraint or "", f"the destination's contract refuses that ({exc.constraint})"
+    )

@@ -1,0 +1,163 @@
+"""The version a delivery used (issue #24, item 2), through ExportWorkflow on the real Temporal test server,
+real PostgreSQL and a real OpenSSH sshd, with the destination changed by an admin through the service.
+
+- An edit of the host during the build: cutoff 2 refuses the file built for the old version
+  (DestinationChanged), the attempt is given back without being counted, and the next claim rebuilds and
+  delivers once, to the new host; the old host is never contacted.
+- An edit of the host after cutoff 2: the upload under way uses the version cutoff 2 authorized, to the old
+  host, and its evidence names that version; the new host is never contacted.
+
+Each "host" is its own TCP proxy in front of the session's sshd, with its own upload directory, so the test
+can tell which one a delivery reached and make the other refuse every connection.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from domain.models import AuthorizationResult, EventKind, JobStatus
+from service.auth import Caller
+from service.destinations import Destinations, EditDestination
+from testbed.sftp import Sshd, TcpProxy
+from tests.fix_sftp import target_on
+from tests.workflows.harness import Harness, SftpTarget
+from workflows.models import AttemptOutcome
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture(scope="module")
+def module_sftp_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
+    """The harness's directory on the session's real sshd."""
+    yield from target_on(request, "sshd")
+
+
+@dataclass
+class Endpoint:
+    """One partner host: a proxy in front of the sshd, and the upload directory it is told to use."""
+
+    proxy: TcpProxy
+    local_dir: Path
+
+    def files(self) -> list[str]:
+        return sorted(p.name for p in self.local_dir.iterdir())
+
+
+@pytest.fixture
+def endpoints(request: pytest.FixtureRequest) -> Iterator[tuple[Endpoint, Endpoint]]:
+    """The old host and the new one, both on the session's sshd."""
+    sshd: Sshd = request.getfixturevalue("sshd_server")
+    pair = tuple(Endpoint(TcpProxy(sshd.host, sshd.port), sshd.make_upload_dir()) for _ in range(2))
+    yield pair  # type: ignore[misc]
+    for endpoint in pair:
+        endpoint.proxy.close()
+
+
+def admin_of(tenant_id: uuid.UUID) -> Caller:
+    return Caller(tenant_id=tenant_id, principal="ada.admin", role="admin")
+
+
+async def move_to(
+    harness: Harness, tenant_id: uuid.UUID, destination_id: uuid.UUID, to: Endpoint, version: int
+):
+    """An admin moves the destination to another host and directory (a delivery term), from ``version``."""
+    answer = await Destinations(harness.factory.api).edit(
+        admin_of(tenant_id),
+        destination_id,
+        EditDestination(
+            port=to.proxy.port, remote_dir=str(to.local_dir), reason="the partner moved its server"
+        ),
+        f'"{version}"',
+    )
+    assert answer.ok and answer.body["delivery_changed"] is True, answer.body
+    return answer
+
+
+async def queue_to(harness: Harness, at: Endpoint, contacts: int = 40):
+    tenant_id = await harness.factory.tenant()
+    destination_id = await harness.destination(
+        tenant_id, port=at.proxy.port, remote_dir=str(at.local_dir), max_write_request=261120
+    )
+    await harness.factory.principal(tenant_id, "ada.admin", "admin")
+    await harness.add_contacts(tenant_id, "main", contacts)
+    return await harness.factory.queued(tenant_id, destination_id, list_name="main")
+
+
+async def events(harness: Harness, job_id: uuid.UUID):
+    return await harness.factory.worker.job_events(job_id)
+
+
+async def test_an_edit_of_the_host_during_the_build_gives_the_attempt_back_and_the_rebuild_goes_to_the_new_host(
+    harness: Harness, endpoints: tuple[Endpoint, Endpoint]
+) -> None:
+    old, new = endpoints
+    job = await queue_to(harness, old)
+
+    async def the_partner_moves(job_id: uuid.UUID) -> None:
+        await move_to(harness, job.tenant_id, job.destination_id, new, 1)
+        old.proxy.refuse_new_connections()  # the old server is gone: nothing may reach it any more
+
+    harness.host.activities.seams.before_authorize = the_partner_moves
+    first = await harness.run(job)
+
+    assert first.cutoff_answers == [AuthorizationResult.DESTINATION_CHANGED]
+    assert first.outcome == AttemptOutcome.RELEASED
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.attempt_id, row.attempts_released, row.transient_releases) == (
+        JobStatus.QUEUED,
+        None,
+        1,
+        0,  # not counted: the next claim does not wait, and no attempt is used up
+    )
+    assert row.available_at is None and row.destination_version is None
+    [released] = [e for e in await events(harness, job.id) if e.kind == EventKind.RELEASED]
+    assert released.detail is not None and released.detail.startswith("destination_changed: cutoff 2:")
+    assert harness.files_on_disk() == []  # the file built for version 1 is gone
+
+    harness.host.activities.seams.before_authorize = None
+    second = await harness.run(job)
+
+    assert second.outcome == AttemptOutcome.COMPLETED
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.destination_version, row.attempt_count) == (JobStatus.COMPLETED, 2, 2)
+    assert new.files() == [row.expected_file_name]  # delivered once, to the new host
+    assert old.files() == [] and old.proxy.accepted == 0  # the old host was never contacted
+    assert harness.files_on_disk() == []
+
+
+async def test_an_edit_of_the_host_after_cutoff_2_does_not_touch_the_upload_and_its_evidence_names_the_version(
+    harness: Harness, endpoints: tuple[Endpoint, Endpoint]
+) -> None:
+    old, new = endpoints
+    job = await queue_to(harness, old)
+
+    async def the_partner_moves(job_id: uuid.UUID) -> None:
+        await move_to(harness, job.tenant_id, job.destination_id, new, 1)
+        new.proxy.refuse_new_connections()  # the new host answers nobody: only the authorized one may be used
+
+    harness.host.activities.seams.before_upload = the_partner_moves
+    result = await harness.run(job)
+
+    assert result.cutoff_answers == [AuthorizationResult.AUTHORIZED]
+    assert result.outcome == AttemptOutcome.COMPLETED
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.destination_version, row.attempt_count) == (JobStatus.COMPLETED, 1, 1)
+    assert old.files() == [row.expected_file_name]  # the version cutoff 2 authorized
+    assert new.files() == [] and new.proxy.accepted == 0
+    destination = await harness.factory.worker.load_destination(job.tenant_id, job.destination_id)
+    assert (destination.version, destination.port) == (
+        2,
+        new.proxy.port,
+    )  # the edit stands, for what comes next
+
+    recorded = await events(harness, job.id)
+    [authorized] = [e for e in recorded if e.kind == EventKind.DELIVERY_AUTHORIZED]
+    assert authorized.destination_version == 1
+    evidence = [json.loads(e.detail or "{}") for e in recorded if e.kind == EventKind.DELIVERY_EVIDENCE]
+    assert evidence and {e.get("destination_version") for e in evidence} == {1}
