@@ -10,8 +10,9 @@
 --
 -- IF NOT EXISTS on purpose: a migration runs in one transaction (db/migrate.py), where CREATE INDEX
 -- CONCURRENTLY is not allowed, and a plain CREATE INDEX holds off every write to export_jobs while it builds
--- (a minute or so per index at ten million rows on 2 busy cores: docs/benchmarks.md). On a large live table build them first, outside the
--- migration, with the same names and CREATE INDEX CONCURRENTLY (docs/operations.md), and this finds them.
+-- (tens of seconds per index at ten million exports: docs/benchmarks.md). On a large live table build them
+-- first, outside the migration, with the same names and CREATE INDEX CONCURRENTLY (docs/operations.md), and
+-- this finds them.
 -- A concurrent build that failed leaves an INVALID index of that name, which IF NOT EXISTS would take for
 -- done: refuse it instead.
 DO $$

@@ -77,6 +77,21 @@ async def test_the_total_counts_the_statuses_asked_for_and_the_chips_count_every
     assert body["by_status"]["Canceled"]["count"] == 2  # under the other filters, not the status filter
 
 
+async def test_another_tenants_destination_counts_and_lists_like_a_missing_one(client, counted_tenant):
+    keys, other = counted_tenant  # the other tenant has 4 Queued exports at its destination
+    theirs = f"destination_id={other.destination_id}"
+    missing = "destination_id=00000000-0000-4000-8000-000000000000"
+
+    answers = [
+        (await client.get(f"/export-counts?{q}", headers=keys.operator)).json() for q in (theirs, missing)
+    ]
+    listed = [(await client.get(f"/exports?{q}", headers=keys.operator)).json() for q in (theirs, missing)]
+
+    assert answers[0] == answers[1]
+    assert answers[0]["matching"]["count"] == 0
+    assert listed[0] == listed[1] == {"exports": [], "next": None}
+
+
 async def test_counts_follow_the_destination_list_and_id_filters(client, factory, database):
     keys = await make_tenant(factory, database, "filtered")
     await factory.queued(keys.id, keys.destination_id)
