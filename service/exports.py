@@ -389,7 +389,7 @@ class Exports:
         return {s: within_prefix(e, scope.id_prefix) for s, e in raw.items()}
 
     async def count(self, caller: Caller, filters: ExportFilter) -> Answer:
-        """``GET /exports/counts``: how many exports match, in total and per status (see :meth:`counts`)."""
+        """``GET /export-counts``: how many exports match, in total and per status (see :meth:`counts`)."""
         counts = await self.counts(caller, filters)
         limit, bound = counts.exact_up_to, self.list_timeout_ms
         return Answer(
