@@ -2,24 +2,26 @@
 
 Two databases on one PostgreSQL server: one loaded with a console's history (``bench/console_load.py``:
 10,000,000 exports over 4 tenants, the first holding 85 % of them, 8 destinations each, 51 lists, every
-status), one freshly migrated with the same tenants and no exports. Each side serves the real app
-(``api.app.create_app`` over an ``exports_api`` pool, the list's bound and exact-count limit of production's
-defaults), driven in-process through httpx, one request at a time, the sides alternating request by request
-so both share the machine's load of the moment.
+status, each attempt's events), one freshly migrated with the same tenants and no exports. Each side serves the
+real app (``api.app.create_app`` over an ``exports_api`` pool, the list's bound and exact-count limit of
+production's defaults), driven in-process through httpx as a signed-in reconciler, one request at a time, the
+sides alternating request by request so both share the machine's load of the moment.
 
-What a page is, is a :class:`PageBench`: the requests a person's use of it makes (each a filter, timed as a
-whole HTTP request, template and all), the statements whose plans it prints, and the rows it needs beyond the
-export history. Today there is one, the export list (:data:`EXPORT_LIST`: the console page with its counts,
-``GET /exports`` and ``GET /export-counts`` over 33 filters: none, a page deep in the history, each status,
-sets of statuses, busy and rare destinations, common, rare and absent lists, ID prefixes of 1 to 36
-characters, and their combinations). The audit ledger's page and the reconciler's queue (issue 26, items 2
-and 4) are added to :data:`PAGES` as two more ``PageBench`` values, with a ``load`` step for their own rows;
-the run, the alternation, the figures and the plan checks are shared.
+What a page is, is a :class:`PageBench`: the requests a person's use of it makes (each timed as a whole HTTP
+request, template and all), the statements whose plans it prints, and a ``load`` step for the rows it needs
+beyond the history. :data:`PAGES` holds two: the export list (:data:`EXPORT_LIST`: the console page with its
+counts, ``GET /exports`` and ``GET /export-counts`` over 33 filters: none, a page deep in the history, each
+status, sets of statuses, busy and rare destinations, common, rare and absent lists, ID prefixes of 1 to 36
+characters, and their combinations) and the reconciler's queue (:data:`RECONCILER_QUEUE`, issue 26 item 4: its
+console page and ``GET /reconciliation-queue``, the first page and one from the middle). The audit ledger's
+page (item 2) joins them as one more ``PageBench``; the run, the alternation, the figures and the plan checks
+are shared.
 
 Printed: per page and request kind, p50 and p95 on each side, the loaded side's p95 against the 300 ms target,
-and how many requests ran past their bound; per filter on the loaded side, its latencies, the count the page
-showed beside the true count, and the indexes its page and its count read export_jobs through (no plan may
-read it sequentially); and the full plans of a few. Nothing prints contact data.
+and how many requests ran past their bound; per case on the loaded side, its latencies, what the page showed
+(beside the true count, for the list), and the indexes its statements read (no plan may read export_jobs
+sequentially); the full plans of a few; and how long building a copy of each of 0027's indexes concurrently
+takes. Nothing prints contact data.
 
     python -m bench console                   # 10,000,000 exports against none
     python -m bench.console [--exports N] [--tenants 4] [--destinations 8] [--rounds 10] [--shared-buffers 1GB]
