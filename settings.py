@@ -154,6 +154,20 @@ class Settings(BaseSettings):
         default=2.0, description="how long a cancellation waits for the job's row lock before Busy"
     )
 
+    # -- the export list and its counts (issue 26, item 5) ---------------------------------------------
+    list_query_timeout_ms: int = Field(
+        default=250,
+        ge=1,
+        description="the bound on each read of the export list and its counts (console and GET /exports): a "
+        "statement past it is canceled, and the page or the API says so",
+    )
+    list_exact_count_limit: int = Field(
+        default=10_000,
+        ge=0,
+        description="counts the planner expects at most this many of are taken exactly (and stop past it); "
+        "larger ones show the planner's estimate, labelled 'about'",
+    )
+
     # -- outcome notifications: the webhook dispatcher (issue 26) -----------------------------------------
     webhooks_enabled: bool = Field(
         default=True, description="run the webhook dispatcher in this worker (events are written regardless)"

@@ -159,6 +159,7 @@ def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync 
     app.include_router(routes.router)
     app.include_router(routes.batches)
     app.include_router(destinations.router)
+    app.include_router(routes.counts)
     app.include_router(console.router)
     app.include_router(destinations.console_router)
     app.include_router(switches.router)

@@ -13,6 +13,7 @@ import re
 import secrets
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 from uuid import UUID
 
 from fastapi import APIRouter, Form, Query, Request
@@ -21,11 +22,13 @@ from fastapi.templating import Jinja2Templates
 
 from api.auth import COOKIE_NAME, console_caller, same_origin
 from api.switches import banner_for
+from domain.listing import ExportFilter
 from domain.models import JobStatus
 from service.auth import SESSION_TTL_SECONDS, Caller, close_session, csrf_token_for, open_session
-from service.exports import ID_PREFIX_PATTERN, Exports, decode_cursor
+from service.commands import NAME_PATTERN
+from service.exports import ID_PREFIX_PATTERN, Exports, Page, decode_cursor
 from service.permissions import Action, may
-from service.views import cancel_can_matter, short, stamp, status_line
+from service.views import cancel_can_matter, count_text, count_title, short, stamp, status_line, too_slow
 
 templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 templates.env.filters["short"] = short
@@ -130,53 +133,86 @@ def _page_context(request: Request, caller: Caller) -> dict[str, Any]:
 
 def _filters(
     status: list[str], destination: str | None, list_name: str | None, q: str | None
-) -> dict[str, Any]:
+) -> ExportFilter:
     """The list's filters from the query string; a value that cannot match anything is dropped."""
-    statuses = [JobStatus(s) for s in status if s in JobStatus._value2member_map_]
+    statuses = tuple(JobStatus(s) for s in dict.fromkeys(status) if s in JobStatus._value2member_map_)
     destination_id = None
     if destination:
         try:
             destination_id = UUID(destination)
         except ValueError:
             destination_id = None
-    return {
-        "statuses": statuses,
-        "destination_id": destination_id,
-        "list_name": (list_name or "").strip() or None,
-        "id_prefix": (q or "").strip().lower() if q and re.match(ID_PREFIX_PATTERN, q.strip()) else None,
-    }
+    return ExportFilter(
+        statuses=statuses,
+        destination_id=destination_id,
+        list_name=(list_name or "").strip() or None,
+        id_prefix=(q or "").strip().lower() if q and re.match(ID_PREFIX_PATTERN, q.strip()) else None,
+    )
 
 
-async def _list_context(
+def _counts_url(filters: ExportFilter) -> str | None:
+    """``GET /export-counts`` with the same filters, for the page's refresh of its counts (``None`` when the
+    list name is one the API's schema refuses: the counts then stay as the page was rendered)."""
+    if filters.list_name is not None and not re.match(NAME_PATTERN, filters.list_name):
+        return None
+    query = [("status", s.value) for s in filters.statuses]
+    if filters.destination_id is not None:
+        query.append(("destination_id", str(filters.destination_id)))
+    if filters.list_name is not None:
+        query.append(("list_name", filters.list_name))
+    if filters.id_prefix is not None:
+        query.append(("q", filters.id_prefix))
+    return "/export-counts" + (f"?{urlencode(query)}" if query else "")
+
+
+async def _rows_context(
     request: Request,
     caller: Caller,
-    status: list[str],
-    destination: str | None,
-    list_name: str | None,
-    q: str | None,
+    filters: ExportFilter,
     before: str | None,
 ) -> dict[str, Any]:
+    """What the rows need: the page (or that it ran past its bound) and the destinations' names."""
     ops = _ops(request)
-    filters = _filters(status, destination, list_name, q)
     bound = decode_cursor(before) if before else None
-    page = await ops.page(caller, PAGE_SIZE, before=bound, **filters)
-    destinations = await ops.destination_names(caller.tenant_id)
+    page = await ops.page(caller, PAGE_SIZE, before=bound, filters=filters)
     query = request.query_params
     base = [(k, v) for k, v in query.multi_items() if k != "before"]
     return {
         **_page_context(request, caller),
-        "tenant_name": await ops.tenant_name(caller.tenant_id),
-        "destinations": destinations,
-        "list_names": await ops.store.tenant_list_names(caller.tenant_id),
+        "page": page,
         "jobs": page.jobs,
+        "timed_out": page.timed_out,
+        "too_slow": too_slow(ops.list_timeout_ms),
+        "too_slow_ms": ops.list_timeout_ms,
+        "destinations": await ops.destination_names(caller.tenant_id),
         "next_query": [*base, ("before", page.next)] if page.next else None,
         "first_query": base if bound else None,
-        "filters": filters,
-        "all_statuses": [s.value for s in JobStatus],
-        "q": q or "",
         "paged": bound is not None,
         "status_line": lambda job: status_line(job, []),
         "cancel_can_matter": lambda job: may(caller.role, Action.CANCEL) and cancel_can_matter(job),
+    }
+
+
+async def _list_context(
+    request: Request, caller: Caller, filters: ExportFilter, q: str | None, before: str | None
+) -> dict[str, Any]:
+    """The whole page: the rows, how many match (in total and per status), the filter's choices."""
+    ops = _ops(request)
+    context = await _rows_context(request, caller, filters, before)
+    page: Page = context["page"]
+    counts = await ops.counts(caller, filters, known=page.counted(filters, first=not context["paged"]))
+    return {
+        **context,
+        "tenant_name": await ops.tenant_name(caller.tenant_id),
+        "list_names": await ops.list_names(caller),
+        "filters": filters,
+        "selected": [s.value for s in filters.statuses],
+        "all_statuses": [s.value for s in JobStatus],
+        "q": q or "",
+        "counts": counts,
+        "counts_url": _counts_url(filters),
+        "count_text": count_text,
+        "count_title": lambda c: count_title(c, counts.exact_up_to, ops.list_timeout_ms),
         "live_statuses": [s.value for s in LIVE_STATUSES],
     }
 
@@ -193,7 +229,8 @@ async def export_list(
     caller = await console_caller(request)
     if caller is None:
         return _to_login()
-    context = await _list_context(request, caller, status, destination, list_name, q, before)
+    filters = _filters(status, destination, list_name, q)
+    context = await _list_context(request, caller, filters, q, before)
     context["switch_banner"] = await banner_for(request, caller)
     return templates.TemplateResponse(request, "list.html", context)
 
@@ -211,7 +248,8 @@ async def export_rows(
     caller = await console_caller(request)
     if caller is None:
         return Response(status_code=401)
-    context = await _list_context(request, caller, status, destination, list_name, q, before)
+    filters = _filters(status, destination, list_name, q)
+    context = await _rows_context(request, caller, filters, before)
     return templates.TemplateResponse(request, "rows.html", context)
 
 

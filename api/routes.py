@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import authenticate
 from api.limits import MAX_BODY_BYTES
+from domain.listing import ExportFilter
 from domain.models import JobStatus
 from service.auth import Caller
 from service.commands import (
@@ -34,6 +35,9 @@ from service.outcomes import Answer, Kind
 
 router = APIRouter(prefix="/exports", tags=["exports"])
 batches = APIRouter(prefix="/cancellation-batches", tags=["bulk cancel"])
+# Beside /exports rather than under it: /exports/{export_id} would take any name there (its UUID is checked
+# after routing), so a method it serves would answer 422 at /exports/counts instead of 405.
+counts = APIRouter(prefix="/export-counts", tags=["exports"])
 
 CallerDep = Annotated[Caller, Depends(authenticate)]
 
@@ -147,37 +151,71 @@ async def create_export(
     return respond(await ops.create(caller, body, idempotency_key))
 
 
+# A list or a count past its bound (EXPORTS_LIST_QUERY_TIMEOUT_MS) answers 503 too, never a silent part.
+_TOO_SLOW = {
+    503: {
+        "description": (
+            "The database did not answer, or (`code` `query_timeout`, with `timeout_ms`) this filter's read "
+            "ran past its bound: nothing is shown rather than part of it; narrow the filter (a status, a "
+            "destination, a list, more of the export ID) or retry after Retry-After"
+        )
+    }
+}
+
+StatusFilter = Annotated[list[JobStatus] | None, Query(description="only these statuses")]
+ListNameFilter = Annotated[str | None, Query(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)]
+IdPrefix = Annotated[
+    str | None, Query(description="an export ID, or its first characters", pattern=ID_PREFIX_PATTERN)
+]
+
+
+def export_filter(
+    status: StatusFilter = None,
+    destination_id: Annotated[UUID | None, Query()] = None,
+    list_name: ListNameFilter = None,
+    q: IdPrefix = None,
+) -> ExportFilter:
+    """The list's filters from the query string (FastAPI dependency)."""
+    return ExportFilter(tuple(status or ()), destination_id, list_name, q)
+
+
+FilterDep = Annotated[ExportFilter, Depends(export_filter)]
+
+
 @router.get(
     "",
     operation_id="list_exports",
     summary="List your tenant's exports, newest first, one page at a time",
-    responses={400: {"description": "before: not a cursor this API gave out"}, **ERRORS},
+    responses={400: {"description": "before: not a cursor this API gave out"}, **ERRORS, **_TOO_SLOW},
 )
 async def list_exports(
     caller: CallerDep,
     ops: ExportsDep,
+    filters: FilterDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     before: Annotated[
         str | None, Query(description="the `next` cursor of the previous page", pattern=CURSOR_PATTERN)
     ] = None,
-    status: Annotated[list[JobStatus] | None, Query(description="only these statuses")] = None,
-    destination_id: Annotated[UUID | None, Query()] = None,
-    list_name: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME, pattern=NAME_PATTERN)] = None,
-    q: Annotated[
-        str | None, Query(description="an export ID, or its first characters", pattern=ID_PREFIX_PATTERN)
-    ] = None,
 ) -> JSONResponse:
-    return respond(
-        await ops.list(
-            caller,
-            limit,
-            before=before,
-            statuses=status,
-            destination_id=destination_id,
-            list_name=list_name,
-            id_prefix=q,
-        )
-    )
+    return respond(await ops.list(caller, limit, before=before, filters=filters))
+
+
+@counts.get(
+    "",
+    operation_id="count_exports",
+    summary="How many of your tenant's exports match the list's filters, in total and per status",
+    description=(
+        "The same filters as GET /exports. `matching` is the total; `by_status` counts each status under the "
+        "other filters (the console's status chips). Each count has a `kind`: `exact` (counted), `estimate` "
+        '(PostgreSQL\'s estimate from its statistics, shown as "about 9.8M"; counts the planner expects '
+        "above `exact_up_to` are not taken exactly), `more_than` (counting stopped at `exact_up_to`: more than "
+        "`count`), or `unknown`. `timed_out` is true when counting ran past its bound of `timeout_ms`; the "
+        "counts it could not finish are then estimates."
+    ),
+    responses={**ERRORS},
+)
+async def count_exports(caller: CallerDep, ops: ExportsDep, filters: FilterDep) -> JSONResponse:
+    return respond(await ops.count(caller, filters))
 
 
 @router.get(

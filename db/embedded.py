@@ -42,6 +42,7 @@ class EmbeddedPostgres:
     data_dir: Path
     port: int
     keep: bool = False
+    settings: tuple[str, ...] = ()  # extra ``name=value`` server settings, after (so over) the defaults
     _run_as: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,6 +60,7 @@ class EmbeddedPostgres:
         keep: bool = False,
         *,
         pick: PortPicker = pick_port,
+        settings: tuple[str, ...] = (),
     ) -> EmbeddedPostgres:
         """Initialize (when new) and start a server; tuned for tests and demos, not durability.
 
@@ -109,7 +111,7 @@ class EmbeddedPostgres:
             )
 
         def start_on(ports: PortPicker) -> EmbeddedPostgres:
-            pg = cls(data_dir=data_dir, port=port or ports(), keep=keep)
+            pg = cls(data_dir=data_dir, port=port or ports(), keep=keep, settings=settings)
             pg._run_as = run_as
             pg._pg_ctl_start()
             return pg
@@ -122,7 +124,7 @@ class EmbeddedPostgres:
         options = (
             f"-h 127.0.0.1 -p {self.port} -k {self.data_dir} -c fsync=off -c synchronous_commit=off"
             " -c full_page_writes=off -c max_connections=300 -c shared_buffers=128MB"
-        )
+        ) + "".join(f" -c {setting}" for setting in self.settings)
         log = self.data_dir / "server.log"
         done = subprocess.run(
             [

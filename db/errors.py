@@ -18,6 +18,13 @@ class TransientStoreError(StoreError):
     """The database did not answer (connection lost, timeout): the write may or may not have committed."""
 
 
+class QueryTimedOut(TransientStoreError):
+    """A statement ran past the ``statement_timeout`` its transaction was bounded by (SQLSTATE 57014 with
+    PostgreSQL's "canceling statement due to statement timeout"): canceled, it read and changed nothing. The
+    console's and the list API's reads are bounded so (``bound_this_read``) and say so instead of hanging.
+    A kind of :class:`TransientStoreError`, so any caller that re-reads after an uncertain answer still does."""
+
+
 class ConstraintRefused(StoreError):
     """The database refused the write on a named constraint; ``constraint`` says which."""
 
@@ -107,6 +114,9 @@ async def translated() -> AsyncIterator[None]:
         raise translate(exc) from exc
 
 
+_STATEMENT_TIMEOUT = "canceling statement due to statement timeout"
+
+
 def translate(exc: psycopg.Error) -> StoreError:
     """Map one psycopg error to the typed error it means."""
     diag_constraint = exc.diag.constraint_name if exc.diag else None
@@ -116,6 +126,10 @@ def translate(exc: psycopg.Error) -> StoreError:
         return NotPermitted(str(exc.diag.message_primary or "permission denied"))
     if isinstance(exc, pg_errors.IntegrityError | pg_errors.CheckViolation):
         return refused(diag_constraint, str(exc.diag.message_primary or exc))
+    if isinstance(exc, pg_errors.QueryCanceled) and _STATEMENT_TIMEOUT in str(exc.diag.message_primary or ""):
+        # 57014 is also an administrator's pg_cancel_backend ("due to user request"): only the bound is a
+        # timeout. (A server whose lc_messages is not English reports both as a plain transient error.)
+        return QueryTimedOut("the statement ran past its statement_timeout")
     if is_transient(exc):
         return TransientStoreError(type(exc).__name__)
     return StoreError(f"{type(exc).__name__}: {exc.diag.message_primary if exc.diag else exc}")

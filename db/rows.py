@@ -290,6 +290,13 @@ class PrincipalRow(Row):
     revoked_at: datetime | None
 
 
+class CappedCountRow(Row):
+    """One status's count, capped (``count_tenant_jobs_of_status``: ``cap + 1`` means more than ``cap``)."""
+
+    status: JobStatus
+    counted: int
+
+
 # -- the reconciler's console (issue 26 item 4) --------------------------------------------------------
 
 

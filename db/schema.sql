@@ -1123,13 +1123,17 @@ CREATE INDEX ix_export_jobs_queued_sweeps ON public.export_jobs USING btree (swe
 
 CREATE INDEX ix_export_jobs_replaces ON public.export_jobs USING btree (replaces_job_id) WHERE (replaces_job_id IS NOT NULL);
 
-CREATE INDEX ix_export_jobs_tenant_created ON public.export_jobs USING btree (tenant_id, created_at DESC);
-
 CREATE INDEX ix_export_jobs_tenant_created_id ON public.export_jobs USING btree (tenant_id, created_at DESC, id DESC);
 
 CREATE INDEX ix_export_jobs_tenant_destination_live ON public.export_jobs USING btree (tenant_id, destination_id) WHERE (status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text]));
 
+CREATE INDEX ix_export_jobs_tenant_destination_status ON public.export_jobs USING btree (tenant_id, destination_id, status, created_at DESC, id DESC);
+
+CREATE INDEX ix_export_jobs_tenant_list_status ON public.export_jobs USING btree (tenant_id, list_name, status, created_at DESC, id DESC) INCLUDE (destination_id);
+
 CREATE INDEX ix_export_jobs_tenant_outcome_unknown ON public.export_jobs USING btree (tenant_id, outcome_unknown_at, id) WHERE (status = 'OutcomeUnknown'::text);
+
+CREATE INDEX ix_export_jobs_tenant_status_created ON public.export_jobs USING btree (tenant_id, status, created_at DESC, id DESC);
 
 CREATE INDEX ix_export_jobs_transient_releases ON public.export_jobs USING btree (transient_releases) WHERE ((status = ANY (ARRAY['Queued'::text, 'Running'::text])) AND (transient_releases > 0));
 
@@ -1164,6 +1168,8 @@ CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING b
 CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btree (tenant_id, delivery_key) WHERE (replaces_job_id IS NULL);
 
 CREATE UNIQUE INDEX uq_recurring_export_firings_job ON public.recurring_export_firings USING btree (job_id) WHERE (outcome = 'created'::text);
+
+CREATE STATISTICS public.st_export_jobs_tenant_scope (dependencies) ON tenant_id, destination_id, list_name FROM public.export_jobs;
 
 CREATE TRIGGER tr_cancellation_requests_notify_lost AFTER INSERT ON public.cancellation_requests FOR EACH ROW WHEN (((new.outcome = 'TooLate'::text) AND (new.found_status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_lost_cancellation();
 

@@ -492,23 +492,104 @@ WHERE s.session_sha256 = %(session_sha256)s AND s.expires_at > clock_timestamp()
 DELETE FROM console_sessions WHERE session_sha256 = %(session_sha256)s
 RETURNING session_sha256;
 
+-- name: bound_this_read
+-- The console's and the list API's reads run in a short transaction whose first statement bounds it: a
+-- statement_timeout (past it the read is canceled, SQLSTATE 57014, and the page says so) and custom plans
+-- (their filters are optional, and which index answers depends on which are given: a generic plan cannot know).
+SELECT set_config('statement_timeout', %(timeout)s, true) AS timeout,
+       set_config('plan_cache_mode', 'force_custom_plan', true) AS plans;
+
 -- name: page_tenant_jobs
 -- One page of a tenant's exports, newest first, after a keyset bound (created_at, id): the row comparison
--- seeks on ix_export_jobs_tenant_created_id instead of counting past an offset. Optional filters: statuses,
--- destination, list, and an export ID prefix (the console's search).
+-- seeks instead of counting past an offset. Optional filters: a destination, a list, and an ID range (the
+-- console's ID prefix, as the range of IDs that start with it); the store takes page_tenant_jobs_by_status
+-- for a destination or a list, whose indexes hold each status apart (0027). Unfiltered it reads
+-- ix_export_jobs_tenant_created_id; the ID range reads the primary key. Run bounded (bound_this_read).
 SELECT * FROM export_jobs
 WHERE tenant_id = %(tenant_id)s
   AND (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
-  AND (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
   AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
-  AND (%(id_prefix)s::text IS NULL OR starts_with(id::text, %(id_prefix)s::text))
+  AND (%(id_from)s::uuid IS NULL OR id BETWEEN %(id_from)s::uuid AND %(id_to)s::uuid)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
+-- name: page_tenant_jobs_by_status
+-- page_tenant_jobs for the statuses asked for (every one, for a destination or a list): one page per status,
+-- each read in order from ix_export_jobs_tenant_status_created, or the destination's or the list's index with
+-- the status in its key (0027), then merged. A single index scan over status = ANY(...) returns its rows
+-- ordered by status first, and so would have to read and sort every match.
+SELECT j.* FROM (SELECT DISTINCT unnest(%(statuses)s::text[])) AS wanted(status)
+CROSS JOIN LATERAL (
+    SELECT * FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s
+      AND status = wanted.status
+      AND (created_at, id) < (%(before_created_at)s::timestamptz, %(before_id)s::uuid)
+      AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
+      AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+      AND (%(id_from)s::uuid IS NULL OR id BETWEEN %(id_from)s::uuid AND %(id_to)s::uuid)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s) j
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s;
+
+-- name: count_tenant_jobs_of_status
+-- How many of a tenant's exports of one status match the optional filters, counted only up to %(cap)s + 1 rows:
+-- an answer of cap + 1 means "more than cap", never a number. One statement per status, so each is planned for
+-- its own status: the status's index, or the destination's or the list's, where the status is a key (0027),
+-- so a count reads that status's entries alone, from the index. The ORDER BY keeps the planner to an index in
+-- the list's order, which it can stop reading at the cap. Run bounded (bound_this_read), the statuses one
+-- after another within one budget.
+SELECT %(status)s::text AS status, count(*) AS counted FROM (
+    SELECT 1 FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s
+      AND status = %(status)s::text
+      AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
+      AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+      AND (%(id_from)s::uuid IS NULL OR id BETWEEN %(id_from)s::uuid AND %(id_to)s::uuid)
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(cap)s + 1) capped;
+
+-- name: count_tenant_jobs_in_scope
+-- How many of a tenant's exports match the optional filters, per status, in one pass over at most %(cap)s + 1
+-- of them: when they add up to cap + 1 the pass stopped and no status's count is known. The counts take this
+-- when the planner expects the filters to match few in all: one walk of the filter's index (which carries
+-- the status, and the list's the destination: 0027), read alone, instead of one per status. ORDER BY status
+-- is that index's own order, so the walk can stop at the cap and a sequential scan has nothing to offer.
+-- Run bounded (bound_this_read).
+SELECT status, count(*) AS counted FROM (
+    SELECT status FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s
+      AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
+      AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+      AND (%(id_from)s::uuid IS NULL OR id BETWEEN %(id_from)s::uuid AND %(id_to)s::uuid)
+    ORDER BY status
+    LIMIT %(cap)s + 1) capped
+GROUP BY status;
+
+-- name: estimate_tenant_jobs
+-- The planner's estimate of how many of a tenant's exports of one status match the optional filters (its plan
+-- as JSON, whose top node's "Plan Rows" is the estimate): what a count too large to take exactly shows,
+-- labelled "about". Nothing is read but the statistics (0027 adds the extended ones it relies on).
+EXPLAIN (FORMAT JSON)
+SELECT 1 FROM export_jobs
+WHERE tenant_id = %(tenant_id)s
+  AND status = %(status)s::text
+  AND (%(destination_id)s::uuid IS NULL OR destination_id = %(destination_id)s::uuid)
+  AND (%(list_name)s::text IS NULL OR list_name = %(list_name)s::text)
+  AND (%(id_from)s::uuid IS NULL OR id BETWEEN %(id_from)s::uuid AND %(id_to)s::uuid);
+
 -- name: tenant_list_names
--- The list names a tenant's exports use, for the console's filter.
-SELECT DISTINCT list_name AS name FROM export_jobs WHERE tenant_id = %(tenant_id)s ORDER BY 1 LIMIT 200;
+-- The list names a tenant's exports use (at most 200), for the console's filter: a skip scan over
+-- ix_export_jobs_tenant_list_status, one index probe per name, instead of reading every export of the tenant.
+WITH RECURSIVE names(name) AS (
+    (SELECT list_name FROM export_jobs WHERE tenant_id = %(tenant_id)s ORDER BY list_name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT list_name FROM export_jobs
+            WHERE tenant_id = %(tenant_id)s AND list_name > names.name ORDER BY list_name LIMIT 1)
+    FROM names WHERE names.name IS NOT NULL
+)
+SELECT name FROM names WHERE name IS NOT NULL LIMIT 200;
 
 -- name: ping_database
 -- Readiness (/readyz): the database answers on a connection of the process's own pool.

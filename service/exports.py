@@ -12,16 +12,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from db.errors import ConstraintRefused, IdempotencyConflict, UnknownReference
+from db.errors import ConstraintRefused, IdempotencyConflict, QueryTimedOut, UnknownReference
 from db.pool import START_RETRY_SECONDS, open_pool
 from db.stores.api import ApiStore
 from db.stores.reconciler import ReconcilerStore
+from domain.listing import Count, CountKind, Counts, ExportFilter, id_range
 from domain.models import (
     AttemptEvent,
     CancellationOutcome,
@@ -31,6 +33,7 @@ from domain.models import (
     JobStatus,
 )
 from observability.metrics import CancellationSource, get_metrics
+from rules.counting import one_pass_cap, plan_counts, status_count, total, within_prefix
 from rules.fingerprint import create_fingerprint
 from service.auth import Caller
 from service.bulk import BulkCancels
@@ -50,9 +53,12 @@ from service.views import (
     TERMINAL_STATUSES,
     TimelineEntry,
     cancellation_message,
+    count_text,
+    count_title,
     status_line,
     temporal_ui_links,
     timeline,
+    too_slow,
 )
 from settings import Settings
 
@@ -122,10 +128,34 @@ def request_json(request: CancellationRequest) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Page:
-    """One page of exports and the cursor of the next page, if there is one."""
+    """One page of exports and the cursor of the next page, if there is one; ``timed_out`` when the read ran
+    past its bound (then there are no rows, and the page must say so rather than show none)."""
 
     jobs: list[ExportJob]
     next: str | None
+    timed_out: bool = False
+
+    def counted(self, filters: ExportFilter, *, first: bool) -> dict[JobStatus, int]:
+        """The exact count per status this page proves: a first page with no next one holds every match, so
+        the statuses it covers (the filter's, or all) are counted by it; otherwise nothing."""
+        if not first or self.next is not None or self.timed_out:
+            return {}
+        found = {s: 0 for s in (filters.statuses or tuple(JobStatus))}
+        for job in self.jobs:
+            found[job.status] = found.get(job.status, 0) + 1
+        return found
+
+
+def count_json(count: Count, exact_up_to: int, timeout_ms: int) -> dict[str, Any]:
+    """One count as the API answers it: ``kind`` says how far ``count`` can be trusted, ``text`` is what
+    the console shows and ``note`` why it is not exact (empty when it is)."""
+    return {
+        "count": count.value,
+        "kind": count.kind.value,
+        "exact": count.exact,
+        "text": count_text(count),
+        "note": count_title(count, exact_up_to, timeout_ms),
+    }
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -184,6 +214,8 @@ class Exports:
         temporal_ui_url: str = "http://localhost:8233",
         namespace: str = "default",
         cancel_lock_timeout: str = "2s",
+        list_timeout_ms: int = 250,
+        exact_count_limit: int = 10_000,
     ) -> None:
         self.store = api_store
         self.reconciler_store = reconciler_store
@@ -191,6 +223,8 @@ class Exports:
         self.temporal_ui_url = temporal_ui_url
         self.namespace = namespace
         self.cancel_lock_timeout = cancel_lock_timeout
+        self.list_timeout_ms = list_timeout_ms
+        self.exact_count_limit = exact_count_limit
         self.bulk = BulkCancels(api_store, self.signaller, lock_timeout=cancel_lock_timeout)
 
     # -- reads ----------------------------------------------------------------------------------------
@@ -239,30 +273,22 @@ class Exports:
         limit: int = 100,
         *,
         before: str | None = None,
-        statuses: list[JobStatus] | None = None,
-        destination_id: UUID | None = None,
-        list_name: str | None = None,
-        id_prefix: str | None = None,
+        filters: ExportFilter = ExportFilter(),
     ) -> Answer:
-        """``GET /exports``: one page of the tenant's exports, newest first, with optional filters.
+        """``GET /exports``: one page of the tenant's exports, newest first, under ``filters``.
 
         ``before`` is the ``next`` cursor of the previous page (keyset pagination: a page never repeats
-        or skips a row because rows were added meanwhile).
+        or skips a row because rows were added meanwhile). A read past its bound answers Busy (503, Retry-After)
+        with ``code`` ``query_timeout``: nothing is shown rather than a silent part of the page.
         """
         bound = None
         if before is not None:
             bound = decode_cursor(before)
             if bound is None:
                 return refusal(Kind.MALFORMED, "before: not a cursor this API gave out")
-        page = await self.page(
-            caller,
-            limit,
-            before=bound,
-            statuses=statuses,
-            destination_id=destination_id,
-            list_name=list_name,
-            id_prefix=id_prefix,
-        )
+        page = await self.page(caller, limit, before=bound, filters=filters)
+        if page.timed_out:
+            return self._too_slow()
         return Answer(
             Kind.DONE,
             {"exports": [export_json(j) for j in page.jobs], "next": page.next},
@@ -274,24 +300,127 @@ class Exports:
         limit: int,
         *,
         before: tuple[datetime, UUID] | None = None,
-        statuses: Sequence[JobStatus] | None = None,
-        destination_id: UUID | None = None,
-        list_name: str | None = None,
-        id_prefix: str | None = None,
+        filters: ExportFilter = ExportFilter(),
     ) -> Page:
-        """One page of the tenant's exports and the cursor of the next one (``None`` on the last page)."""
-        jobs = await self.store.page_tenant_jobs(
-            caller.tenant_id,
-            limit=limit + 1,
-            before=before,
-            statuses=[*statuses] if statuses else None,
-            destination_id=destination_id,
-            list_name=list_name,
-            id_prefix=id_prefix.lower() if id_prefix else None,
-        )
+        """One page of the tenant's exports and the cursor of the next one (``None`` on the last page); a
+        page with ``timed_out`` and no rows when the read ran past ``list_timeout_ms``."""
+        if filters.id_prefix:
+            filters = ExportFilter(
+                filters.statuses, filters.destination_id, filters.list_name, filters.id_prefix.lower()
+            )
+        try:
+            jobs = await self.store.page_tenant_jobs(
+                caller.tenant_id,
+                limit=limit + 1,
+                before=before,
+                filters=filters,
+                timeout_ms=self.list_timeout_ms,
+            )
+        except QueryTimedOut:
+            log.warning("the export list ran past its bound of %d ms", self.list_timeout_ms)
+            return Page([], None, timed_out=True)
         more = len(jobs) > limit
         jobs = jobs[:limit]
         return Page(jobs, encode_cursor(jobs[-1]) if more and jobs else None)
+
+    async def counts(
+        self, caller: Caller, filters: ExportFilter, *, known: dict[JobStatus, int] | None = None
+    ) -> Counts:
+        """How many of the tenant's exports match ``filters``, in total and per status under its other
+        conditions: counted exactly where the planner expects at most ``exact_count_limit`` (a count that
+        reaches it says "more than"), the planner's estimate beyond, each bounded by ``list_timeout_ms``
+        (a count past it falls back to its estimate, and ``timed_out`` says so). ``known`` holds exact
+        counts the caller already has (a first page that holds every match)."""
+        limit = self.exact_count_limit
+        scope = filters.without_statuses()
+        exact: dict[JobStatus, int] = dict(known or {})  # counted to the end, whatever the limit
+        wanted = [s for s in JobStatus if s not in exact]
+        capped: dict[JobStatus, int] = {}  # counted up to limit + 1
+        estimates: dict[JobStatus, int] = {}
+        timed_out = False
+        # One budget for all of it: the estimates, then one pass or the counts one by one, each bounded by
+        # what is left, so counting never holds a page longer than one read's bound.
+        deadline = time.monotonic() + self.list_timeout_ms / 1000
+
+        def left() -> int:
+            return max(1, int((deadline - time.monotonic()) * 1000))
+
+        try:
+            if wanted:
+                estimates = await self.estimates(caller, scope, wanted, timeout_ms=left())
+            plan = plan_counts(estimates, limit)
+            if plan.one_pass:
+                cap = one_pass_cap(limit)
+                found = await self.store.count_tenant_jobs_in_scope(
+                    caller.tenant_id, filters=scope, cap=cap, timeout_ms=left()
+                )
+                if sum(found.values()) <= cap:  # the pass did not stop: every status is counted
+                    exact |= {s: found.get(s, 0) for s in wanted}
+            if any(s not in exact for s in wanted):
+                partial = await self.store.count_tenant_jobs_by_status(
+                    caller.tenant_id, plan.one_by_one, filters=scope, cap=limit, timeout_ms=left()
+                )
+                capped, timed_out = partial.counted, not partial.complete
+        except QueryTimedOut:
+            timed_out = True
+        if timed_out:
+            log.warning("counting the export list ran past its bound of %d ms", self.list_timeout_ms)
+        by_status = {
+            s: Count(CountKind.EXACT, exact[s])
+            if s in exact
+            else status_count(estimates.get(s), capped.get(s), limit)
+            for s in JobStatus
+        }
+        selected = filters.statuses or tuple(JobStatus)
+        return Counts(total(by_status[s] for s in selected), by_status, limit, timed_out)
+
+    async def estimates(
+        self, caller: Caller, scope: ExportFilter, statuses: Sequence[JobStatus], *, timeout_ms: int
+    ) -> dict[JobStatus, int]:
+        """The planner's estimate, per status, of the tenant's exports that match ``scope`` (its statuses
+        ignored); an ID prefix by arithmetic on the rest of the filter's estimate (``within_prefix``).
+        Raises ``QueryTimedOut`` past ``timeout_ms``."""
+        unprefixed = ExportFilter((), scope.destination_id, scope.list_name)
+        if scope.id_prefix is not None and id_range(scope.id_prefix) is None:
+            unprefixed = scope  # it matches nothing: the store answers zeros
+        raw = await self.store.estimate_tenant_jobs(
+            caller.tenant_id, [*statuses], filters=unprefixed, timeout_ms=timeout_ms
+        )
+        return {s: within_prefix(e, scope.id_prefix) for s, e in raw.items()}
+
+    async def count(self, caller: Caller, filters: ExportFilter) -> Answer:
+        """``GET /export-counts``: how many exports match, in total and per status (see :meth:`counts`)."""
+        counts = await self.counts(caller, filters)
+        limit, bound = counts.exact_up_to, self.list_timeout_ms
+        return Answer(
+            Kind.DONE,
+            {
+                "matching": count_json(counts.total, limit, bound),
+                "by_status": {s.value: count_json(c, limit, bound) for s, c in counts.by_status.items()},
+                "exact_up_to": counts.exact_up_to,
+                "timed_out": counts.timed_out,
+                "timeout_ms": self.list_timeout_ms,
+            },
+        )
+
+    async def list_names(self, caller: Caller) -> Sequence[str]:
+        """The list names the tenant's exports use, for the console's filter (none when that read runs past
+        its bound: the filter still takes any name typed)."""
+        try:
+            return await self.store.tenant_list_names(caller.tenant_id, timeout_ms=self.list_timeout_ms)
+        except QueryTimedOut:
+            return []
+
+    def _too_slow(self) -> Answer:
+        return Answer(
+            Kind.BUSY,
+            {
+                "detail": too_slow(self.list_timeout_ms),
+                "code": "query_timeout",
+                "timeout_ms": self.list_timeout_ms,
+            },
+            retry_after_seconds=RETRY_AFTER_SECONDS,
+        )
 
     # -- creation and terms ---------------------------------------------------------------------------
 
@@ -709,6 +838,8 @@ async def open_exports(
             temporal_ui_url=settings.temporal_ui_url,
             namespace=settings.temporal_namespace,
             cancel_lock_timeout=lock_timeout(settings),
+            list_timeout_ms=settings.list_query_timeout_ms,
+            exact_count_limit=settings.list_exact_count_limit,
         )
 
 

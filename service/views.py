@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 from uuid import UUID
 
+from domain.listing import Count, CountKind
 from domain.models import (
     AttemptEvent,
     CancellationOutcome,
@@ -403,3 +404,53 @@ def cancel_can_matter(job: ExportJob) -> bool:
             return job.stop_request_id is None
         case _:
             return False
+
+
+# -- the list's counts and bounds (issue 26, item 5) ------------------------------------------------------
+
+
+def about(n: int) -> str:
+    """``n`` to two significant digits, with k, M or B: 9,812,345 is "9.8M", 123,456 is "120k"."""
+    if n <= 0:
+        return "0"
+    rounded = round(n, -max(len(str(n)) - 2, 0))
+    for suffix, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
+        if rounded >= size:
+            scaled = rounded / size
+            shown = f"{scaled:.1f}".removesuffix(".0") if scaled < 10 else f"{scaled:.0f}"
+            return shown + suffix
+    return str(rounded)
+
+
+def count_text(count: Count) -> str:
+    """A count as the console and the API show it: exact ("1,234"), an estimate labelled so ("about 9.8M"),
+    a lower bound ("more than 10,000"), or "not counted"; never a capped number passed off as the count."""
+    if count.kind == CountKind.EXACT:
+        return f"{count.value or 0:,}"
+    if count.kind == CountKind.ESTIMATE:
+        return f"about {about(count.value or 0)}"
+    if count.kind == CountKind.MORE_THAN:
+        return f"more than {count.value or 0:,}"
+    return "not counted"
+
+
+def count_title(count: Count, exact_up_to: int, timeout_ms: int) -> str:
+    """Why a count is not exact, for the console's tooltip and the API's ``note`` (empty when it is)."""
+    if count.kind == CountKind.ESTIMATE:
+        return (
+            "An estimate from PostgreSQL's statistics: a status the planner expects more than "
+            f"{exact_up_to:,} of is not counted exactly, nor one that would take longer than {timeout_ms:,} ms."
+        )
+    if count.kind == CountKind.MORE_THAN:
+        return f"Counting stopped at {exact_up_to:,}: a status is counted exactly only up to that."
+    if count.kind == CountKind.UNKNOWN:
+        return f"Neither counted nor estimated within {timeout_ms:,} ms."
+    return ""
+
+
+def too_slow(timeout_ms: int) -> str:
+    """What a list past its bound says instead of its rows."""
+    return (
+        f"This filter took longer than {timeout_ms:,} ms, so no exports are shown: narrow it (a status, a"
+        " destination, a list, or more of the export ID)."
+    )

@@ -45,8 +45,9 @@ def _docker_answers() -> bool:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """Yield a superuser URL of a running server, and stop it afterwards if this process started it."""
+def postgres_server(settings: tuple[str, ...] = ()) -> Iterator[str]:
+    """Yield a superuser URL of a running server, and stop it afterwards if this process started it.
+    ``settings`` (``name=value``) apply to an embedded server started here (a benchmark's memory, say)."""
     url = os.environ.get("EXPORTS_TEST_DATABASE_URL")
     if url:
         yield url
@@ -59,7 +60,7 @@ def postgres_server() -> Iterator[str]:
         return
     from db.embedded import EmbeddedPostgres
 
-    server = EmbeddedPostgres.start()
+    server = EmbeddedPostgres.start(settings=settings)
     try:
         yield server.url
     finally:

@@ -1,4 +1,4 @@
-// The export list: live refresh by polling the server-rendered rows (no build step), and bulk cancel with
+// The export list: live refresh by polling the server-rendered rows and the counts (no build step), and bulk cancel with
 // a confirmation that shows how many live exports match before anything is recorded. The confirmation
 // submits the preview's token, so the batch covers exactly the exports it counted: one queued after the
 // review is not touched, and the answer names it. A bulk cancel's batch ID is made once per confirmed
@@ -35,6 +35,38 @@
     }
   }
   setInterval(refresh, 2000);
+
+  // -- how many match: the same filters' counts, refreshed every fifth tick (each is a bounded read) -----
+  const matchCount = $("match-count");
+  const countsUrl = matchCount && matchCount.dataset.countsUrl;
+  let countsTick = 0;
+  function showCount(element, count) {
+    element.textContent = count.text;
+    element.title = count.note;
+    element.dataset.kind = count.kind;
+    element.className = "count count-" + count.kind;
+  }
+  async function refreshCounts() {
+    if (!countsUrl || !live.checked || document.hidden || ++countsTick % 5 !== 0) return;
+    try {
+      const response = await fetch(countsUrl, { headers, credentials: "same-origin" });
+      if (!response.ok) return;
+      const body = await response.json();
+      showCount($("match-total"), body.matching);
+      const one = body.matching.kind === "exact" && body.matching.count === 1;
+      $("match-noun").textContent = one ? "export matches" : "exports match";
+      $("count-note").textContent = body.timed_out
+        ? `(counting exactly took longer than ${body.timeout_ms.toLocaleString("en-US")} ms: the rest are estimates)`
+        : body.matching.kind === "exact" ? "" : "(not exact where counting exactly would take too long: hover a count to see why)";
+      for (const chip of document.querySelectorAll(".chip .count[data-status]")) {
+        const count = body.by_status[chip.dataset.status];
+        if (count) showCount(chip, count);
+      }
+    } catch (err) {
+      // The next tick tries again.
+    }
+  }
+  setInterval(refreshCounts, 2000);
 
   // -- bulk cancel -------------------------------------------------------------------------------------
   const confirmBox = $("bulk-confirm");

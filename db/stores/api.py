@@ -5,6 +5,7 @@ from __future__ import annotations
 from db.stores.destinations import DestinationStatements
 from db.stores.endpoints import EndpointStatements
 from db.stores.ledger import LedgerStatements
+from db.stores.listing import ListingStatements
 from db.stores.reconciliation import ReconciliationStatements
 from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
@@ -21,6 +22,8 @@ class ApiStore(
     DestinationStatements,
     EndpointStatements,
     ReconciliationStatements,
+    ListingStatements,
 ):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, destinations, webhook endpoints, the reconciler's queue and listing requests, and the reads."""
+    their firings, destinations, webhook endpoints, the reconciler's queue and listing requests, the bounded
+    export list and its counts, and the reads."""

@@ -5,13 +5,15 @@ the one error boundary (:func:`db.errors.translated`), the lost-response re-read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from db.errors import (
@@ -96,6 +98,24 @@ class StoreBase:
     async def _row(self, name: str, params: dict[str, Any], row: type[Row]) -> Row | None:
         rows = await self._rows(name, params, row)
         return rows[0] if rows else None
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, timeout_ms: int) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection in a short read transaction bounded by ``timeout_ms`` (``bound_this_read``: a
+        statement_timeout, and custom plans for statements whose filters are optional). A statement past the
+        bound raises :class:`db.errors.QueryTimedOut`; the transaction is rolled back and the connection goes
+        back to its pool idle. Every list and count of the console and the list API runs so."""
+        async with translated(), self.pool.connection() as conn, conn.transaction():
+            # 0 would mean no bound at all
+            await execute(conn, "bound_this_read", {"timeout": f"{max(1, int(timeout_ms))}ms"})
+            yield conn
+
+    async def _bounded_rows(
+        self, name: str, params: dict[str, Any], row: type[Row], timeout_ms: int
+    ) -> list[Row]:
+        """Run one read under :meth:`_bounded`."""
+        async with self._bounded(timeout_ms) as conn:
+            return await fetch(conn, name, params, row)
 
     async def _matched(self, name: str, **params: Any) -> bool:
         """Run a conditional write; True when it matched a row (and so wrote its event)."""

@@ -1,5 +1,6 @@
-"""Reads every role that may see export rows shares: a job, a tenant's jobs by keyset page, a job's events
-and cancellation requests, live attempts, ownership, destinations and names.
+"""Reads every role that may see export rows shares: a job, a tenant's newest jobs, a job's events and
+cancellation requests, live attempts, ownership, destinations and names (the console's bounded list is
+``db/stores/listing.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from domain.models import (
     AttemptEvent,
     CancellationRequest,
     ExportJob,
-    JobStatus,
     OwnershipState,
 )
 
@@ -96,36 +96,3 @@ class Reads(StoreBase):
     async def tenant_destinations(self, tenant_id: UUID) -> list[DestinationName]:
         """The tenant's destinations for display (never their credential references)."""
         return await self._rows("tenant_destinations", {"tenant_id": tenant_id}, DestinationName)
-
-    async def page_tenant_jobs(
-        self,
-        tenant_id: UUID,
-        *,
-        limit: int,
-        before: tuple[datetime, UUID] | None = None,
-        statuses: list[JobStatus] | None = None,
-        destination_id: UUID | None = None,
-        list_name: str | None = None,
-        id_prefix: str | None = None,
-    ) -> list[ExportJob]:
-        """One page of a tenant's exports, newest first, strictly after the keyset bound ``before``
-        (the last row of the previous page), with optional filters."""
-        created_at, last_id = before or (NO_BOUND_TIME, NO_BOUND_ID)
-        return await self._rows(
-            "page_tenant_jobs",
-            {
-                "tenant_id": tenant_id,
-                "before_created_at": created_at,
-                "before_id": last_id,
-                "statuses": [s.value for s in statuses] if statuses else None,
-                "destination_id": destination_id,
-                "list_name": list_name,
-                "id_prefix": id_prefix,
-                "limit": limit,
-            },
-            ExportJob,
-        )
-
-    async def tenant_list_names(self, tenant_id: UUID) -> list[str]:
-        """The list names a tenant's exports use (at most 200), for the console's filter."""
-        return [r.name for r in await self._rows("tenant_list_names", {"tenant_id": tenant_id}, NameRow)]
