@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
+from db.errors import QueryTimedOut
 from db.rows import ListingRequestRow, QueueSummaryRow
 from db.stores.api import ApiStore
 from domain.models import ExportJob, JobStatus
@@ -38,8 +39,11 @@ from service.evidence import EvidenceReading, read_evidence, when
 from service.exports import Exports, export_json
 from service.outcomes import Answer, Kind, refusal
 from service.permissions import Action, may
+from service.views import too_slow
 
 QUEUE_PAGE_SIZE = 50
+# Each read of the queue is bounded as the export list's are (EXPORTS_LIST_QUERY_TIMEOUT_MS's default).
+QUEUE_TIMEOUT_MS = 250
 QUEUE_COUNT_CAP = 1000  # counted exactly up to this many (at most this many index entries read)
 QUEUE_CURSOR_PATTERN = r"^[0-9]{1,17}\.[0-9a-f]{32}$"
 _QUEUE_CURSOR = re.compile(QUEUE_CURSOR_PATTERN)
@@ -134,6 +138,7 @@ class QueuePage:
     entries: list[QueueEntry]
     next: str | None
     count: QueueCount
+    timed_out: str | None = None  # what the page says instead of its rows when a read ran past its bound
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -150,16 +155,24 @@ async def reconciler_queue_page(
     limit: int = QUEUE_PAGE_SIZE,
     after: tuple[datetime, UUID] | None = None,
     count_cap: int = QUEUE_COUNT_CAP,
+    timeout_ms: int = QUEUE_TIMEOUT_MS,
 ) -> QueuePage:
     """One page of ``tenant_id``'s reconciler queue as the console reads it: the page (``limit`` + 1 rows
     read, keyset after ``after``), its count (capped, then estimated) and each entry's line of why; every
     read by index (0033's ``ix_export_jobs_tenant_outcome_unknown``, and ``ix_attempt_events_job``). The
-    unit ``python -m bench console`` measures at ten million exports (docs/benchmarks.md)."""
-    jobs = await store.page_outcome_unknown_queue(tenant_id, limit=limit + 1, after=after)
+    unit ``python -m bench console`` measures at ten million exports (docs/benchmarks.md). Each read is
+    bounded by ``timeout_ms``, as the export list's are: one past it raises ``QueryTimedOut``."""
+    jobs = await store.page_outcome_unknown_queue(
+        tenant_id, limit=limit + 1, after=after, timeout_ms=timeout_ms
+    )
     more = len(jobs) > limit
     jobs = jobs[:limit]
-    counted = await store.count_outcome_unknown_queue(tenant_id, cap=count_cap)
-    estimate = await store.estimate_outcome_unknown_queue(tenant_id) if counted > count_cap else None
+    counted = await store.count_outcome_unknown_queue(tenant_id, cap=count_cap, timeout_ms=timeout_ms)
+    estimate = (
+        await store.estimate_outcome_unknown_queue(tenant_id, timeout_ms=timeout_ms)
+        if counted > count_cap
+        else None
+    )
     summaries = {
         s.job_id: s
         for s in await store.outcome_unknown_summaries(
@@ -168,6 +181,7 @@ async def reconciler_queue_page(
             recovery_prefix=f"{RECOVERY_OBSERVER_PREFIX}:",
             observer_prefix=f"{LISTING_REQUEST_OBSERVER_PREFIX}:",
             window_seconds=LISTING_REQUEST_WINDOW_SECONDS,
+            timeout_ms=timeout_ms,
         )
     }
     names = {d.id: d.name for d in await store.tenant_destinations(tenant_id)} if jobs else {}
@@ -237,7 +251,19 @@ class Reconciliation:
             bound = decode_queue_cursor(after)
             if bound is None:
                 return refusal(Kind.MALFORMED, "after: not a cursor this API gave out")
-        page = await reconciler_queue_page(self.store, caller.tenant_id, limit=limit, after=bound)
+        try:
+            page = await reconciler_queue_page(self.store, caller.tenant_id, limit=limit, after=bound)
+        except QueryTimedOut:
+            # Said, never a silent part of the queue (26.5), as the export list answers.
+            return Answer(
+                Kind.BUSY,
+                {
+                    "detail": too_slow(QUEUE_TIMEOUT_MS),
+                    "code": "query_timeout",
+                    "timeout_ms": QUEUE_TIMEOUT_MS,
+                },
+                retry_after_seconds=1,
+            )
         return Answer(Kind.DONE, page.as_json())
 
     async def detail(self, caller: Caller, job_id: UUID) -> EvidenceDetail | None:

@@ -7,11 +7,14 @@ answered by recovery on a worker: the API holds no partner credentials).
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 from uuid import UUID
 
 from db.rows import CountedRow, ListingRequestRow, OpenRow, QueryPlanRow, QueueSummaryRow
 from db.stores.reads import Reads
 from domain.models import ExportJob
+
+R = TypeVar("R")
 
 # The keyset bound of a queue's first page: before every real row.
 QUEUE_START_AT = datetime.min.replace(tzinfo=UTC)
@@ -21,27 +24,45 @@ QUEUE_START_ID = UUID(int=0)
 class ReconciliationStatements(Reads):
     """The queue of OutcomeUnknown exports and the reconcilers' listing requests."""
 
+    async def _read(self, name: str, params: dict[str, Any], row: type[R], timeout_ms: int | None) -> list[R]:
+        """One read, bounded by ``timeout_ms`` when given (``QueryTimedOut`` past it), as the list's are."""
+        if timeout_ms is None:
+            return await self._rows(name, params, row)
+        return await self._bounded_rows(name, params, row, timeout_ms)
+
     async def page_outcome_unknown_queue(
-        self, tenant_id: UUID, *, limit: int, after: tuple[datetime, UUID] | None = None
+        self,
+        tenant_id: UUID,
+        *,
+        limit: int,
+        after: tuple[datetime, UUID] | None = None,
+        timeout_ms: int | None = None,
     ) -> list[ExportJob]:
         """One page of the tenant's OutcomeUnknown exports, oldest first by ``outcome_unknown_at``, strictly
         after the keyset bound ``after`` (the last row of the previous page)."""
         after_at, after_id = after or (QUEUE_START_AT, QUEUE_START_ID)
-        return await self._rows(
+        return await self._read(
             "page_outcome_unknown_queue",
             {"tenant_id": tenant_id, "after_at": after_at, "after_id": after_id, "limit": limit},
             ExportJob,
+            timeout_ms,
         )
 
-    async def count_outcome_unknown_queue(self, tenant_id: UUID, *, cap: int) -> int:
+    async def count_outcome_unknown_queue(
+        self, tenant_id: UUID, *, cap: int, timeout_ms: int | None = None
+    ) -> int:
         """How many of the tenant's exports are OutcomeUnknown, counted up to ``cap + 1`` (more than ``cap``)."""
-        row = await self._row("count_outcome_unknown_queue", {"tenant_id": tenant_id, "cap": cap}, CountedRow)
-        return row.counted if row else 0
+        rows = await self._read(
+            "count_outcome_unknown_queue", {"tenant_id": tenant_id, "cap": cap}, CountedRow, timeout_ms
+        )
+        return rows[0].counted if rows else 0
 
-    async def estimate_outcome_unknown_queue(self, tenant_id: UUID) -> int:
+    async def estimate_outcome_unknown_queue(self, tenant_id: UUID, *, timeout_ms: int | None = None) -> int:
         """The planner's estimate of the tenant's OutcomeUnknown exports (reads only the statistics)."""
-        row = await self._row("estimate_outcome_unknown_queue", {"tenant_id": tenant_id}, QueryPlanRow)
-        return row.estimated_rows if row else 0
+        rows = await self._read(
+            "estimate_outcome_unknown_queue", {"tenant_id": tenant_id}, QueryPlanRow, timeout_ms
+        )
+        return rows[0].estimated_rows if rows else 0
 
     async def outcome_unknown_summaries(
         self,
@@ -51,12 +72,13 @@ class ReconciliationStatements(Reads):
         recovery_prefix: str,
         observer_prefix: str,
         window_seconds: float,
+        timeout_ms: int | None = None,
     ) -> list[QueueSummaryRow]:
         """Each of ``job_ids`` (the tenant's only) with the write that recorded it OutcomeUnknown, recovery's
         listings of it since, and whether a listing request of it waits."""
         if not job_ids:
             return []
-        return await self._rows(
+        return await self._read(
             "outcome_unknown_summaries",
             {
                 "tenant_id": tenant_id,
@@ -66,6 +88,7 @@ class ReconciliationStatements(Reads):
                 "window_seconds": window_seconds,
             },
             QueueSummaryRow,
+            timeout_ms,
         )
 
     async def record_listing_request(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 
 from api.auth import CONSOLE_HEADER
@@ -358,3 +359,24 @@ async def test_the_console_pages_offer_what_the_role_may_do(client, factory, wor
         "operator": {"reconcile": False, "request-listing": False, "replace": True, "correct": False},
         "reconciler": {"reconcile": True, "request-listing": True, "replace": True, "correct": False},
     }
+
+
+async def test_the_queue_past_its_bound_says_so_on_the_api_and_the_page(client, acme, database):
+    # 26.5 for the reconciler's queue: a read past its bound answers 503 query_timeout, and the page says
+    # so instead of its rows, never hangs or shows a silent part of the queue.
+    from tests.api.conftest import sign_in
+
+    async with await psycopg.AsyncConnection.connect(database.admin_url) as holder:
+        await holder.execute("LOCK TABLE export_jobs IN ACCESS EXCLUSIVE MODE")  # no read of it can finish
+        answered = await client.get("/reconciliation-queue", headers=acme.reconciler)
+        await sign_in(client, acme, as_role="reconciler")
+        page = await client.get("/console/reconciliation")
+        client.cookies.clear()
+        await holder.rollback()
+
+    assert answered.status_code == 503
+    assert (
+        answered.json()["code"] == "query_timeout" and "took longer than 250 ms" in answered.json()["detail"]
+    )
+    assert page.status_code == 200 and 'id="queue-timed-out"' in page.text and 'id="queue"' not in page.text
+    assert (await client.get("/reconciliation-queue", headers=acme.reconciler)).status_code == 200
