@@ -967,7 +967,9 @@ def build_parser() -> argparse.ArgumentParser:
     contract_options(sub, required=False)
     sub.add_argument("--clear-ack-suffix", action="store_true", help="no acknowledgment suffix any more")
     sub.add_argument("--open-ended", action="store_true", help="the contract has no last day any more")
-    sub.add_argument("--any-hour", action="store_true", help="no intake hours any more: deliveries at any hour")
+    sub.add_argument(
+        "--any-hour", action="store_true", help="no intake hours any more: deliveries at any hour"
+    )
     sub.add_argument("--no-blackout-dates", action="store_true", help="remove every blackout date")
     sub.add_argument("--reason", required=True, help="why (recorded with the change)")
     sub = destination_action("retire", "retire a destination (final): building exports stop at cutoff 2")

@@ -497,4 +497,3 @@ def window_hours(now: float, closed_every: int, entries: int = 50) -> list[str]:
         return f"{(minute % 1440) // 60:02d}:{minute % 60:02d}"
 
     return [f"{_DAYS[(a // 1440) % 7]} {clock(a)}-{clock(b)}" for a, b in spans]
-

@@ -48,9 +48,9 @@ from service.permissions import Action, may, refused
 from service.signals import NoSignaller, StopSignaller, TemporalStopSignaller, signal_stop_best_effort
 from service.views import (
     TERMINAL_STATUSES,
+    DeliveryWindowState,
     TimelineEntry,
     cancellation_message,
-    DeliveryWindowState,
     status_line,
     temporal_ui_links,
     timeline,

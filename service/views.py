@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 from urllib.parse import quote
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
 from domain.models import (
     AttemptEvent,
@@ -259,9 +259,7 @@ class DeliveryWindowState:
         return f"{why}; next opening {when}"
 
 
-def status_line(
-    job: ExportJob, events: list[AttemptEvent], window: DeliveryWindowState | None = None
-) -> str:
+def status_line(job: ExportJob, events: list[AttemptEvent], window: DeliveryWindowState | None = None) -> str:
     """A one-line summary of where the export is now, from the row (and, for a Queued export, its
     destination's delivery window when the caller read it)."""
     match job.status:

@@ -73,7 +73,10 @@ async def test_a_bad_window_is_refused_with_a_clear_answer_and_changes_nothing(c
 async def test_a_waiting_export_says_why_and_when_the_window_opens(client, factory, worker_store, acme):
     job = await factory.queued(acme.id, acme.destination_id)
     await factory.close_window(acme.id, acme.destination_id)
-    assert await worker_store.claim_if_queued(job.id, job.version, uuid.uuid4(), "w") == ClaimResult.OUTSIDE_WINDOW
+    assert (
+        await worker_store.claim_if_queued(job.id, job.version, uuid.uuid4(), "w")
+        == ClaimResult.OUTSIDE_WINDOW
+    )
 
     view = (await client.get(f"/exports/{job.id}", headers=acme.viewer)).json()
 

@@ -141,7 +141,10 @@ async def test_the_window_and_its_next_opening_agree_with_the_wall_clock_at_ever
     for start in AROUND:
         for _ in range(8):
             at = start + timedelta(seconds=rng.randrange(0, 4 * 86400), microseconds=rng.randrange(10**6))
-            expected = (oracle_open(hours, tz, set(blackouts), at), oracle_next(hours, tz, set(blackouts), at))
+            expected = (
+                oracle_open(hours, tz, set(blackouts), at),
+                oracle_next(hours, tz, set(blackouts), at),
+            )
             assert await sql_window(factory, destination_id, at) == expected, at
             checked += 1
     assert checked == 48
@@ -154,12 +157,28 @@ BERLIN = ZoneInfo("Europe/Berlin")
     ("hours", "at", "expected"),
     [
         # the clock jumps from 02:00 to 03:00 on 29 March 2026: hours 02:30-04:00 open at 03:00 local
-        (["Sun 02:30-04:00"], datetime(2026, 3, 29, 0, 0, tzinfo=UTC), datetime(2026, 3, 29, 1, 0, tzinfo=UTC)),
+        (
+            ["Sun 02:30-04:00"],
+            datetime(2026, 3, 29, 0, 0, tzinfo=UTC),
+            datetime(2026, 3, 29, 1, 0, tzinfo=UTC),
+        ),
         # it falls back from 03:00 to 02:00 on 25 October: hours 02:00-02:30 open twice that night
-        (["Sun 02:00-02:30"], datetime(2026, 10, 24, 23, 0, tzinfo=UTC), datetime(2026, 10, 25, 0, 0, tzinfo=UTC)),
-        (["Sun 02:00-02:30"], datetime(2026, 10, 25, 0, 30, tzinfo=UTC), datetime(2026, 10, 25, 1, 0, tzinfo=UTC)),
+        (
+            ["Sun 02:00-02:30"],
+            datetime(2026, 10, 24, 23, 0, tzinfo=UTC),
+            datetime(2026, 10, 25, 0, 0, tzinfo=UTC),
+        ),
+        (
+            ["Sun 02:00-02:30"],
+            datetime(2026, 10, 25, 0, 30, tzinfo=UTC),
+            datetime(2026, 10, 25, 1, 0, tzinfo=UTC),
+        ),
         # hours 01:30-02:30 close at 02:30 summer time and open again when 03:00 becomes 02:00 winter time
-        (["Sun 01:30-02:30"], datetime(2026, 10, 25, 0, 45, tzinfo=UTC), datetime(2026, 10, 25, 1, 0, tzinfo=UTC)),
+        (
+            ["Sun 01:30-02:30"],
+            datetime(2026, 10, 25, 0, 45, tzinfo=UTC),
+            datetime(2026, 10, 25, 1, 0, tzinfo=UTC),
+        ),
         # office hours: Friday evening waits for Monday 08:00
         (
             ["Mon-Fri 08:00-18:00"],
@@ -167,7 +186,11 @@ BERLIN = ZoneInfo("Europe/Berlin")
             datetime(2026, 11, 30, 8, 0, tzinfo=BERLIN),
         ),
         # overnight: Tuesday 05:59 is still Monday night's window
-        (["Mon 22:00-06:00"], datetime(2026, 12, 1, 5, 59, tzinfo=BERLIN), datetime(2026, 12, 1, 5, 59, tzinfo=BERLIN)),
+        (
+            ["Mon 22:00-06:00"],
+            datetime(2026, 12, 1, 5, 59, tzinfo=BERLIN),
+            datetime(2026, 12, 1, 5, 59, tzinfo=BERLIN),
+        ),
     ],
 )
 async def test_named_instants_across_dst_and_overnight(factory, hours, at, expected):
@@ -177,9 +200,14 @@ async def test_named_instants_across_dst_and_overnight(factory, hours, at, expec
 
 async def test_a_blackout_date_closes_the_whole_local_day_and_the_window_opens_after_it(factory):
     # 24 December 2026 is a Thursday: closed all day in Berlin, open again on Friday at 08:00
-    destination_id = await window_destination(factory, ["Mon-Fri 08:00-18:00"], "Europe/Berlin", [date(2026, 12, 24)])
+    destination_id = await window_destination(
+        factory, ["Mon-Fri 08:00-18:00"], "Europe/Berlin", [date(2026, 12, 24)]
+    )
     noon = datetime(2026, 12, 24, 12, 0, tzinfo=BERLIN)
-    assert await sql_window(factory, destination_id, noon) == (False, datetime(2026, 12, 25, 8, 0, tzinfo=BERLIN))
+    assert await sql_window(factory, destination_id, noon) == (
+        False,
+        datetime(2026, 12, 25, 8, 0, tzinfo=BERLIN),
+    )
 
 
 async def test_a_destination_without_a_window_is_always_open(factory):
@@ -272,7 +300,12 @@ async def test_a_claim_outside_the_window_makes_no_attempt_and_the_job_waits_for
 
     assert answer == ClaimResult.OUTSIDE_WINDOW
     row = await factory.job(job.id)
-    assert (row.status, row.attempt_id, row.attempt_count, row.available_at) == (JobStatus.QUEUED, None, 0, opens_at)
+    assert (row.status, row.attempt_id, row.attempt_count, row.available_at) == (
+        JobStatus.QUEUED,
+        None,
+        0,
+        opens_at,
+    )
     assert await worker_store.job_events(job.id) == []  # no attempt, no event
     [deferred] = await factory.admin(
         "SELECT available_at, published_at FROM outbox WHERE job_id = %(j)s AND available_at IS NOT NULL",
@@ -282,7 +315,10 @@ async def test_a_claim_outside_the_window_makes_no_attempt_and_the_job_waits_for
     assert await factory.outbox_count(job.id) == outbox_before + 1
 
     # Another wake-up meanwhile finds it waiting: nothing is claimed, and nothing new is deferred.
-    assert await worker_store.claim_if_queued(job.id, job.version, uuid.uuid4(), "worker-3") == ClaimResult.NOT_YET
+    assert (
+        await worker_store.claim_if_queued(job.id, job.version, uuid.uuid4(), "worker-3")
+        == ClaimResult.NOT_YET
+    )
     assert await factory.outbox_count(job.id) == outbox_before + 1
     facts = await worker_store.read_policy_facts(job.id)
     assert facts is not None and facts.available is False
@@ -291,7 +327,10 @@ async def test_a_claim_outside_the_window_makes_no_attempt_and_the_job_waits_for
 async def test_once_the_window_is_open_the_claim_at_its_opening_claims(factory, worker_store):
     job = await factory.queued()
     await factory.close_window(job.tenant_id, job.destination_id)
-    assert await worker_store.claim_if_queued(job.id, job.version, uuid.uuid4(), "w") == ClaimResult.OUTSIDE_WINDOW
+    assert (
+        await worker_store.claim_if_queued(job.id, job.version, uuid.uuid4(), "w")
+        == ClaimResult.OUTSIDE_WINDOW
+    )
     # The partner takes deliveries again, and the opening's time has come (a clock on the row, as a test may).
     await factory.change_destination(job.tenant_id, job.destination_id, blackout_dates=[])
     await factory.end_wait(job.id)

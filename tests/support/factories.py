@@ -196,7 +196,10 @@ class Factory:
         [row] = await self.admin("SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date AS today")
         today: date = row["today"]
         await self.change_destination(
-            tenant_id, destination_id, intake_time_zone="UTC", blackout_dates=[today, today + timedelta(days=1)]
+            tenant_id,
+            destination_id,
+            intake_time_zone="UTC",
+            blackout_dates=[today, today + timedelta(days=1)],
         )
         return datetime.combine(today + timedelta(days=2), time(0), tzinfo=UTC)
 

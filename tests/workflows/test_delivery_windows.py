@@ -51,7 +51,9 @@ async def today(harness: Harness) -> date:
 
 async def set_blackouts(harness: Harness, job, blackouts: list[date], reason: str) -> None:
     """An admin changes the destination's blackout dates (UTC), from the version it is at now."""
-    [row] = await harness.factory.admin("SELECT version FROM destinations WHERE id = %(d)s", {"d": job.destination_id})
+    [row] = await harness.factory.admin(
+        "SELECT version FROM destinations WHERE id = %(d)s", {"d": job.destination_id}
+    )
     answer = await Destinations(harness.factory.api).edit(
         Caller(tenant_id=job.tenant_id, principal="ada.admin", role="admin"),
         job.destination_id,
@@ -81,7 +83,9 @@ async def test_a_window_that_closes_mid_build_gives_the_attempt_back(harness: Ha
     day = await today(harness)
 
     async def the_partner_closes(job_id: uuid.UUID) -> None:
-        await set_blackouts(harness, job, [day, day + timedelta(days=1)], "the partner closed for an incident")
+        await set_blackouts(
+            harness, job, [day, day + timedelta(days=1)], "the partner closed for an incident"
+        )
 
     harness.host.activities.seams.before_authorize = the_partner_closes
     first = await harness.run(job)
@@ -124,7 +128,9 @@ async def test_a_window_that_closes_before_the_rename_sends_no_rename_and_the_fe
     day = await today(harness)
 
     async def the_partner_closes(job_id: uuid.UUID) -> None:
-        await set_blackouts(harness, job, [day, day + timedelta(days=1)], "the partner closed for an incident")
+        await set_blackouts(
+            harness, job, [day, day + timedelta(days=1)], "the partner closed for an incident"
+        )
 
     harness.host.activities.seams.before_rename_fence = the_partner_closes
     result = await harness.run(job)
