@@ -67,6 +67,13 @@ class Settings(BaseSettings):
         ge=0,
         description="give-backs for a failure a job may take; the next one ends it Failed (AttemptsExhausted)",
     )
+    window_rename_margin_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        lt=60,
+        description="the rename fence requires a destination's delivery window still open this long after it"
+        " (windows change on the minute, so under 60 s)",
+    )
     recovery_every_seconds: float = Field(default=30.0, description="recovery Schedule interval")
     recovery_batch: int = Field(default=100, description="expired leases taken over per recovery batch")
     recovery_concurrency: int = Field(

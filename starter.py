@@ -423,12 +423,19 @@ def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
         "name_and_size_identify": args.name_and_size_identify,
         "contract_starts_on": args.contract_starts_on,
         "contract_ends_on": args.contract_ends_on,
+        "intake_time_zone": args.intake_time_zone,
+        "intake_hours": args.intake_hours,
+        "blackout_dates": args.blackout_dates,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     if getattr(args, "clear_ack_suffix", False):
         given["ack_suffix"] = None
     if getattr(args, "open_ended", False):
         given["contract_ends_on"] = None
+    if getattr(args, "any_hour", False):
+        given["intake_hours"] = None
+    if getattr(args, "no_blackout_dates", False):
+        given["blackout_dates"] = []
     return given
 
 
@@ -929,6 +936,24 @@ def build_parser() -> argparse.ArgumentParser:
             "--contract-starts-on", type=_date, help="first day of the contract (UTC, YYYY-MM-DD)"
         )
         sub.add_argument("--contract-ends-on", type=_date, help="last day of the contract (UTC, YYYY-MM-DD)")
+        # the delivery window (issue #25.2): when the partner takes deliveries, in its time zone
+        sub.add_argument(
+            "--intake-time-zone", help="the partner's time zone (IANA, e.g. Europe/Berlin; default UTC)"
+        )
+        sub.add_argument(
+            "--intake-hours",
+            action="append",
+            metavar="'DAYS HH:MM-HH:MM'",
+            help="when the partner takes deliveries, e.g. 'Mon-Fri 08:00-18:00' (repeat for more; replaces all)",
+        )
+        sub.add_argument(
+            "--blackout-date",
+            dest="blackout_dates",
+            action="append",
+            type=_date,
+            metavar="YYYY-MM-DD",
+            help="a local date on which the partner takes nothing (repeat for more; replaces all)",
+        )
 
     sub = destination_action("add", "create a destination (it starts paused: resume it once checked)")
     contract_options(sub, required=True)
@@ -942,6 +967,10 @@ def build_parser() -> argparse.ArgumentParser:
     contract_options(sub, required=False)
     sub.add_argument("--clear-ack-suffix", action="store_true", help="no acknowledgment suffix any more")
     sub.add_argument("--open-ended", action="store_true", help="the contract has no last day any more")
+    sub.add_argument(
+        "--any-hour", action="store_true", help="no intake hours any more: deliveries at any hour"
+    )
+    sub.add_argument("--no-blackout-dates", action="store_true", help="remove every blackout date")
     sub.add_argument("--reason", required=True, help="why (recorded with the change)")
     sub = destination_action("retire", "retire a destination (final): building exports stop at cutoff 2")
     sub.add_argument("--reason", required=True, help="why (recorded with the retirement)")

@@ -122,7 +122,12 @@ async def open_export_activities(
     api_pool = await open_pool(settings.database_url, "exports_api", max_size=2, name=f"cancel-{worker_id}")
     stack.push_async_callback(api_pool.close)
     export = ExportActivities(
-        WorkerStore(worker_pool, lease_seconds=settings.lease_seconds, reread_timeout=reread_timeout),
+        WorkerStore(
+            worker_pool,
+            lease_seconds=settings.lease_seconds,
+            reread_timeout=reread_timeout,
+            window_margin_seconds=settings.window_rename_margin_seconds,
+        ),
         build_pool,
         settings,
         worker_id,

@@ -35,7 +35,8 @@ class ClaimActivity:
 
         The message is only a hint: a row that is not Queued settles it. While a delivery switch of the
         job's scope is paused nothing is decided: the wake-up is settled and the job stays Queued (the
-        resume wakes it). A denied policy rejects the checked version only, with its reason code and
+        resume wakes it). Outside the destination's delivery window the claim matches nothing and makes the
+        job wait for the next opening, which wakes it. A denied policy rejects the checked version only, with its reason code and
         message. A claim whose answer and re-read were both lost raises a retryable ``ClaimUnknown``; the
         retry uses the same attempt ID, so it finds its own claim if it committed. A switch or fact that
         cannot be read raises: nothing is claimed. A confirmed claim opens the attempt's lease keeper.
@@ -84,6 +85,10 @@ class ClaimActivity:
             return self._not_claimed(ClaimStep.PAUSED, facts.tenant_id)
         if result == ClaimResult.NOT_YET:
             return self._not_claimed(ClaimStep.NOT_YET, facts.tenant_id)
+        if result == ClaimResult.OUTSIDE_WINDOW:
+            # The partner takes no deliveries now: the claim made the job wait for the window's next opening,
+            # with its wake-up deferred as long (issue #25.2). No attempt was made.
+            return self._not_claimed(ClaimStep.OUTSIDE_WINDOW, facts.tenant_id)
         if result == ClaimResult.LOST:
             return self._not_claimed(ClaimStep.NOT_CLAIMED, facts.tenant_id)
         if self.host.seams.after_claim is not None:

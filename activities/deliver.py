@@ -165,6 +165,12 @@ class DeliverActivity:
                 answer = await self._fence(attempt, rename=True)
                 if answer == FenceResult.FENCED and self.host.seams.after_rename_fence is not None:
                     await self.host.seams.after_rename_fence(job.id)
+                if answer == FenceResult.OUTSIDE_WINDOW:
+                    # The partner's delivery window closed since cutoff 2 (#25.2): no rename outside it. Why
+                    # the fence was refused is kept with the attempt's evidence; the rename is never sent.
+                    await self._append(
+                        job.id, attempt.attempt_id, {"observation": "rename_fence", "result": answer.value}
+                    )
                 return answer == FenceResult.FENCED
 
             return asyncio.run_coroutine_threadsafe(fenced(), loop).result(timeout=FENCE_TIMEOUT_SECONDS)

@@ -184,6 +184,16 @@ class PrepareActivity:
                         " which this file was built for",
                     )
                     return given_back.model_copy(update={"cutoff_answers": answers})
+                if answer == AuthorizationResult.WINDOW_CLOSED:
+                    # The partner's delivery window closed during the build (issue #25.2): nothing has left the
+                    # host. Given back uncounted; the next claim waits for the window's next opening.
+                    given_back = await self._give_back(
+                        job,
+                        attempt,
+                        ReleaseCause.WINDOW_CLOSED,
+                        "cutoff 2: the destination's delivery window closed during the build",
+                    )
+                    return given_back.model_copy(update={"cutoff_answers": answers})
                 if answer == AuthorizationResult.POLICY_DENIED:
                     # The creator may no longer export, or the list is gone (001: facts outside the row):
                     # nothing has left the host. Given back with the policy's reason; the next claim's

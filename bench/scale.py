@@ -483,6 +483,7 @@ def claim_params(job: ExportJob, attempt_id: UUID, *, lease_seconds: float, work
         "worker_id": worker_id,
         "workflow_id": f"export-{job.id}-{uuid.uuid4()}",
         "lease_seconds": lease_seconds,
+        "traceparent": None,  # the wake-up a claim outside its delivery window defers (issue #25.2)
     }
 
 

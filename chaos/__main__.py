@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         default=3,
         help="every n-th export goes to the destination that receives .csv.gz.pgp (default 3; 0: none)",
     )
+    parser.add_argument(
+        "--window-closed-every",
+        type=int,
+        default=4,
+        help="the main destination's delivery window is closed one minute in every n (default 4; 0: none)",
+    )
     args = parser.parse_args(argv)
     faults = () if args.faults == "none" else tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_KINDS]
@@ -82,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         keep=args.keep,
         temporary_files=args.temporary_files,
         encrypted_every=max(0, args.encrypted_every),
+        window_closed_every=max(0, args.window_closed_every),
     )
 
 

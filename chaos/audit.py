@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,10 @@ class Violation:
     job_id: str | None
     detail: str
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+# How late the partner's watch may see a rename it reports (its thread reads inotify in batches).
+WATCH_LATENCY_SECONDS = 1.0
 
 
 @dataclass
@@ -155,6 +159,7 @@ class Auditor:
         steps = [
             self._watch_health,
             self._partner_files,
+            self._renames_inside_windows,
             self._completed_files,
             self._stranded,
             self._cancellations,
@@ -382,6 +387,46 @@ class Auditor:
                         f"{write.attempt_id} without an overwrite agreement",
                         writes=[(w.t, str(w.attempt_id), w.how) for w in writes],
                     )
+
+    def _renames_inside_windows(self) -> None:
+        """No rename happened outside its destination's delivery window (issue #25.2): each final name the
+        partner's watch saw appear, at the time the watch saw it (or up to ``WATCH_LATENCY_SECONDS`` before, the
+        watch's own delay), fell inside the window of the destination of the job it names, read by the same
+        SQL rule the claim, cutoff 2 and the rename fence use (the soak's windows do not change during a run)."""
+        by_name = self._jobs_by_final_name()
+        checked: list[tuple[FinalWrite, str]] = []
+        for write in self.writes:
+            job_id = self.attempt_job.get(str(write.attempt_id)) if write.attempt_id else None
+            job = self.jobs.get(job_id) if job_id else None
+            jobs = [job] if job is not None else by_name.get(write.name, [])
+            if jobs:
+                checked.append((write, str(jobs[0]["destination_id"])))
+        self.result.counts["renames_checked_against_windows"] = len(checked)
+        if not checked:
+            return
+        with psycopg.connect(self.inp.admin_url, row_factory=dict_row) as conn:
+            rows = conn.execute(
+                "SELECT w.i, delivery_window_open(d, to_timestamp(w.t))"
+                " OR delivery_window_open(d, to_timestamp(w.t - %(slack)s)) AS inside,"
+                " d.intake_hours IS NOT NULL OR cardinality(d.blackout_dates) > 0 AS windowed"
+                " FROM unnest(%(d)s::uuid[], %(t)s::float8[]) WITH ORDINALITY AS w(destination_id, t, i)"
+                " JOIN destinations d ON d.id = w.destination_id ORDER BY w.i",
+                {
+                    "d": [destination for _, destination in checked],
+                    "t": [write.t for write, _ in checked],
+                    "slack": WATCH_LATENCY_SECONDS,
+                },
+            ).fetchall()
+        self.result.counts["renames_under_a_window"] = sum(1 for r in rows if r["windowed"])
+        for r in rows:
+            if not r["inside"]:
+                write, _ = checked[r["i"] - 1]
+                self.violate(
+                    "rename_outside_window",
+                    self.attempt_job.get(str(write.attempt_id)) if write.attempt_id else None,
+                    f"{write.name} appeared at {datetime.fromtimestamp(write.t, UTC).isoformat()}, outside its"
+                    " destination's delivery window",
+                )
 
     def _completed_files(self) -> None:
         """Every Completed job's file is on the partner, by its attempt, with the recorded size, hash and

@@ -46,6 +46,10 @@ class SoakConfig:
     # Every n-th export goes to a second destination of the same partner that receives gzip, encrypted to
     # the partner's key and signed with the tenant's (issue #24 item 5); 0: none. The auditor decrypts them.
     encrypted_every: int = 3
+    # The main destination's delivery window (issue #25.2): its intake hours leave out one minute in every n
+    # (UTC) from the start of the run, so claims, cutoff 2 and rename fences meet a closed window; 0: none. The
+    # auditor checks that no rename happened outside it.
+    window_closed_every: int = 4
     # The workers' settings (EXPORTS_*): short, so a lease lost to a fault is recovered within the run.
     lease_seconds: float = 6.0
     renew_every_seconds: float = 2.0

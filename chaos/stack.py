@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -249,6 +250,8 @@ class Stack:
             contacts=0,
         )
         self.tenant_id, self.destination_id = seeded.tenant_id, seeded.destination_id
+        if self.config.window_closed_every > 0:
+            await self._seed_window()
         if self.config.encrypted_every > 0:
             await self._seed_encrypted_destination(destination)
         await asyncio.to_thread(self._insert_contacts)
@@ -273,6 +276,22 @@ class Stack:
         answer.raise_for_status()
         self.webhook_endpoint_id = answer.json()["endpoint"]["id"]
         self.receiver.expect(webhooks.PATH, answer.json()["secret"])
+
+    async def _seed_window(self) -> None:
+        """The main destination's delivery window (issue #25.2), as an administrator's recorded edit: closed one
+        minute in every ``window_closed_every`` from now (UTC), for about 48 of them, then open for a day."""
+        from db.admin import edit_destination
+
+        assert self.tenant_id is not None and self.destination_id is not None
+        hours = window_hours(time.time(), self.config.window_closed_every)
+        edited = await edit_destination(
+            self.admin_url,
+            tenant_id=self.tenant_id,
+            destination_id=self.destination_id,
+            changes={"intake_time_zone": "UTC", "intake_hours": hours},
+            reason="the soak's delivery window",
+        )
+        assert edited is not None and edited.matched
 
     async def _seed_encrypted_destination(self, destination: dict[str, Any]) -> None:
         """The partner's second destination: gzip, encrypted to the partner's key, signed with the tenant's
@@ -460,3 +479,21 @@ class Stack:
             await asyncio.to_thread(start_server, self.pg)
             await asyncio.to_thread(wait_until_accepting, self.admin_url, 60.0)
             return time.monotonic() - went_down
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def window_hours(now: float, closed_every: int, entries: int = 50) -> list[str]:
+    """Intake hours (UTC) open ``closed_every - 1`` minutes of every ``closed_every`` from the minute after
+    ``now``, for ``entries - 1`` of them, then one entry open for the next day less a minute."""
+    start = datetime.fromtimestamp(now, UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
+    base = start.weekday() * 1440 + start.hour * 60 + start.minute  # minutes of the week
+    spans = [(base + k * closed_every, base + (k + 1) * closed_every - 1) for k in range(entries - 1)]
+    last = base + (entries - 1) * closed_every
+    spans.append((last, last + 1439))
+
+    def clock(minute: int) -> str:
+        return f"{(minute % 1440) // 60:02d}:{minute % 60:02d}"
+
+    return [f"{_DAYS[(a // 1440) % 7]} {clock(a)}-{clock(b)}" for a, b in spans]

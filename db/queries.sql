@@ -99,12 +99,14 @@ RETURNING id;
 -- name: claim_if_queued
 -- Cutoff 1: Queued -> Running for the checked version, with the lease and the Claimed event, only while
 -- every delivery switch of the job's scope (global, its tenant, its destination) exists and is enabled: a
--- missing row is a paused scope (fail-closed), and only once the job's available_at (a give-back's wait)
--- has passed. The switch rows are read FOR SHARE here, so a pause or resume and this claim serialize:
--- whichever commits first, the other sees it. A paused or waiting claim matches nothing and the job stays
--- Queued. It answers with the row whether or not it matched (lock, guarded
--- update, return the row), so a refusal is classified from this answer; the locking reads return the
--- latest committed versions after any wait.
+-- missing row is a paused scope (fail-closed), only once the job's available_at (a give-back's wait)
+-- has passed, and only inside the destination's delivery window (0035). The switch rows are read FOR SHARE
+-- here, so a pause or resume and this claim serialize: whichever commits first, the other sees it. A paused
+-- or waiting claim matches nothing and the job stays Queued. Outside the window it matches nothing either,
+-- and makes the job wait for the next opening instead (issue #25.2): available_at and a wake-up deferred as
+-- long, in this statement, so no attempt is made and the job is woken when the partner takes deliveries.
+-- It answers with the row whether or not it matched (lock, guarded update, return the row), so a refusal is
+-- classified from this answer; the locking reads return the latest committed versions after any wait.
 WITH job AS (
     SELECT id, status, version, attempt_id, tenant_id, destination_id,
            coalesce(available_at <= clock_timestamp(), true) AS available
@@ -113,6 +115,13 @@ gate AS (
     -- the three switches of the job's scope read FOR SHARE, while it is Queued (a missing row is paused)
     SELECT coalesce((SELECT lock_delivery_scope(job.tenant_id, job.destination_id) FROM job
                      WHERE job.status = 'Queued'), false) AS open),
+win AS (
+    -- the destination's delivery window now, read without a lock: cutoff 2 and the rename fence re-check it
+    SELECT coalesce(w.opens_at <= w.at, false) AS open, w.opens_at
+    FROM job, destinations d,
+         LATERAL (SELECT t.at, next_window_opening(d, t.at) AS opens_at
+                  FROM (SELECT clock_timestamp() AS at) t) w
+    WHERE job.status = 'Queued' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id),
 claimed AS (
     UPDATE export_jobs j
     SET status = 'Running', attempt_id = %(attempt_id)s, attempt_count = j.attempt_count + 1,
@@ -123,13 +132,31 @@ claimed AS (
       AND gate.open
       -- a job given back after a failure waits until its available_at (002: "Persist available_at")
       AND (j.available_at IS NULL OR j.available_at <= clock_timestamp())
+      -- the partner takes deliveries now (a missing destination is the policy's and cutoff 2's to refuse)
+      AND coalesce((SELECT open FROM win), true)
     RETURNING j.id, j.status, j.version, j.attempt_id, j.claimed_by),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
-    SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed)
-SELECT true AS matched, status, version, attempt_id, true AS deliveries_open, true AS available FROM claimed
+    SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed),
+deferred AS (
+    -- outside the window: the job waits for the next opening (0035's guard lets a Queued job's wait only grow)
+    UPDATE export_jobs j
+    SET available_at = win.opens_at, woken_at = clock_timestamp()
+    FROM job, gate, win
+    WHERE j.id = job.id AND j.status = 'Queued' AND j.version = %(checked_version)s
+      AND gate.open AND NOT win.open AND win.opens_at IS NOT NULL
+      AND (j.available_at IS NULL OR j.available_at < win.opens_at)
+    RETURNING j.id, j.available_at),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent, available_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text, available_at
+    FROM deferred)
+SELECT true AS matched, status, version, attempt_id, true AS deliveries_open, true AS available,
+       true AS window_open, NULL::timestamptz AS window_opens_at
+FROM claimed
 UNION ALL
-SELECT false AS matched, status, version, attempt_id, (SELECT open FROM gate) AS deliveries_open, available
+SELECT false AS matched, status, version, attempt_id, (SELECT open FROM gate) AS deliveries_open, available,
+       coalesce((SELECT open FROM win), true) AS window_open, (SELECT opens_at FROM win) AS window_opens_at
 FROM job WHERE NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: adopt_claim_if_running
@@ -154,9 +181,11 @@ RETURNING id AS job_id;
 -- commits first makes the other wait, and this statement then re-checks. It authorizes only the destination
 -- version the build read (issue #24.2): no change of what a delivery uses (delivery_version, set by the
 -- destination's trigger) since then, and it records the version it authorized on the row and in the event.
+-- It authorizes only inside the destination's delivery window (0035), read on the same locked row, so a
+-- window edit and cutoff 2 serialize too: a window that closed during the build refuses (WindowClosed).
 -- It answers with state and ownership whether or not it matched, so a refusal is classified from this
 -- answer (StopRecorded, LeaseLapsed, NotOwner, OriginalCompleted, DestinationInactive, PolicyDenied, Paused,
--- DestinationChanged).
+-- DestinationChanged, WindowClosed).
 WITH job AS (
     SELECT id, status, attempt_id, stop_request_id, tenant_id, destination_id, created_by, list_name,
            coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
@@ -174,6 +203,8 @@ destination AS (
            -- checks nothing: the worker always passes it)
            (%(destination_version)s::int IS NULL OR d.delivery_version <= %(destination_version)s::int)
                AS unchanged,
+           -- the partner takes deliveries now (issue #25.2: intake hours and blackout dates)
+           delivery_window_open(d, clock_timestamp()) AS window_open,
            d.version
     FROM destinations d, job
     WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
@@ -192,6 +223,7 @@ gate AS (
                      WHERE job.status = 'Running'), false) AS open,
            coalesce((SELECT usable FROM destination), false) AS usable,
            coalesce((SELECT unchanged FROM destination), false) AS unchanged,
+           coalesce((SELECT window_open FROM destination), false) AS window_open,
            coalesce((SELECT may_export FROM creator), false)
            AND EXISTS (SELECT 1 FROM contacts c, job
                        WHERE c.tenant_id = job.tenant_id AND c.list_name = job.list_name) AS policy_allows),
@@ -216,6 +248,8 @@ authorized AS (
       AND gate.usable AND gate.policy_allows AND gate.open
       -- an edit of the host, credentials, keys or format since the build read the destination: rebuild
       AND gate.unchanged
+      -- outside the partner's intake hours, or on a blackout date: give back, wait for the next opening
+      AND gate.window_open
     RETURNING j.id, j.status, j.attempt_id, j.stop_request_id, j.delivery_authorized_at, j.destination_version),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, detail, recorded_at, destination_version)
@@ -224,13 +258,14 @@ event AS (
     FROM authorized)
 SELECT true AS matched, status, attempt_id, stop_request_id, true AS lease_current,
        (SELECT status FROM original) AS original_status, true AS destination_usable, true AS deliveries_open,
-       true AS policy_allows, true AS destination_unchanged
+       true AS policy_allows, true AS destination_unchanged, true AS window_open
 FROM authorized
 UNION ALL
 SELECT false AS matched, status, attempt_id, stop_request_id, lease_current,
        (SELECT status FROM original) AS original_status,
        (SELECT usable FROM gate) AS destination_usable, (SELECT open FROM gate) AS deliveries_open,
-       (SELECT policy_allows FROM gate) AS policy_allows, (SELECT unchanged FROM gate) AS destination_unchanged
+       (SELECT policy_allows FROM gate) AS policy_allows, (SELECT unchanged FROM gate) AS destination_unchanged,
+       (SELECT window_open FROM gate) AS window_open
 FROM job WHERE NOT EXISTS (SELECT 1 FROM authorized);
 
 -- name: read_ownership
@@ -291,8 +326,10 @@ RETURNING id;
 -- base * 2^n) scaled by the jitter (0.5 to 1), n its earlier counted give-backs, and the wake-up waits as
 -- long (002 "Backoff": persisted, so a restart keeps the delay). Past max_releases counted give-backs the
 -- job ends Failed (AttemptsExhausted) instead (002: "poison input cannot create infinite retries"). A drain
--- or a pause is not counted and does not wait. A recorded stop request is honored by finish_stopped
--- instead, never released into the queue again. The event names the host that gave the job back.
+-- or a pause is not counted and does not wait. A give-back because the destination's delivery window closed
+-- (until_window_opens, issue #25.2) is not counted but waits for the window's next opening. A recorded stop
+-- request is honored by finish_stopped instead, never released into the queue again. The event names the
+-- host that gave the job back.
 WITH released AS (
     UPDATE export_jobs
     SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
@@ -300,7 +337,10 @@ WITH released AS (
         transient_releases = transient_releases + CASE WHEN %(counted)s THEN 1 ELSE 0 END,
         available_at = CASE WHEN %(counted)s THEN clock_timestamp() + make_interval(
             secs => least(%(cap_seconds)s::float8, %(base_seconds)s::float8 * 2 ^ transient_releases)
-                    * (0.5 + 0.5 * %(jitter)s::float8)) END
+                    * (0.5 + 0.5 * %(jitter)s::float8))
+            WHEN %(until_window_opens)s THEN (
+                SELECT next_window_opening(d, clock_timestamp()) FROM destinations d
+                WHERE d.tenant_id = export_jobs.tenant_id AND d.id = export_jobs.destination_id) END
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL
       AND (NOT %(counted)s OR transient_releases < %(max_releases)s)
@@ -362,11 +402,19 @@ FROM job WHERE NOT EXISTS (SELECT 1 FROM fenced);
 -- name: fence_rename_if_delivering
 -- The rename fence: after the upload to the temporary name and before the rename request, this attempt
 -- writes it, still Delivering, still the owner, with a current lease and its upload fence. The rename is
--- never sent unless this matched; so an expired attempt without it never wrote the final name.
+-- never sent unless this matched; so an expired attempt without it never wrote the final name. It is
+-- written only inside the destination's delivery window (0035), open now and still open margin_seconds from
+-- now (the rename request follows the fence at once; windows change on the minute), so no rename is sent
+-- outside it (issue #25.2); a closed window refuses it and the rename is never sent.
 WITH job AS (
-    SELECT id, status, attempt_id, rename_fenced_at IS NOT NULL AS fenced,
+    SELECT id, status, attempt_id, rename_fenced_at IS NOT NULL AS fenced, tenant_id, destination_id,
            coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
     FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+win AS (
+    SELECT delivery_window_open(d, w.at)
+           AND delivery_window_open(d, w.at + make_interval(secs => %(window_margin_seconds)s::float8)) AS open
+    FROM job, destinations d, (SELECT clock_timestamp() AS at) w
+    WHERE d.tenant_id = job.tenant_id AND d.id = job.destination_id),
 fenced AS (
     UPDATE export_jobs j
     SET rename_fenced_at = clock_timestamp()
@@ -374,13 +422,17 @@ fenced AS (
     WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
       AND j.upload_fenced_at IS NOT NULL AND j.rename_fenced_at IS NULL
       AND j.lease_expires_at > clock_timestamp()
+      -- the partner takes deliveries now, and still will when the rename arrives
+      AND coalesce((SELECT open FROM win), false)
     RETURNING j.id, j.status, j.attempt_id, j.rename_fenced_at, j.claimed_by),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, recorded_at)
     SELECT id, attempt_id, 'RenameFenced', claimed_by, rename_fenced_at FROM fenced)
-SELECT true AS matched, status, attempt_id, true AS fenced, true AS lease_current FROM fenced
+SELECT true AS matched, status, attempt_id, true AS fenced, true AS lease_current, true AS window_open
+FROM fenced
 UNION ALL
-SELECT false AS matched, status, attempt_id, fenced, lease_current
+SELECT false AS matched, status, attempt_id, fenced, lease_current,
+       coalesce((SELECT open FROM win), false) AS window_open
 FROM job WHERE NOT EXISTS (SELECT 1 FROM fenced);
 
 -- name: finish_delivery

@@ -21,6 +21,9 @@ class ClaimAnswer(Row):
     attempt_id: UUID | None
     deliveries_open: bool
     available: bool  # not waiting after a give-back (its available_at passed, or it has none)
+    # inside the destination's delivery window now (0035); when not, the claim deferred the job to this opening
+    window_open: bool = True
+    window_opens_at: datetime | None = None
 
 
 class CutoffAnswer(Row):
@@ -38,6 +41,7 @@ class CutoffAnswer(Row):
         bool  # the creator may still export the list (principal read FOR SHARE), and it has contacts
     )
     destination_unchanged: bool = True  # nothing a delivery uses changed since the version the build read
+    window_open: bool = True  # inside the destination's delivery window, read on the locked row (0035)
 
 
 class FenceAnswer(Row):
@@ -48,6 +52,7 @@ class FenceAnswer(Row):
     attempt_id: UUID | None
     fenced: bool
     lease_current: bool
+    window_open: bool = True  # the rename fence only: inside the destination's delivery window (0035)
 
 
 class JobIdRow(Row):
@@ -171,6 +176,9 @@ class DestinationRecord(Row):
     version: int
     settings: dict[str, Any]
     enabled: bool | None
+    # when its delivery window opens next, as of window_checked_at (the same instant when it is open; 0035)
+    window_checked_at: datetime | None = None
+    window_opens_at: datetime | None = None
 
 
 class DestinationVersion(Row):

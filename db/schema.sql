@@ -73,6 +73,29 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.intake_time_zone_ok(tz text) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $_$
+    SELECT tz IS NOT NULL AND tz ~ '^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$'
+           AND EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = tz)
+$_$;
+
+CREATE FUNCTION public.intake_week_of(hours text[]) RETURNS int4multirange
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $$
+BEGIN
+    IF hours IS NULL OR cardinality(hours) NOT BETWEEN 1 AND 50 OR array_position(hours, NULL) IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT range_agg(w)
+            FROM intake_ranges(hours) r,
+                 LATERAL unnest(ARRAY[int4range(r.opens, least(r.closes, 10080)),
+                                      int4range(0, greatest(r.closes - 10080, 0))]) AS w
+            WHERE NOT isempty(w));
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN NULL;
+END $$;
+
 CREATE TABLE public.destinations (
     id uuid NOT NULL,
     tenant_id uuid NOT NULL,
@@ -101,12 +124,19 @@ CREATE TABLE public.destinations (
     pgp_signing_key_ref text,
     version integer DEFAULT 1 NOT NULL,
     delivery_version integer DEFAULT 1 NOT NULL,
+    intake_time_zone text DEFAULT 'UTC'::text NOT NULL,
+    intake_hours text[],
+    blackout_dates date[] DEFAULT '{}'::date[] NOT NULL,
+    intake_week int4multirange GENERATED ALWAYS AS (public.intake_week_of(intake_hours)) STORED,
     CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
+    CONSTRAINT ck_destinations_blackout_dates CHECK (((cardinality(blackout_dates) <= 366) AND (array_position(blackout_dates, NULL::date) IS NULL))),
     CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
     CONSTRAINT ck_destinations_contract CHECK (((contract_ends_on IS NULL) OR (contract_ends_on >= contract_starts_on))),
     CONSTRAINT ck_destinations_credential_ref CHECK ((((length(credential_ref) >= 1) AND (length(credential_ref) <= 1000)) AND (credential_ref !~ '[[:cntrl:]]'::text) AND (credential_ref !~~ '%-----BEGIN%'::text) AND (credential_ref !~~ '%PRIVATE KEY%'::text))),
     CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
     CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
+    CONSTRAINT ck_destinations_intake_hours CHECK (((intake_hours IS NULL) = (intake_week IS NULL))),
+    CONSTRAINT ck_destinations_intake_time_zone CHECK (public.intake_time_zone_ok(intake_time_zone)),
     CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
     CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
     CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
@@ -118,7 +148,25 @@ CREATE TABLE public.destinations (
     CONSTRAINT destinations_port_check CHECK (((port >= 1) AND (port <= 65535)))
 );
 
+CREATE FUNCTION public.delivery_window_open(d public.destinations, at timestamp with time zone) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT d.intake_week IS NULL AND cardinality(d.blackout_dates) = 0
+           OR (SELECT NOT (w::date = ANY (d.blackout_dates))
+                      AND (d.intake_week IS NULL
+                           OR d.intake_week @> ((extract(isodow FROM w)::int - 1) * 1440
+                                                + extract(hour FROM w)::int * 60 + extract(minute FROM w)::int))
+               FROM (SELECT at AT TIME ZONE d.intake_time_zone AS w) AS wall)
+$$;
+
 CREATE FUNCTION public.destination_delivery_terms(d public.destinations) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+SELECT destination_delivery_terms_before_windows(d)
+       - ARRAY['intake_time_zone', 'intake_hours', 'blackout_dates', 'intake_week']
+$$;
+
+CREATE FUNCTION public.destination_delivery_terms_before_windows(d public.destinations) RETURNS jsonb
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
 SELECT to_jsonb(d) - ARRAY['name', 'created_at', 'contract_starts_on', 'contract_ends_on', 'retired_at',
@@ -181,8 +229,15 @@ BEGIN
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_backoff';
     END IF;
     IF NEW.available_at IS DISTINCT FROM OLD.available_at
-       AND NOT (OLD.status = 'Running' AND NEW.status = 'Queued') THEN
-        RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued)', OLD.id
+       AND NOT (OLD.status = 'Running' AND NEW.status = 'Queued')
+       AND NOT (OLD.status = 'Queued' AND NEW.status = 'Queued' AND NEW.available_at IS NOT NULL
+                AND (OLD.available_at IS NULL OR NEW.available_at > OLD.available_at)
+                AND EXISTS (SELECT 1 FROM destinations d
+                            WHERE d.tenant_id = NEW.tenant_id AND d.id = NEW.destination_id
+                              AND NOT delivery_window_open(d, clock_timestamp())
+                              AND delivery_window_open(d, NEW.available_at))) THEN
+        RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued), or moved later '
+                        'to its delivery window''s opening for a Queued job outside it', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_backoff';
     END IF;
     RETURN NEW;
@@ -333,6 +388,53 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.intake_ranges(hours text[]) RETURNS TABLE(opens integer, closes integer)
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+DECLARE
+    day_names constant text[] := ARRAY['Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat', 'Sun'];
+    entry text;
+    m text[];
+    part text;
+    first_day int;
+    last_day int;
+    day int;
+    open_minute int;
+    close_minute int;
+BEGIN
+    FOREACH entry IN ARRAY hours LOOP
+        m := regexp_match(entry,
+            '^((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)(?:-(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun))?'
+            '(?:,(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)(?:-(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun))?)*)'
+            ' ([01][0-9]|2[0-3]):([0-5][0-9])-(?:([01][0-9]|2[0-3]):([0-5][0-9])|(24):(00))$');
+        IF m IS NULL THEN
+            RAISE EXCEPTION 'intake hours: % is not like ''Mon-Fri 08:00-18:00''', quote_literal(left(entry, 60))
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        open_minute := m[2]::int * 60 + m[3]::int;
+        close_minute := coalesce(m[4], m[6])::int * 60 + coalesce(m[5], m[7])::int;
+        IF close_minute = open_minute THEN
+            RAISE EXCEPTION 'intake hours: % opens and closes at the same time', quote_literal(entry)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF close_minute < open_minute THEN
+            close_minute := close_minute + 1440;  -- overnight: closes the next day
+        END IF;
+        FOREACH part IN ARRAY string_to_array(m[1], ',') LOOP
+            first_day := array_position(day_names, split_part(part, '-', 1)) - 1;
+            last_day := coalesce(array_position(day_names, nullif(split_part(part, '-', 2), '')) - 1, first_day);
+            day := first_day;
+            LOOP
+                opens := day * 1440 + open_minute;
+                closes := day * 1440 + close_minute;
+                RETURN NEXT;
+                EXIT WHEN day = last_day;
+                day := (day + 1) % 7;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+END $_$;
+
 CREATE FUNCTION public.listing_requests_append_only() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -386,6 +488,49 @@ CREATE FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by t
                        || ' (reconciliation needed)'
                END || '.'))
 $$;
+
+CREATE FUNCTION public.next_window_opening(d public.destinations, at timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+DECLARE
+    tz constant text := d.intake_time_zone;
+    first_day date;
+    day date;
+    best timestamptz;
+    candidate timestamptz;
+    opens_at int[];
+BEGIN
+    IF delivery_window_open(d, at) THEN
+        RETURN at;
+    END IF;
+    first_day := (at AT TIME ZONE tz)::date;
+    -- each entry's opening minutes of the day, by ISO day of the week (1 = Monday)
+    FOR i IN 0..400 LOOP
+        day := first_day + i;
+        CONTINUE WHEN day = ANY (d.blackout_dates);
+        -- the day's openings (a range's start; one that only continues past the week's end adds a harmless
+        -- candidate, where the window is already open)
+        SELECT coalesce(array_agg(DISTINCT lower(r) % 1440), '{}') INTO opens_at
+        FROM unnest(coalesce(d.intake_week, '{}'::int4multirange)) AS r
+        WHERE lower(r) / 1440 = extract(isodow FROM day)::int - 1;
+        best := NULL;
+        FOR candidate IN
+            SELECT x FROM unnest(array_append(opens_at, 0)) AS o(minute),
+                          LATERAL wall_clock_instants(day + make_interval(mins => o.minute), tz) AS x
+            UNION ALL
+            SELECT x FROM offset_change_between(day::timestamp AT TIME ZONE tz,
+                                                (day + 1)::timestamp AT TIME ZONE tz, tz) AS x
+        LOOP
+            IF candidate > at AND (best IS NULL OR candidate < best) AND delivery_window_open(d, candidate) THEN
+                best := candidate;
+            END IF;
+        END LOOP;
+        IF best IS NOT NULL THEN
+            RETURN best;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
 
 CREATE FUNCTION public.notification_time(t timestamp with time zone) RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
@@ -513,6 +658,29 @@ BEGIN
     RETURN new_id;
 END $_$;
 
+CREATE FUNCTION public.offset_change_between(low timestamp with time zone, high timestamp with time zone, tz text) RETURNS SETOF timestamp with time zone
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+DECLARE
+    lo bigint := floor(extract(epoch FROM low));
+    hi bigint := ceil(extract(epoch FROM high));
+    target constant interval := (high AT TIME ZONE tz) - (high AT TIME ZONE 'UTC');
+    mid bigint;
+BEGIN
+    IF (low AT TIME ZONE tz) - (low AT TIME ZONE 'UTC') = target THEN
+        RETURN;
+    END IF;
+    WHILE hi - lo > 1 LOOP
+        mid := (lo + hi) / 2;
+        IF (to_timestamp(mid) AT TIME ZONE tz) - (to_timestamp(mid) AT TIME ZONE 'UTC') = target THEN
+            hi := mid;
+        ELSE
+            lo := mid;
+        END IF;
+    END LOOP;
+    RETURN NEXT to_timestamp(hi);
+END $$;
+
 CREATE FUNCTION public.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -558,6 +726,31 @@ BEGIN
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_recurring_exports_deleted_final';
     END IF;
     RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) RETURNS SETOF timestamp with time zone
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    AS $$
+DECLARE
+    guess constant timestamptz := wall AT TIME ZONE tz;
+    before_offset interval;
+    after_offset interval;
+    earlier timestamptz;
+    later timestamptz;
+BEGIN
+    before_offset := ((guess - interval '1 day') AT TIME ZONE tz) - ((guess - interval '1 day') AT TIME ZONE 'UTC');
+    after_offset := ((guess + interval '1 day') AT TIME ZONE tz) - ((guess + interval '1 day') AT TIME ZONE 'UTC');
+    earlier := (wall - before_offset) AT TIME ZONE 'UTC';
+    later := (wall - after_offset) AT TIME ZONE 'UTC';
+    IF later < earlier THEN
+        SELECT later, earlier INTO earlier, later;
+    END IF;
+    IF (earlier AT TIME ZONE tz) = wall THEN
+        RETURN NEXT earlier;
+    END IF;
+    IF later <> earlier AND (later AT TIME ZONE tz) = wall THEN
+        RETURN NEXT later;
+    END IF;
 END $$;
 
 CREATE TABLE public.api_tokens (
@@ -1327,6 +1520,12 @@ GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_api;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_recovery;
 
+REVOKE ALL ON FUNCTION public.intake_time_zone_ok(tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.intake_time_zone_ok(tz text) TO exports_api;
+
+REVOKE ALL ON FUNCTION public.intake_week_of(hours text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.intake_week_of(hours text[]) TO exports_api;
+
 GRANT SELECT,INSERT ON TABLE public.destinations TO exports_api;
 GRANT SELECT ON TABLE public.destinations TO exports_worker;
 GRANT SELECT ON TABLE public.destinations TO exports_reconciler;
@@ -1368,12 +1567,30 @@ GRANT UPDATE(temporary_files) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
 
+GRANT UPDATE(intake_time_zone) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(intake_hours) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(blackout_dates) ON TABLE public.destinations TO exports_api;
+
+REVOKE ALL ON FUNCTION public.delivery_window_open(d public.destinations, at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.delivery_window_open(d public.destinations, at timestamp with time zone) TO exports_worker;
+GRANT ALL ON FUNCTION public.delivery_window_open(d public.destinations, at timestamp with time zone) TO exports_api;
+
 REVOKE ALL ON FUNCTION public.export_jobs_mark_outcome_unknown() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.intake_ranges(hours text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.intake_ranges(hours text[]) TO exports_worker;
+GRANT ALL ON FUNCTION public.intake_ranges(hours text[]) TO exports_api;
 
 REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
 
 REVOKE ALL ON FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by text, requested_at timestamp with time zone, authorized_at timestamp with time zone, job_id uuid, outcome text, failure_reason text, file_name text, file_bytes bigint, file_rows bigint, file_sha256 bytea, outcome_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.next_window_opening(d public.destinations, at timestamp with time zone) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.next_window_opening(d public.destinations, at timestamp with time zone) TO exports_worker;
+GRANT ALL ON FUNCTION public.next_window_opening(d public.destinations, at timestamp with time zone) TO exports_api;
 
 REVOKE ALL ON FUNCTION public.notify_export_outcome() FROM PUBLIC;
 
@@ -1384,6 +1601,14 @@ REVOKE ALL ON FUNCTION public.notify_recurring_firing_row() FROM PUBLIC;
 REVOKE ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) TO exports_worker;
 GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) TO exports_api;
+
+REVOKE ALL ON FUNCTION public.offset_change_between(low timestamp with time zone, high timestamp with time zone, tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.offset_change_between(low timestamp with time zone, high timestamp with time zone, tz text) TO exports_worker;
+GRANT ALL ON FUNCTION public.offset_change_between(low timestamp with time zone, high timestamp with time zone, tz text) TO exports_api;
+
+REVOKE ALL ON FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) TO exports_worker;
+GRANT ALL ON FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) TO exports_api;
 
 GRANT SELECT ON TABLE public.api_tokens TO exports_api;
 

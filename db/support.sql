@@ -81,12 +81,16 @@ WITH earlier AS (
 created AS (
     INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
                               name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
-                              temporary_files, contract_starts_on, contract_ends_on)
+                              temporary_files, contract_starts_on, contract_ends_on,
+                              intake_time_zone, intake_hours, blackout_dates)
     SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
            %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s::text,
            %(max_write_request)s, %(temporary_files)s,
            coalesce(%(contract_starts_on)s::date, (clock_timestamp() AT TIME ZONE 'UTC')::date),
-           %(contract_ends_on)s::date
+           %(contract_ends_on)s::date,
+           -- the delivery window (0035): none unless given
+           coalesce(%(intake_time_zone)s::text, 'UTC'), %(intake_hours)s::text[],
+           coalesce(%(blackout_dates)s::date[], ARRAY[]::date[])
     WHERE NOT EXISTS (SELECT 1 FROM earlier)
     RETURNING *),
 recorded AS (
@@ -120,6 +124,10 @@ edited AS (
                   r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
                   r.contract_starts_on, r.contract_ends_on
            FROM jsonb_populate_record(d, %(changes)s::jsonb) AS r),
+        -- the delivery window (0035): not a delivery term, so no rebuild; cutoff 2 and the rename re-read it
+        (intake_time_zone, intake_hours, blackout_dates)
+        = (SELECT r.intake_time_zone, r.intake_hours, r.blackout_dates
+           FROM jsonb_populate_record(d, %(changes)s::jsonb) AS r),
         version = d.version + 1
     FROM current c
     WHERE d.tenant_id = c.tenant_id AND d.id = c.id AND c.retired_at IS NULL
@@ -131,7 +139,7 @@ recorded AS (
     SELECT e.tenant_id, e.id, e.version, 'edited', %(changed_by)s, %(changed_role)s, %(reason)s,
            to_jsonb(c), to_jsonb(e),
            ARRAY(SELECT f.key FROM jsonb_each(to_jsonb(e)) AS f
-                 WHERE f.key NOT IN ('version', 'delivery_version')
+                 WHERE f.key NOT IN ('version', 'delivery_version', 'intake_week')
                    AND f.value IS DISTINCT FROM to_jsonb(c) -> f.key
                  ORDER BY f.key),
            e.delivery_version = e.version
@@ -153,11 +161,13 @@ RETURNING version;
 
 -- name: get_tenant_destination
 -- One destination of the tenant as it is now, every column as JSON (the service shows a reference as set or
--- unset, never its value), with whether its delivery switch is on (none: never enabled, so paused).
-SELECT d.id, d.version, to_jsonb(d) AS settings,
+-- unset, never its value), with whether its delivery switch is on (none: never enabled, so paused), and
+-- when its delivery window opens next (now, when it is open; 0035).
+SELECT d.id, d.version, to_jsonb(d) - 'intake_week' AS settings,
        (SELECT s.enabled FROM delivery_switches s
-        WHERE s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id) AS enabled
-FROM destinations d
+        WHERE s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id) AS enabled,
+       w.at AS window_checked_at, next_window_opening(d, w.at) AS window_opens_at
+FROM destinations d, (SELECT clock_timestamp() AS at) w
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
 
 -- name: principal_role

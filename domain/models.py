@@ -108,6 +108,8 @@ class ClaimResult(StrEnum):
     LOST = "Lost"
     PAUSED = "Paused"  # the claim matched nothing because a switch of the job's scope is paused: still Queued
     NOT_YET = "NotYet"  # the claim matched nothing because the job waits after a give-back (available_at)
+    # outside the destination's delivery window: nothing claimed, the job waits for the next opening (#25.2)
+    OUTSIDE_WINDOW = "OutsideWindow"
     UNKNOWN = "Unknown"
 
 
@@ -124,6 +126,8 @@ class AuthorizationResult(StrEnum):
     )
     # what a delivery of the destination uses changed since the build read it: release, and rebuild (#24.2)
     DESTINATION_CHANGED = "DestinationChanged"
+    # the destination's delivery window closed during the build: release, wait for the next opening (#25.2)
+    WINDOW_CLOSED = "WindowClosed"
     UNKNOWN = "Unknown"
 
 
@@ -133,6 +137,8 @@ class FenceResult(StrEnum):
     FENCED = "Fenced"
     LEASE_LAPSED = "LeaseLapsed"  # still the owner, lease expired: renew once and fence again
     NOT_OWNER = "NotOwner"  # another attempt, another state, or recovery's takeover refused it
+    # the rename fence only: the destination's delivery window is closed (or closes within the margin)
+    OUTSIDE_WINDOW = "OutsideWindow"
     UNKNOWN = "Unknown"  # the answer and its re-read were both lost: send nothing
 
 
@@ -148,6 +154,9 @@ class ReleaseCause(StrEnum):
     # an admin changed what a delivery of the destination uses during the build: nobody's failure, the next
     # claim rebuilds for the new version at once (issue #24.2)
     DESTINATION_CHANGED = "destination_changed"
+    # the destination's delivery window closed during the build: nobody's failure, the job waits for the next
+    # opening (issue #25.2)
+    WINDOW_CLOSED = "window_closed"
     WORKFLOW = (
         "workflow"  # its workflow is gone, timed out, or not confirmed (Temporal unreachable, throttled)
     )
@@ -199,6 +208,7 @@ class AttemptOutcome(StrEnum):
     RELEASED = "Released"  # this attempt gave the job back to the queue (a drain or a pause) before cutoff 2
     PAUSED = "Paused"  # a switch of the job's scope is paused: nothing claimed, the job stays Queued
     NOT_YET = "NotYet"  # the job waits after a give-back until its available_at: nothing claimed
+    OUTSIDE_WINDOW = "OutsideWindow"  # outside its destination's delivery window: waits for the next opening
 
 
 class StopPoint(StrEnum):

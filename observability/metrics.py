@@ -97,6 +97,7 @@ _RESULTS: dict[str, TransitionResult] = {
     ClaimResult.LOST: TransitionResult.REFUSED,
     ClaimResult.PAUSED: TransitionResult.REFUSED,
     ClaimResult.NOT_YET: TransitionResult.REFUSED,
+    ClaimResult.OUTSIDE_WINDOW: TransitionResult.REFUSED,
     ClaimResult.UNKNOWN: TransitionResult.UNKNOWN,
     AuthorizationResult.AUTHORIZED: TransitionResult.WRITTEN,
     AuthorizationResult.STOP_RECORDED: TransitionResult.REFUSED,
@@ -107,6 +108,7 @@ _RESULTS: dict[str, TransitionResult] = {
     AuthorizationResult.DESTINATION_INACTIVE: TransitionResult.REFUSED,
     AuthorizationResult.POLICY_DENIED: TransitionResult.REFUSED,
     AuthorizationResult.DESTINATION_CHANGED: TransitionResult.REFUSED,
+    AuthorizationResult.WINDOW_CLOSED: TransitionResult.REFUSED,
     ReleaseResult.RELEASED: TransitionResult.WRITTEN,
     ReleaseResult.EXHAUSTED: TransitionResult.WRITTEN,
     AuthorizationResult.UNKNOWN: TransitionResult.UNKNOWN,
@@ -116,6 +118,7 @@ _RESULTS: dict[str, TransitionResult] = {
     FenceResult.FENCED: TransitionResult.WRITTEN,
     FenceResult.LEASE_LAPSED: TransitionResult.REFUSED,
     FenceResult.NOT_OWNER: TransitionResult.NOT_OWNER,
+    FenceResult.OUTSIDE_WINDOW: TransitionResult.REFUSED,
     FenceResult.UNKNOWN: TransitionResult.UNKNOWN,
 }
 

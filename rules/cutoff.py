@@ -16,6 +16,7 @@ def authorization_from(
     deliveries_open: bool = True,
     policy_allows: bool = True,
     destination_unchanged: bool = True,
+    window_open: bool = True,
 ) -> AuthorizationResult:
     """Cutoff 2's answer for ``attempt_id`` from state and ownership read together.
 
@@ -24,7 +25,8 @@ def authorization_from(
     Completed is OriginalCompleted; a destination retired or out of contract is DestinationInactive, a
     creator who may no longer export this list or a list with no contacts is PolicyDenied, and a paused
     switch of the job's scope is Paused, and a destination whose delivery terms changed since the build read
-    it is DestinationChanged (all four give the attempt back to the queue, as cutoff 2 read them under its
+    it is DestinationChanged, and a delivery window that closed during the build is WindowClosed (all five
+    give the attempt back to the queue, as cutoff 2 read them under its
     own locks; a lost-response re-read does not know them and says LeaseLapsed, whose retry answers again);
     anything else is LeaseLapsed, which gets one renewal and retry.
     """
@@ -44,5 +46,7 @@ def authorization_from(
         return AuthorizationResult.PAUSED
     if not destination_unchanged:
         return AuthorizationResult.DESTINATION_CHANGED
+    if not window_open:
+        return AuthorizationResult.WINDOW_CLOSED
     # Expired, or renewed between the refusal and the re-read: either way LeaseLapsed, with its one retry.
     return AuthorizationResult.LEASE_LAPSED

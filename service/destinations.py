@@ -14,7 +14,9 @@ them; everyone who reads exports reads them, with every version and the change t
   uses (the host, the port, the account, the pinned key, the credential, the directory, the contract's
   evidence terms; any column a later migration adds) makes cutoff 2 refuse the file built for the version
   before, and the attempt is given back and rebuilt; the name, the contract window and the retirement do
-  not (cutoff 2 re-checks the window and the retirement itself).
+  not (cutoff 2 re-checks the window and the retirement itself). Nor does the delivery window (issue #25.2:
+  the partner's intake hours in its time zone, and its blackout dates): the claim, cutoff 2 and the rename
+  fence read it as it is at that moment.
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ USERNAME_PATTERN = r"^[A-Za-z0-9._@+-]{1,200}$"
 REFERENCE_PATTERN = r"^[!-~]([ -~]{0,998}[!-~])?$"
 REMOTE_DIR_PATTERN = r"^/([ -~]{0,999})$"
 ACK_SUFFIX_PATTERN = r"^[A-Za-z0-9._-]{1,50}$"
+# One entry of a delivery window's intake hours, as migration 0035's intake_ranges reads it ("Mon-Fri 08:00-18:00",
+# "Sat,Sun 10:00-12:00", "Mon-Fri 22:00-06:00" overnight, "Sun 00:00-24:00"): a test holds the two to the
+# same answers. The database also refuses an entry that opens and closes at the same minute.
+_DAY = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_DAYS = rf"{_DAY}(?:-{_DAY})?"
+INTAKE_HOURS_PATTERN = (
+    rf"^{_DAYS}(?:,{_DAYS})* (?:[01][0-9]|2[0-3]):[0-5][0-9]-(?:(?:[01][0-9]|2[0-3]):[0-5][0-9]|24:00)$"
+)
+TIME_ZONE_PATTERN = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"
 _KEY_MATERIAL = re.compile(r"-----BEGIN|PRIVATE KEY", re.IGNORECASE)
 
 Host = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=HOST_PATTERN)]
@@ -65,6 +76,21 @@ AckSuffix = Annotated[str, StringConstraints(min_length=1, max_length=50, patter
 HashEvidence = Literal["none", "read_back", "ack_file"]
 TemporaryFiles = Literal["keep", "remove"]
 WriteRequest = Annotated[int, Field(ge=1024, le=261120)]
+IntakeEntry = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=INTAKE_HOURS_PATTERN)]
+TimeZone = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=TIME_ZONE_PATTERN)]
+IntakeHours = Annotated[list[IntakeEntry], Field(min_length=1, max_length=50)]
+BlackoutDates = Annotated[list[date], Field(max_length=366)]
+_HOURS_OR_NULL: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 50,
+            "items": {"type": "string", "maxLength": 100, "pattern": INTAKE_HOURS_PATTERN},
+        },
+        {"type": "null"},
+    ]
+}
 _DATE_OR_NULL: dict[str, Any] = {"anyOf": [{"type": "string", "format": "date"}, {"type": "null"}]}
 _SUFFIX_OR_NULL: dict[str, Any] = {
     "anyOf": [
@@ -75,7 +101,7 @@ _SUFFIX_OR_NULL: dict[str, Any] = {
 
 # Fields whose null means something (no acknowledgment file; an open-ended contract); every other field a
 # PATCH names must have a value.
-NULLABLE = frozenset({"ack_suffix", "contract_ends_on"})
+NULLABLE = frozenset({"ack_suffix", "contract_ends_on", "intake_hours"})
 
 
 def _edit_schema(schema: dict[str, Any], model: Any = None) -> None:
@@ -116,6 +142,19 @@ class DestinationFields(BaseModel):
     temporary_files: TemporaryFiles | None = None
     contract_starts_on: Annotated[date | None, WithJsonSchema(_DATE_OR_NULL)] = None
     contract_ends_on: Annotated[date | None, WithJsonSchema(_DATE_OR_NULL)] = None
+    # The delivery window (issue #25.2): the partner's time zone (IANA), its intake hours in that zone (null: any
+    # hour) and its blackout dates (local dates on which it takes nothing).
+    intake_time_zone: TimeZone | None = Field(
+        default=None, description="The partner's time zone (IANA, e.g. Europe/Berlin); default UTC"
+    )
+    intake_hours: Annotated[IntakeHours | None, WithJsonSchema(_HOURS_OR_NULL)] = Field(
+        default=None,
+        description="When the partner takes deliveries, in its time zone, e.g. ['Mon-Fri 08:00-18:00']; "
+        "null: at any hour",
+    )
+    blackout_dates: BlackoutDates | None = Field(
+        default=None, description="Local dates on which the partner takes nothing, e.g. ['2026-12-24']"
+    )
 
 
 class CreateDestination(DestinationFields):
@@ -188,7 +227,17 @@ def value_problem(fields: Mapping[str, Any]) -> str | None:
     host_key = fields.get("host_key")
     if isinstance(host_key, str) and ("PRIVATE" in host_key.upper() or host_key_blob(host_key) is None):
         return "host_key must be the server's public key line, '<type> <base64>', as ssh-keyscan prints it"
+    time_zone = fields.get("intake_time_zone")
+    if isinstance(time_zone, str) and time_zone not in _known_time_zones():
+        return "intake_time_zone must be an IANA time zone name, such as Europe/Berlin or UTC"
     return None
+
+
+def _known_time_zones() -> frozenset[str]:
+    """The IANA names this host knows (the database checks its own list too: ck_destinations_intake_time_zone)."""
+    import zoneinfo
+
+    return frozenset(zoneinfo.available_timezones()) | {"UTC"}
 
 
 def contract_problem(row: Mapping[str, Any]) -> str | None:
@@ -448,6 +497,11 @@ class Destinations:
             if edited.delivery_changed
             else "No delivery term changed: exports building for it go on."
         )
+        if _WINDOW_FIELDS & set(edited.changed_fields):
+            consequence += (
+                " The delivery window applies from now on to claims, cutoff 2 and renames; an export already"
+                " waiting for an opening is woken at the opening it was given, and its claim checks again."
+            )
         return Answer(
             Kind.DONE,
             {
@@ -491,6 +545,9 @@ class Destinations:
         )
 
 
+_WINDOW_FIELDS = frozenset({"intake_time_zone", "intake_hours", "blackout_dates"})
+
+
 def _retired(settings: Mapping[str, Any]) -> Answer:
     return refusal(
         Kind.REFUSED,
@@ -504,6 +561,11 @@ _CONTRACT_CHECKS = {
     "ck_destinations_ack": "ack_suffix is required with hash_evidence 'ack_file', and only with it",
     "ck_destinations_contract": "contract_ends_on must not be before contract_starts_on",
     "ck_destinations_credential_ref": "credential_ref must be a reference to a secret, never the secret",
+    "ck_destinations_intake_time_zone": "intake_time_zone must be an IANA time zone name the database knows",
+    "ck_destinations_intake_hours": (
+        "intake_hours: 1 to 50 entries like 'Mon-Fri 08:00-18:00', each opening and closing at different times"
+    ),
+    "ck_destinations_blackout_dates": "blackout_dates: at most 366 dates",
 }
 
 

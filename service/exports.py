@@ -51,6 +51,7 @@ from service.permissions import Action, may, refused
 from service.signals import NoSignaller, StopSignaller, TemporalStopSignaller, signal_stop_best_effort
 from service.views import (
     TERMINAL_STATUSES,
+    DeliveryWindowState,
     TimelineEntry,
     cancellation_message,
     count_text,
@@ -248,6 +249,14 @@ class Exports:
         destination = destinations.get(job.destination_id, str(job.destination_id))
         latest = requests[-1] if requests else None
         tenant_name = await self.tenant_name(caller.tenant_id)
+        window = None
+        if job.status == JobStatus.QUEUED:
+            # why a Queued export waits, when its partner takes no deliveries now (issue #25.2)
+            record = await self.store.get_tenant_destination(caller.tenant_id, job.destination_id)
+            if record is not None:
+                window = DeliveryWindowState.from_settings(
+                    record.settings, record.window_checked_at, record.window_opens_at
+                )
         return Detail(
             job=job,
             events=events,
@@ -256,7 +265,7 @@ class Exports:
             destination_name=destination,
             entries=timeline(job, events, requests, tenant_name=tenant_name, destination_name=destination),
             message=cancellation_message(latest, job, events, destination) if latest else None,
-            status_line=status_line(job, events),
+            status_line=status_line(job, events, window),
             links=temporal_ui_links(self.temporal_ui_url, self.namespace, job),
         )
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import quote
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
 from domain.listing import Count, CountKind
 from domain.models import (
@@ -201,9 +203,70 @@ def cancellation_message(
             return f"Already ended: {job.status.value}{_code(job)}. This export delivered nothing."
 
 
-def status_line(job: ExportJob, events: list[AttemptEvent]) -> str:
-    """A one-line summary of where the export is now, from the row."""
+@dataclass(frozen=True)
+class DeliveryWindowState:
+    """A destination's delivery window as the database read it at ``checked_at`` (issue #25.2): its intake
+    hours and blackout dates in the partner's time zone, and its next opening (``checked_at`` itself when it is
+    open; ``None`` when it never opens, which the column checks rule out)."""
+
+    destination_name: str
+    time_zone: str
+    intake_hours: tuple[str, ...] | None
+    blackout_dates: tuple[str, ...]
+    checked_at: datetime
+    opens_at: datetime | None
+
+    @classmethod
+    def from_settings(
+        cls, settings: dict[str, Any], checked_at: datetime | None, opens_at: datetime | None
+    ) -> DeliveryWindowState | None:
+        """From a destination's columns (``get_tenant_destination``); ``None`` when it was not checked."""
+        if checked_at is None:
+            return None
+        hours = settings.get("intake_hours")
+        return cls(
+            destination_name=str(settings.get("name")),
+            time_zone=str(settings.get("intake_time_zone") or "UTC"),
+            intake_hours=tuple(hours) if hours else None,
+            blackout_dates=tuple(str(d) for d in settings.get("blackout_dates") or ()),
+            checked_at=checked_at,
+            opens_at=opens_at,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self.opens_at is None or self.opens_at > self.checked_at
+
+    def why_waiting(self) -> str:
+        """Why an export to it waits, and until when, in the partner's time zone: "outside partner-new's
+        intake hours (Mon-Fri 08:00-18:00 Europe/Berlin); next opening Mon 08:00"."""
+        zone = ZoneInfo(self.time_zone)
+        local_today = self.checked_at.astimezone(zone).date().isoformat()
+        if local_today in self.blackout_dates:
+            why = (
+                f"{self.destination_name} takes no deliveries today ({local_today}, a blackout date in"
+                f" {self.time_zone})"
+            )
+        else:
+            hours = ", ".join(self.intake_hours or ())
+            why = f"outside {self.destination_name}'s intake hours ({hours} {self.time_zone})"
+        if self.opens_at is None:
+            return f"{why}; no opening is ahead"
+        opens = self.opens_at.astimezone(zone)
+        if opens - self.checked_at.astimezone(zone) < timedelta(days=6):
+            when = opens.strftime("%a %H:%M")
+        else:
+            when = opens.strftime("%a %Y-%m-%d %H:%M")
+        return f"{why}; next opening {when}"
+
+
+def status_line(job: ExportJob, events: list[AttemptEvent], window: DeliveryWindowState | None = None) -> str:
+    """A one-line summary of where the export is now, from the row (and, for a Queued export, its
+    destination's delivery window when the caller read it)."""
     match job.status:
+        case JobStatus.QUEUED if window is not None and window.closed:
+            # issue #25.2: the claim makes no attempt outside the window; the export waits for its opening
+            return f"Queued (v{job.version}): {window.why_waiting()}."
         case JobStatus.QUEUED if job.available_at is not None and job.transient_releases:
             times = "once" if job.transient_releases == 1 else f"{job.transient_releases} times"
             return (

@@ -95,6 +95,8 @@ class ClaimStep(StrEnum):
     NOT_CLAIMED = "NotClaimed"
     PAUSED = "Paused"  # a delivery switch of the job's scope is paused: nothing claimed, still Queued
     NOT_YET = "NotYet"  # the job waits after a give-back (available_at): nothing claimed, still Queued
+    # outside its destination's delivery window: nothing claimed, still Queued, woken at the next opening
+    OUTSIDE_WINDOW = "OutsideWindow"
 
 
 class ClaimInput(BaseModel):

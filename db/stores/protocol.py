@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
+from psycopg_pool import AsyncConnectionPool
+
 from db.errors import (
     TransientStoreError,
 )
@@ -25,7 +27,7 @@ from db.rows import (
     RenewalRow,
     StoppedRow,
 )
-from db.stores.base import observe_stop, transition
+from db.stores.base import REREAD_TIMEOUT_SECONDS, observe_stop, transition
 from db.stores.evidence import EvidenceStatements
 from db.stores.reads import Reads
 from domain.controls import PolicyFacts
@@ -72,6 +74,8 @@ _RUNNING_FAILURE_CODES = {
 class ProtocolStatements(Reads):
     """The worker's row protocol: claim, cutoff 2, renewal, give-back, fences, terminal writes, sweep."""
 
+    window_margin_seconds: float = 5.0  # the rename fence's look-ahead into the delivery window (#25.2)
+
     async def read_policy_facts(self, job_id: UUID) -> PolicyFacts | None:
         """What the policy check evaluates, read in one statement; ``None`` when there is no such job."""
         return await self._row("read_policy_facts", {"job_id": job_id}, PolicyFacts)
@@ -101,8 +105,9 @@ class ProtocolStatements(Reads):
         """Cutoff 1. Claimed only if the row is Running with this attempt: from the statement's own
         answer, or, when that answer was lost, from a re-read of state and ownership. NotYet when the
         claim matched nothing because the job waits after a give-back, Paused when only because a
-        delivery switch of the job's scope is paused (either way the job is still Queued at the version
-        checked)."""
+        delivery switch of the job's scope is paused, OutsideWindow when only because its destination's
+        delivery window is closed (the statement then made the job wait for the next opening, with a wake-up
+        deferred as long); in each case the job is still Queued at the version checked."""
         answers = await self._unless_lost(
             "claim_if_queued",
             {
@@ -112,6 +117,7 @@ class ProtocolStatements(Reads):
                 "worker_id": worker_id,
                 "workflow_id": workflow_id,
                 "lease_seconds": self.lease_seconds,
+                "traceparent": current_traceparent(),
             },
             ClaimAnswer,
         )
@@ -124,6 +130,8 @@ class ProtocolStatements(Reads):
                     return ClaimResult.NOT_YET
                 if not found.deliveries_open:
                     return ClaimResult.PAUSED
+                if not found.window_open:
+                    return ClaimResult.OUTSIDE_WINDOW
             status, owner = (found.status, found.attempt_id) if found else (None, None)
         else:
             try:
@@ -218,6 +226,7 @@ class ProtocolStatements(Reads):
             deliveries_open=found.deliveries_open,
             policy_allows=found.policy_allows,
             destination_unchanged=found.destination_unchanged,
+            window_open=found.window_open,
         )
 
     async def renew_lease(self, job_id: UUID, attempt_id: UUID) -> Renewal:
@@ -263,6 +272,8 @@ class ProtocolStatements(Reads):
             "cap_seconds": policy.cap_seconds,
             "max_releases": policy.max_releases,
             "jitter": policy.jitter(),
+            # not counted, but the next claim waits for the delivery window's next opening (#25.2)
+            "until_window_opens": cause == ReleaseCause.WINDOW_CLOSED,
             "traceparent": current_traceparent(),
         }
         answers = await self._unless_lost("release_attempt_if_running", params, ReleaseRow)
@@ -301,7 +312,11 @@ class ProtocolStatements(Reads):
         return await self._fence("fence_rename_if_delivering", job_id, attempt_id, rename=True)
 
     async def _fence(self, name: str, job_id: UUID, attempt_id: UUID, *, rename: bool) -> FenceResult:
-        answers = await self._unless_lost(name, {"job_id": job_id, "attempt_id": attempt_id}, FenceAnswer)
+        params: dict[str, object] = {"job_id": job_id, "attempt_id": attempt_id}
+        if rename:
+            # the rename fence requires the delivery window open this long after it, too (#25.2)
+            params["window_margin_seconds"] = self.window_margin_seconds
+        answers = await self._unless_lost(name, params, FenceAnswer)
         if answers is None:
             try:
                 state = await self._reread(job_id)
@@ -419,8 +434,23 @@ def fence_result(found: FenceAnswer, attempt_id: UUID) -> FenceResult:
         return FenceResult.NOT_OWNER
     if found.matched or found.fenced:
         return FenceResult.FENCED
+    if found.lease_current and not found.window_open:
+        return FenceResult.OUTSIDE_WINDOW
     return FenceResult.LEASE_LAPSED if not found.lease_current else FenceResult.NOT_OWNER
 
 
 class WorkerStore(ProtocolStatements, EvidenceStatements):
-    """The worker's store (role ``exports_worker``): the row protocol of the attempts it claims."""
+    """The worker's store (role ``exports_worker``): the row protocol of the attempts it claims.
+    ``window_margin_seconds``: how long after the rename fence a destination's delivery window must still be
+    open for the fence to be written (``EXPORTS_WINDOW_RENAME_MARGIN_SECONDS``)."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        lease_seconds: float = 60.0,
+        reread_timeout: float = REREAD_TIMEOUT_SECONDS,
+        window_margin_seconds: float = 5.0,
+    ) -> None:
+        super().__init__(pool, lease_seconds=lease_seconds, reread_timeout=reread_timeout)
+        self.window_margin_seconds = window_margin_seconds

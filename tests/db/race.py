@@ -186,6 +186,7 @@ def claim_params(
         "worker_id": worker_id,
         "workflow_id": None,
         "lease_seconds": lease_seconds,
+        "traceparent": None,
     }
 
 

@@ -248,6 +248,10 @@ async def test_the_exact_grants_on_the_controls_tables(database):
                     "temporary_files",
                     "username",
                     "version",
+                    # the delivery window (0035)
+                    "blackout_dates",
+                    "intake_hours",
+                    "intake_time_zone",
                 ]
             )
         ],

@@ -33,7 +33,7 @@ RUN = "recovery-test"
 
 
 def fence_params(job_id: uuid.UUID, attempt_id: uuid.UUID) -> dict[str, object]:
-    return {"job_id": job_id, "attempt_id": attempt_id}
+    return {"job_id": job_id, "attempt_id": attempt_id, "window_margin_seconds": 5.0}
 
 
 def fail_params(job_id: uuid.UUID, attempt_id: uuid.UUID) -> dict[str, object]:

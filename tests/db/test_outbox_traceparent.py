@@ -4,6 +4,7 @@ dispatcher can start the workflow in that trace; with tracing off it stores noth
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from db.queries import all_queries, q
-from domain.models import ExportJob, FailureCode, JobStatus, ReleaseResult
+from domain.models import ClaimResult, ExportJob, FailureCode, JobStatus, ReleaseResult
 from observability import tracing
 from tests.support.factories import Factory
 
@@ -123,7 +124,21 @@ async def _nothing(factory: Factory) -> None:
     return None
 
 
+async def _outside_window(factory: Factory) -> ExportJob:
+    job = await factory.queued()
+    await factory.close_window(job.tenant_id, job.destination_id)
+    return job
+
+
+async def _claim_outside_window(factory: Factory, job: ExportJob) -> ExportJob:
+    # The claim outside the destination's delivery window makes the job wait, with a deferred wake-up (#25.2).
+    result = await factory.worker.claim_if_queued(job.id, job.version, uuid.uuid4(), "worker-3")
+    assert result == ClaimResult.OUTSIDE_WINDOW
+    return job
+
+
 WRITERS: dict[str, tuple[Setup, Write]] = {
+    "claim_if_queued": (_outside_window, _claim_outside_window),
     "create_original": (_nothing, _create),
     "create_replacement": (_failed, _replace),
     "edit_terms_if_queued": (_queued, _edit),

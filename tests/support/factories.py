@@ -12,7 +12,7 @@ created enabled unless ``enabled=False``.
 from __future__ import annotations
 
 import uuid
-from datetime import date
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -188,6 +188,20 @@ class Factory:
                 ) as copy:
                     for email, first, last in rows:
                         await copy.write_row((tenant_id, list_name, email, first, last))
+
+    async def close_window(self, tenant_id: UUID, destination_id: UUID) -> datetime:
+        """Give a destination a delivery window that is closed now, whatever the time of day: today and tomorrow
+        (UTC, the database clock) are blackout dates (0035). Returns its next opening, the day after tomorrow at
+        00:00 UTC (a test that crosses midnight still finds it closed)."""
+        [row] = await self.admin("SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date AS today")
+        today: date = row["today"]
+        await self.change_destination(
+            tenant_id,
+            destination_id,
+            intake_time_zone="UTC",
+            blackout_dates=[today, today + timedelta(days=1)],
+        )
+        return datetime.combine(today + timedelta(days=2), time(0), tzinfo=UTC)
 
     async def expire_lease(self, job_id: UUID, seconds_ago: float = 1.0) -> None:
         await self.admin(
