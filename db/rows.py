@@ -169,6 +169,7 @@ class DestinationRecord(Row):
     version: int
     settings: dict[str, Any]
     enabled: bool | None
+    sessions_in_use: int = 0  # of its session slots, held now (0029)
 
 
 class DestinationVersion(Row):
@@ -286,3 +287,31 @@ class PrincipalRow(Row):
     name: str
     role: str
     revoked_at: datetime | None
+
+
+class SlotAnswer(Row):
+    """``take_session_slot``'s answer: whether the destination exists, its session limit (``None``: none), the
+    slot taken (``None``: none free, or the attempt no longer holds its job), whether the holder was eligible
+    (an attempt: still Running with a current lease), and how many slots were held when it looked."""
+
+    destination_found: bool
+    max_sessions: int | None
+    slot: int | None
+    eligible: bool
+    in_use: int
+
+
+class SlotRow(Row):
+    """One session slot's number."""
+
+    slot: int
+
+
+class PartnerPause(Row):
+    """``pause_destination_for_partner``'s answer: whether the destination's switch was enabled, whether this
+    call paused it (an operator's earlier pause keeps its reason), and whether the destination changed since
+    the version the worker checked (then nothing is paused)."""
+
+    was_enabled: bool | None
+    paused: bool
+    destination_changed: bool  # its delivery terms changed since the version checked: not paused
