@@ -79,14 +79,15 @@ WITH earlier AS (
     SELECT destination_id, request_fingerprint FROM destination_versions
     WHERE tenant_id = %(tenant_id)s AND request_key = %(request_key)s),
 created AS (
-    INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-                              name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
-                              temporary_files, contract_starts_on, contract_ends_on)
-    SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
+    INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,
+                              remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
+                              temporary_files, contract_starts_on, contract_ends_on, max_sessions)
+    SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,
+           %(host_keys)s::text[], %(credential_ref)s,
            %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s::text,
            %(max_write_request)s, %(temporary_files)s,
            coalesce(%(contract_starts_on)s::date, (clock_timestamp() AT TIME ZONE 'UTC')::date),
-           %(contract_ends_on)s::date
+           %(contract_ends_on)s::date, %(max_sessions)s::int
     WHERE NOT EXISTS (SELECT 1 FROM earlier)
     RETURNING *),
 recorded AS (

@@ -128,6 +128,17 @@ def host_key_blob(line: str) -> bytes | None:
     return blob
 
 
+def normalized_host_key(line: str) -> str | None:
+    """A pinned host key line as ``"<type> <base64>"`` (without a known_hosts host field or a comment), or
+    ``None`` when it is not a public key line: how a key is pinned, so one key is never pinned twice."""
+    if host_key_blob(line) is None:
+        return None
+    parts = line.split()
+    if len(parts) >= 3 and not parts[0].startswith(_KEY_TYPE_PREFIXES):
+        parts = parts[1:]
+    return f"{parts[0]} {parts[1]}"
+
+
 def host_key_fingerprint(line: str) -> str | None:
     """The OpenSSH ``SHA256:...`` fingerprint of a pinned host key line (what ``ssh-keygen -lf`` prints and the
     delivery's evidence records), or ``None`` when the line is not a key."""
