@@ -491,13 +491,15 @@ CREATE TABLE public.destination_session_slots (
 CREATE FUNCTION public.session_slot_held(s public.destination_session_slots) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-SELECT s.holder IS NOT NULL
-   AND (s.expires_at > statement_timestamp()
-        OR (s.job_id IS NOT NULL
-            AND (s.taken_at >= statement_timestamp()
-                 OR EXISTS (SELECT 1 FROM export_jobs j
-                            WHERE j.id = s.job_id AND j.attempt_id = s.holder
-                              AND j.status IN ('Running', 'Delivering')))))
+SELECT coalesce(
+    s.holder IS NOT NULL
+    AND (coalesce(s.expires_at > statement_timestamp(), false)
+         OR (s.job_id IS NOT NULL
+             AND (s.taken_at >= statement_timestamp()
+                  OR EXISTS (SELECT 1 FROM export_jobs j
+                             WHERE j.id = s.job_id AND j.attempt_id = s.holder
+                               AND j.status IN ('Running', 'Delivering'))))),
+    false)
 $$;
 
 CREATE TABLE public.api_tokens (

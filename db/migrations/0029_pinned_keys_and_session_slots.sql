@@ -121,13 +121,15 @@ CREATE INDEX ix_destination_session_slots_holder ON destination_session_slots (h
 CREATE FUNCTION session_slot_held(s destination_session_slots) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-SELECT s.holder IS NOT NULL
-   AND (s.expires_at > statement_timestamp()
-        OR (s.job_id IS NOT NULL
-            AND (s.taken_at >= statement_timestamp()
-                 OR EXISTS (SELECT 1 FROM export_jobs j
-                            WHERE j.id = s.job_id AND j.attempt_id = s.holder
-                              AND j.status IN ('Running', 'Delivering')))))
+SELECT coalesce(
+    s.holder IS NOT NULL
+    AND (coalesce(s.expires_at > statement_timestamp(), false)
+         OR (s.job_id IS NOT NULL
+             AND (s.taken_at >= statement_timestamp()
+                  OR EXISTS (SELECT 1 FROM export_jobs j
+                             WHERE j.id = s.job_id AND j.attempt_id = s.holder
+                               AND j.status IN ('Running', 'Delivering'))))),
+    false)
 $$;
 
 -- Slot rows 1..max_sessions, added when a limit is set or raised (a lowered limit leaves the rows above it,
