@@ -38,6 +38,7 @@ from paramiko.sftp import (
     CMD_HANDLE,
     CMD_INIT,
     CMD_OPENDIR,
+    CMD_READDIR,
     CMD_VERSION,
     SFTP_NO_SUCH_FILE,
 )
@@ -367,12 +368,20 @@ def _tune(transport: paramiko.Transport, pinned: list[paramiko.PKey], *, others:
 
 
 def open_remote_dir(sftp: paramiko.SFTPClient, path: str) -> None:
-    """Open ``path`` for listing and close it again: the remote directory is there and this account may list
-    it. Raises :class:`SftpStatusError` when the server refuses."""
+    """List ``path``'s first names and close it again: the remote directory is there and this account may list
+    it (one batch of names, whatever the directory holds). Raises :class:`SftpStatusError` when the server
+    refuses."""
     kind, message = sftp._request(CMD_OPENDIR, path)  # type: ignore[attr-defined]  # paramiko's request call
     if kind != CMD_HANDLE:
         raise paramiko.SFTPError("Expected handle")
-    sftp._request(CMD_CLOSE, message.get_binary())  # type: ignore[attr-defined]
+    handle = message.get_binary()
+    try:
+        sftp._request(CMD_READDIR, handle)  # type: ignore[attr-defined]
+    except EOFError:
+        pass  # an empty directory: listed, nothing in it
+    finally:
+        with contextlib.suppress(SftpStatusError, EOFError):
+            sftp._request(CMD_CLOSE, handle)  # type: ignore[attr-defined]
 
 
 def open_verified(

@@ -15,14 +15,12 @@ PostgreSQL (issue #24.4). The sshd is this module's own, so it can be restarted 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 import pytest
 
 from domain.destination import host_key_fingerprint
@@ -30,7 +28,7 @@ from domain.models import EventKind, FailureCode, JobStatus
 from service.auth import Caller
 from service.destinations import Destinations, PinHostKey, UnpinHostKey
 from service.switches import DestinationSwitch, Operator, Switches
-from testbed.sftp import SSH_KEYGEN, Sshd, TcpProxy, sshd_available
+from testbed.sftp import Sshd, TcpProxy, sshd_available
 from tests.workflows.harness import Harness, SftpTarget
 from workflows.models import AttemptOutcome
 
@@ -184,11 +182,8 @@ async def test_a_login_the_server_refuses_pauses_the_destination_the_same_way(
     harness: Harness, own_sshd: Sshd, sshd_key: str, tmp_path: Path
 ) -> None:
     stranger = tmp_path / "stranger_ed25519"  # a key the partner never authorized
-    subprocess.run(
-        [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(stranger)],
-        check=True,
-        capture_output=True,
-    )
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(str(stranger))
+    stranger.chmod(0o600)
     job = await queue_pinned_to(harness, sshd_key, credential_ref=str(stranger))
 
     result = await harness.run(job)
@@ -228,8 +223,16 @@ async def test_a_rotation_overlaps_both_keys_deliver_then_the_old_one_is_removed
     assert removed.ok, removed.body
     shown = await Destinations(harness.factory.api).show(admin(job.tenant_id), job.destination_id)
     assert [k["key"] for k in shown.body["destination"]["pinned_host_keys"]] == [upcoming, new]
-    assert [(v["version"], v["change"]) for v in shown.body["versions"]] == [(4, "edited"), (3, "edited"), (2, "edited")]
-    assert [v["changes"][0]["field"] for v in shown.body["versions"]] == ["host_key", "host_keys", "host_keys"]
+    assert [(v["version"], v["change"]) for v in shown.body["versions"]] == [
+        (4, "edited"),
+        (3, "edited"),
+        (2, "edited"),
+    ]
+    assert [v["changes"][0]["field"] for v in shown.body["versions"]] == [
+        "host_key",
+        "host_keys",
+        "host_keys",
+    ]
     third = await harness.factory.queued(job.tenant_id, job.destination_id, list_name="main")
     assert (await harness.run(third)).outcome == AttemptOutcome.COMPLETED
     switch = await destination_switch(harness, job.destination_id)
@@ -275,14 +278,4 @@ async def test_a_kept_session_lost_after_cutoff_2_is_replaced_and_a_key_matching
 
 
 def _new_key_line() -> str:
-    folder = Path(tempfile.mkdtemp(prefix="fenced-key-"))
-    try:
-        key = folder / "key"
-        subprocess.run(
-            [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(key)],
-            check=True,
-            capture_output=True,
-        )
-        return " ".join(key.with_suffix(".pub").read_text().split()[:2])
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
