@@ -241,10 +241,12 @@ class Bench:
             for _ in range(n):
                 tenant_id, destination_id, job_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
                 admin.execute("INSERT INTO tenants (id, name) VALUES (%(id)s, 'bench')", {"id": tenant_id})
+                # A session limit (issue #25.3), so the fenced variant takes and ends a slot as every export
+                # to a limited partner does; the unfenced one ignores it.
                 admin.execute(
                     "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key,"
-                    " credential_ref, remote_dir) VALUES (%(id)s, %(t)s, 'bench', %(host)s, %(port)s,"
-                    " 'partner', %(key)s, %(cred)s, '/')",
+                    " credential_ref, remote_dir, max_sessions) VALUES (%(id)s, %(t)s, 'bench', %(host)s,"
+                    " %(port)s, 'partner', %(key)s, %(cred)s, '/', 2)",
                     {
                         "id": destination_id,
                         "t": tenant_id,

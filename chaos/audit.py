@@ -99,6 +99,10 @@ class AuditInput:
     file_suffixes: dict[str, str] = field(default_factory=dict)
     partner_key: GpgIdentity | None = None
     signer_fingerprint: str | None = None
+    # The main destination's session limit (issue #25.3; 0: none) and the most sessions the partner held at
+    # once, from its own witness (the proxy in front of its sshd, which counts what the server holds open).
+    session_limit: int = 0
+    partner_sessions_high_water: int | None = None
 
 
 @dataclass
@@ -164,6 +168,7 @@ class Auditor:
             self._process_exits,
             self._drains,
             self._logs_free_of_contacts,
+            self._partner_sessions,
         ]
         for step in steps:
             try:
@@ -1038,6 +1043,20 @@ class Auditor:
                     None,
                     f"{fault.target}: {fault.detail} (grace {self.inp.shutdown_grace_seconds:.0f}s)",
                 )
+
+    def _partner_sessions(self) -> None:
+        """Concurrent sessions never exceeded the partner's limit, by the partner's own witness (issue #25.3)."""
+        seen = self.inp.partner_sessions_high_water
+        self.result.counts["partner_sessions_high_water"] = seen
+        self.result.counts["partner_session_limit"] = self.inp.session_limit or None
+        if self.inp.session_limit and seen is not None and seen > self.inp.session_limit:
+            self.violate(
+                "sessions_over_limit",
+                None,
+                f"the partner held {seen} sessions at once; its limit is {self.inp.session_limit}",
+                high_water=seen,
+                limit=self.inp.session_limit,
+            )
 
     def _logs_free_of_contacts(self) -> None:
         marker = self.inp.marker.encode()

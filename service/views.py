@@ -210,6 +210,12 @@ def status_line(job: ExportJob, events: list[AttemptEvent]) -> str:
                 f"Queued (v{job.version}): given back {times} after failures; "
                 f"the next try is not before {clock(job.available_at)}."
             )
+        case JobStatus.QUEUED if job.available_at is not None:
+            # an uncounted give-back that waits: its partner was at its session limit (25.3)
+            return (
+                f"Queued (v{job.version}): given back while its partner was at its session limit; "
+                f"the next try is not before {clock(job.available_at)}."
+            )
         case JobStatus.QUEUED:
             return f"Queued (v{job.version}), waiting for a worker."
         case JobStatus.RUNNING:

@@ -76,6 +76,9 @@ def test_short_soak_holds_every_invariant_under_every_fault_kind(tmp_path: Path)
     broken = [f for f in report["faults"] if not f["ok"] and not f["skipped"] and f["kind"] != "worker_drain"]
     assert broken == [], printed
     assert report["counts"]["histories_checked"] > 0, printed
+    # The partner's own witness of its concurrent sessions saw some, and never more than the limit (25.3).
+    assert report["counts"]["partner_session_limit"] == 2, printed
+    assert 1 <= report["counts"]["partner_sessions_high_water"] <= 2, printed
 
     assert report["violations"] == [], printed
     assert run.returncode == 0, printed
