@@ -110,3 +110,4 @@ class ExportActivities:
         """Stop every keeper still running and release the delivery threads (pools belong to their opener)."""
         await self.host.attempts.end_all()
         self.delivering.close()
+        self.preparing.close()

@@ -14,9 +14,12 @@ instead (``release_attempt_if_running``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from temporalio import activity
@@ -57,6 +60,15 @@ class PrepareActivity:
     def __init__(self, host: ExportHost) -> None:
         self.host = host
         self._builds = asyncio.Semaphore(max(1, host.settings.max_concurrent_builds))
+        # Opening a partner session blocks a thread for its key exchange and login: on threads of its own, so
+        # attempts opening sessions together never queue behind other work of the default executor.
+        self._session_threads = ThreadPoolExecutor(
+            max_workers=max(1, host.settings.max_concurrent_deliveries), thread_name_prefix="export-session"
+        )
+
+    def close(self) -> None:
+        """Release the session threads (an open in progress keeps its thread to its end)."""
+        self._session_threads.shutdown(wait=False)
 
     @activity.defn(name="export.prepare_delivery")
     async def prepare_delivery(self, inp: PrepareInput) -> PrepareResult:
@@ -278,7 +290,10 @@ class PrepareActivity:
         attempt.stage = "opening the partner session"
         partner = self.host.partners(destination)
         try:
-            attempt.session = await asyncio.to_thread(partner.open_session, destination)
+            attempt.session = await asyncio.get_running_loop().run_in_executor(
+                self._session_threads,
+                functools.partial(contextvars.copy_context().run, partner.open_session, destination),
+            )
         except PartnerRefused as exc:
             evidence = {
                 "observation": "connect",
