@@ -916,8 +916,8 @@ WHERE attempt_id = ANY(%(attempt_ids)s::uuid[]) AND status IN ('Running', 'Deliv
 -- take), and ``adopt`` names a holder whose slot this one takes over (recovery, for the attempt it settles).
 -- A slot that looks free is locked FOR UPDATE: a concurrent take of the same slot waits, then re-checks it
 -- on its newest version and moves on to the next free one, so two takers never share a slot. Answers the
--- limit (null: none), the slot taken (null: none free, or the attempt no longer holds its job) and how many
--- were held when it looked.
+-- limit (null: none), the slot taken (null: none free, or the attempt no longer holds its job) and, when none
+-- was taken, how many were held when it looked.
 WITH limits AS (
     SELECT d.max_sessions FROM destinations d
     WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s),
@@ -958,10 +958,14 @@ taken AS (
     RETURNING s.slot)
 SELECT EXISTS (SELECT 1 FROM limits) AS destination_found,
        (SELECT max_sessions FROM limits) AS max_sessions,
-       (SELECT slot FROM taken) AS slot,
+       t.slot,
        EXISTS (SELECT 1 FROM eligible) AS eligible,
-       (SELECT count(*) FROM destination_session_slots s
-        WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int AS in_use;
+       -- counted only when none was taken (what a waiting attempt shows); a taker needs no count
+       CASE WHEN t.slot IS NULL AND (SELECT max_sessions FROM limits) IS NOT NULL
+            THEN (SELECT count(*) FROM destination_session_slots s
+                  WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int
+            ELSE 0 END AS in_use
+FROM (SELECT (SELECT slot FROM taken) AS slot) AS t;
 
 -- name: release_session_slot
 -- A holder that is not an attempt (recovery, a cleanup, a connection test) releases its slot once its
