@@ -377,4 +377,17 @@ async def destination_page(request: Request, destination_id: str) -> Response:
 
 
 # What the settings table leaves out: shown elsewhere on the page, or not a setting.
-_NOT_SETTINGS = frozenset({"id", "tenant_id", "links", "name", "deliveries", "version", "delivery_version"})
+_NOT_SETTINGS = frozenset(
+    {
+        "id",
+        "tenant_id",
+        "links",
+        "name",
+        "deliveries",
+        "version",
+        "delivery_version",
+        "host_keys",
+        "pinned_host_keys",
+        "sessions_in_use",
+    }
+)
