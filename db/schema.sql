@@ -79,7 +79,7 @@ CREATE FUNCTION public.host_keys_ok(keys text[]) RETURNS boolean
 SELECT cardinality(keys) BETWEEN 1 AND 10
    AND array_position(keys, NULL) IS NULL
    AND (SELECT count(DISTINCT k) FROM unnest(keys) AS k) = cardinality(keys)
-   AND (SELECT bool_and(length(k) BETWEEN 20 AND 16600 AND k !~ '[[:cntrl:]]' AND upper(k) NOT LIKE '%PRIVATE%')
+   AND (SELECT bool_and(length(k) BETWEEN 1 AND 16600 AND k !~ '[[:cntrl:]]' AND upper(k) NOT LIKE '%PRIVATE%')
         FROM unnest(keys) AS k)
 $$;
 

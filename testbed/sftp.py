@@ -478,7 +478,10 @@ class SftpTarget:
     def destination_row(self, **contract: Any) -> dict[str, Any]:
         """The columns for ``Factory.destination(tenant_id, **row)``, pointing through the proxy."""
         dest = self.destination(**contract)
-        return dest.model_dump(exclude={"id", "tenant_id"})
+        row = dest.model_dump(exclude={"id", "tenant_id"})
+        if not row["host_keys"]:
+            del row["host_keys"]  # none given: the one host_key is the one pinned
+        return row
 
     def files(self) -> dict[str, bytes]:
         """Every file in the directory, by name (a listing taken on the server's own disk)."""
