@@ -395,6 +395,11 @@ class Destinations:
         if not _IDEMPOTENCY_KEY.match(idempotency_key):
             return refusal(Kind.MALFORMED, "Idempotency-Key must be 1-200 visible ASCII characters")
         given = body.model_dump(mode="json", exclude={"reason"})
+        if given.get("host_keys") is not None:
+            return refusal(
+                Kind.INVALID,
+                "a new destination pins its host_key; pin more keys once it exists (POST /destinations/{id}/host-keys)",
+            )
         problem = value_problem(given) or contract_problem(given)
         if problem:
             return refusal(Kind.INVALID, problem)

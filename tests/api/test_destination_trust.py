@@ -407,3 +407,45 @@ async def test_the_command_line_tests_pins_and_unpins_as_the_roles_allow(
     )
     assert code == 0, err
     assert (await recorded(factory, destination_id))["row"][0]["host_keys"] == [" ".join(new.split()[:2])]
+
+
+# -- the session limit ----------------------------------------------------------------------------------------
+
+
+async def test_an_admin_sets_the_session_limit_and_nothing_is_rebuilt(api, factory, acme, local_sftp_server):
+    destination_id = await on_partner(factory, acme, local_sftp_server)
+    path = f"/destinations/{destination_id}"
+
+    limited = await api.patch(
+        path,
+        json={"max_sessions": 2, "reason": "the partner allows 2"},
+        headers={**acme.admin, "If-Match": '"1"'},
+    )
+    by_operator = await api.patch(
+        path, json={"max_sessions": 5, "reason": "x"}, headers={**acme.operator, "If-Match": '"2"'}
+    )
+    cleared = await api.patch(
+        path,
+        json={"max_sessions": None, "reason": "no limit any more"},
+        headers={**acme.admin, "If-Match": '"2"'},
+    )
+
+    assert limited.status_code == 200 and limited.json()["delivery_changed"] is False
+    shown = limited.json()["destination"]
+    assert (shown["max_sessions"], shown["sessions_in_use"], shown["delivery_version"]) == (2, 0, 1)
+    assert by_operator.status_code == 403
+    assert cleared.status_code == 200 and cleared.json()["destination"]["max_sessions"] is None
+    created_with_keys = await api.post(
+        "/destinations",
+        json={
+            "name": "p",
+            "host": "h.example",
+            "username": "u",
+            "host_key": another_key(),
+            "host_keys": [another_key()],
+            "credential_ref": "/k",
+            "remote_dir": "/in",
+        },
+        headers={**acme.admin, "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert created_with_keys.status_code == 422 and "pin more keys once it exists" in created_with_keys.text
