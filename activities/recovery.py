@@ -267,8 +267,11 @@ class RecoveryActivities:
     @contextlib.asynccontextmanager
     async def _slot(self, job: ExportJob, *, adopt: UUID | None) -> AsyncIterator[SlotHold]:
         """One of ``job``'s partner's session slots for recovery's sessions, held while the block runs (at most
-        ``session_hold_seconds``): the one ``adopt`` (an attempt) holds, taken over, else a free one. Not
-        ``ok`` when none is free; ``ok`` without a slot when the partner has no limit."""
+        ``session_hold_seconds``): a free one, else the one ``adopt`` (the expired attempt) holds, taken over.
+        A free one first: an attempt whose lease lapsed (its database unreachable a while) may still be alive
+        and using its session, and its slot is taken over only when every other one is held (else expired
+        attempts holding every slot would wait forever for one). Not ``ok`` when none can be had; ``ok``
+        without a slot when the partner has no limit."""
         holder = uuid.uuid4()
         answer = await self.store.take_session_slot(
             job.tenant_id,
@@ -283,7 +286,7 @@ class RecoveryActivities:
             yield hold
         finally:
             if answer.slot is not None:
-                back = hold.return_to
+                back = hold.return_to if answer.adopted else None  # only a slot taken over goes back
                 with contextlib.suppress(StoreError):  # a slot not released expires by itself
                     await self.store.release_session_slot(
                         holder,

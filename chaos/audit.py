@@ -103,6 +103,7 @@ class AuditInput:
     # once, from its own witness (the proxy in front of its sshd, which counts what the server holds open).
     session_limit: int = 0
     partner_sessions_high_water: int | None = None
+    partner_sessions_timeline: list[tuple[float, int]] = field(default_factory=list)  # (unix time, open)
 
 
 @dataclass
@@ -1049,13 +1050,29 @@ class Auditor:
         seen = self.inp.partner_sessions_high_water
         self.result.counts["partner_sessions_high_water"] = seen
         self.result.counts["partner_session_limit"] = self.inp.session_limit or None
-        if self.inp.session_limit and seen is not None and seen > self.inp.session_limit:
+        limit = self.inp.session_limit
+        if not limit or seen is None or seen <= limit:
+            return
+        # Each stretch the witness spent over the limit, with the faults around it (what to read the logs for).
+        stretches: list[tuple[float, float, int]] = []
+        began: float | None = None
+        peak = 0
+        for at, open_now in self.inp.partner_sessions_timeline:
+            if open_now > limit:
+                began = at if began is None else began
+                peak = max(peak, open_now)
+            elif began is not None:
+                stretches.append((began, at, peak))
+                began, peak = None, 0
+        for start, end, most in stretches or [(0.0, 0.0, seen)]:
             self.violate(
                 "sessions_over_limit",
                 None,
-                f"the partner held {seen} sessions at once; its limit is {self.inp.session_limit}",
-                high_water=seen,
-                limit=self.inp.session_limit,
+                f"the partner held {most} sessions at once for {end - start:.2f}s; its limit is {limit}",
+                high_water=most,
+                limit=limit,
+                at=datetime.fromtimestamp(start).isoformat(timespec="milliseconds") if start else None,
+                faults_before=self._faults_between(start - 15, end) if start else [],
             )
 
     def _logs_free_of_contacts(self) -> None:

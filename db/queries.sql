@@ -913,11 +913,12 @@ WHERE attempt_id = ANY(%(attempt_ids)s::uuid[]) AND status IN ('Running', 'Deliv
 -- its terminal write, a give-back or recovery's takeover ends it by changing the row (session_slot_held).
 -- Any other holder (job_id null: recovery, a cleanup, a connection test) holds it for hold_seconds or until
 -- release_session_slot. A holder that already holds a slot of the destination finds it again (a retried
--- take), and ``adopt`` names a holder whose slot this one takes over (recovery, for the attempt it settles).
--- A slot that looks free is locked FOR UPDATE: a concurrent take of the same slot waits, then re-checks it
--- on its newest version and moves on to the next free one, so two takers never share a slot. Answers the
--- limit (null: none), the slot taken (null: none free, or the attempt no longer holds its job) and, when none
--- was taken, how many were held when it looked.
+-- take); else it takes a free one; only when none is free does it take over the slot of ``adopt`` (recovery,
+-- for the expired attempt it settles: an attempt whose lease lapsed may still be alive and using its session,
+-- so its slot is the last resort, not the first). A slot that looks free is locked FOR UPDATE: a concurrent
+-- take of the same slot waits, then re-checks it on its newest version and moves on to the next free one, so
+-- two takers never share a slot. Answers the limit (null: none), the slot taken (null: none free, or the
+-- attempt no longer holds its job), whether it was adopted and, when none was taken, how many were held.
 WITH limits AS (
     SELECT d.max_sessions FROM destinations d
     WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s),
@@ -928,26 +929,33 @@ eligible AS (
        OR EXISTS (SELECT 1 FROM export_jobs j
                   WHERE j.id = %(job_id)s::uuid AND j.attempt_id = %(holder)s AND j.status = 'Running'
                     AND j.lease_expires_at > clock_timestamp())),
-held AS (
-    -- the slot this holder holds already, else the one of the holder it adopts
+own AS (
     SELECT s.slot FROM destination_session_slots s
-    WHERE s.destination_id = %(destination_id)s
-      AND s.holder IN (%(holder)s, coalesce(%(adopt)s::uuid, %(holder)s))
-    ORDER BY s.holder = %(holder)s DESC, s.slot
+    WHERE s.destination_id = %(destination_id)s AND s.holder = %(holder)s AND EXISTS (SELECT 1 FROM eligible)
+    ORDER BY s.slot
     LIMIT 1
     FOR UPDATE OF s),
 free AS (
     SELECT s.slot FROM destination_session_slots s, limits l
     WHERE s.destination_id = %(destination_id)s AND s.slot <= l.max_sessions
-      AND NOT EXISTS (SELECT 1 FROM held) AND EXISTS (SELECT 1 FROM eligible)
+      AND NOT EXISTS (SELECT 1 FROM own) AND EXISTS (SELECT 1 FROM eligible)
       AND NOT session_slot_held(s)
     ORDER BY s.slot
     LIMIT 1
     FOR UPDATE OF s),
+adopted AS (
+    SELECT s.slot FROM destination_session_slots s
+    WHERE s.destination_id = %(destination_id)s AND s.holder = %(adopt)s::uuid
+      AND NOT EXISTS (SELECT 1 FROM own) AND NOT EXISTS (SELECT 1 FROM free) AND EXISTS (SELECT 1 FROM eligible)
+    ORDER BY s.slot
+    LIMIT 1
+    FOR UPDATE OF s),
 chosen AS (
-    SELECT slot FROM held WHERE EXISTS (SELECT 1 FROM eligible)
+    SELECT slot, false AS adopted FROM own
     UNION ALL
-    SELECT slot FROM free),
+    SELECT slot, false FROM free
+    UNION ALL
+    SELECT slot, true FROM adopted),
 taken AS (
     UPDATE destination_session_slots s
     SET holder = %(holder)s, job_id = %(job_id)s::uuid, purpose = %(purpose)s, taken_at = clock_timestamp(),
@@ -955,17 +963,18 @@ taken AS (
                           THEN clock_timestamp() + make_interval(secs => %(hold_seconds)s::float8) END
     FROM chosen c
     WHERE s.destination_id = %(destination_id)s AND s.slot = c.slot
-    RETURNING s.slot)
+    RETURNING s.slot, c.adopted)
 SELECT EXISTS (SELECT 1 FROM limits) AS destination_found,
        (SELECT max_sessions FROM limits) AS max_sessions,
        t.slot,
+       coalesce(t.adopted, false) AS adopted,
        EXISTS (SELECT 1 FROM eligible) AS eligible,
        -- counted only when none was taken (what a waiting attempt shows); a taker needs no count
        CASE WHEN t.slot IS NULL AND (SELECT max_sessions FROM limits) IS NOT NULL
             THEN (SELECT count(*) FROM destination_session_slots s
                   WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int
             ELSE 0 END AS in_use
-FROM (SELECT (SELECT slot FROM taken) AS slot) AS t;
+FROM (SELECT (SELECT slot FROM taken) AS slot, (SELECT adopted FROM taken) AS adopted) AS t;
 
 -- name: release_session_slot
 -- A holder that is not an attempt (recovery, a cleanup, a connection test) releases its slot once its

@@ -291,12 +291,14 @@ class PrincipalRow(Row):
 
 class SlotAnswer(Row):
     """``take_session_slot``'s answer: whether the destination exists, its session limit (``None``: none), the
-    slot taken (``None``: none free, or the attempt no longer holds its job), whether the holder was eligible
-    (an attempt: still Running with a current lease), and how many slots were held when it looked."""
+    slot taken (``None``: none free, or the attempt no longer holds its job), whether it was taken over from the
+    ``adopt`` holder, whether the holder was eligible (an attempt: still Running with a current lease), and,
+    when none was taken, how many slots were held when it looked."""
 
     destination_found: bool
     max_sessions: int | None
     slot: int | None
+    adopted: bool  # the slot was the ``adopt`` holder's (none was free)
     eligible: bool
     in_use: int
 

@@ -55,6 +55,7 @@ class Attempt:
     session: Any = None
     # Set while the attempt waits for one of its partner's session slots (issue #25.3): (in use, limit).
     waiting_for_slot: tuple[int, int] | None = None
+    closing: asyncio.Task[None] | None = None  # the kept session's close after the attempt lost its job
 
     def stop(self, reason: StopReason) -> None:
         """Stop the build phase (never cutoff 2 or the upload) for ``reason``; the first reason stands."""
@@ -125,8 +126,15 @@ class AttemptRegistry:
             if watch_stops():
                 attempt.stop(StopReason.STOP_REQUESTED)
 
+        def lost() -> None:
+            attempt.stop(StopReason.OWNERSHIP_LOST)
+            if attempt.session is not None:
+                # A takeover committed: the job's slot is no longer this attempt's, so neither may its session
+                # be held open (another attempt may take the slot and connect).
+                attempt.closing = asyncio.ensure_future(attempt.close_session())
+
         keeper.on_stop_requested = stop_requested
-        keeper.on_lost = lambda: attempt.stop(StopReason.OWNERSHIP_LOST)
+        keeper.on_lost = lost
         self._attempts[attempt_id] = attempt
         self._quiet.clear()
         return attempt, True

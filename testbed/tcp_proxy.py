@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -93,6 +94,7 @@ class TcpProxy:
         self._threads: list[threading.Thread] = []
         self.open_now = 0  # connections the server holds open now
         self.open_high_water = 0  # the most it ever held at once
+        self.open_timeline: list[tuple[float, int]] = []  # (unix time, open_now) at each change
         self._refusing = False
         self._blackhole = threading.Event()
         self._drop_reply: tuple[bytes, ReplyComplete, Callable[[], None] | None] | None = None
@@ -195,6 +197,7 @@ class TcpProxy:
                 self.accepted += 1
                 self.open_now += 1
                 self.open_high_water = max(self.open_high_water, self.open_now)
+                self.open_timeline.append((time.time(), self.open_now))
             self._spawn(self._client_to_server, "up", link)
             self._spawn(self._server_to_client, "down", link)
 
@@ -232,6 +235,7 @@ class TcpProxy:
         finally:
             with self._lock:  # the server's side of this connection ended: one session fewer at the server
                 self.open_now -= 1
+                self.open_timeline.append((time.time(), self.open_now))
 
     def _relay_from_server(self, link: _Link) -> None:
         try:

@@ -37,8 +37,9 @@ class SlotStatements(StoreBase):
     ) -> SlotAnswer:
         """Take a free slot of the destination for ``holder`` (one statement, conditional): for an attempt
         (``job_id`` its job) only while it holds that job Running with a current lease; for anyone else for
-        ``hold_seconds`` unless released sooner. ``adopt`` names a holder whose slot this one takes over. A
-        holder that already holds one finds it again, so a retry after a lost answer takes no second slot."""
+        ``hold_seconds`` unless released sooner. ``adopt`` names a holder whose slot this one may take over. A
+        holder that already holds one finds it again, so a retry after a lost answer takes no second slot. The
+        ``adopt`` holder's slot is taken only when no slot is free (its attempt may be alive still)."""
         if (job_id is None) == (hold_seconds is None):
             raise ValueError("an attempt's slot names its job; any other holder's names how long it holds it")
         answer = await self._row(

@@ -263,6 +263,26 @@ async def test_recovery_takes_over_an_expired_attempts_slot_and_gives_it_back_wh
     assert (await take(worker_store, other, other_attempt)).slot is None
 
 
+async def test_recovery_takes_a_free_slot_before_the_slot_of_an_attempt_that_may_still_be_alive(
+    factory, worker_store, recovery_store
+):
+    tenant_id, destination_id = await limited(factory, 2)
+    job, attempt = await running_to(factory, tenant_id, destination_id)
+    assert (await take(worker_store, job, attempt)).slot == 1
+    await factory.expire_lease(job.id)  # a lapsed lease: its worker may be alive, its session open
+
+    first = await recovery_store.take_session_slot(
+        tenant_id, destination_id, uuid.uuid4(), purpose="recovery", hold_seconds=60, adopt=attempt
+    )
+    second = await recovery_store.take_session_slot(
+        tenant_id, destination_id, uuid.uuid4(), purpose="recovery", hold_seconds=60, adopt=attempt
+    )
+
+    assert (first.slot, first.adopted) == (2, False)  # the free one: the attempt keeps its own
+    assert (second.slot, second.adopted) == (1, True)  # none free: the expired attempt's, taken over
+    assert [s["purpose"] for s in await slots(factory, destination_id)] == ["recovery", "recovery"]
+
+
 async def test_a_slot_held_by_anyone_else_ends_when_released_or_when_it_expires(factory, worker_store):
     tenant_id, destination_id = await limited(factory, 1)
     job, attempt = await running_to(factory, tenant_id, destination_id)
