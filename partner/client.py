@@ -21,6 +21,7 @@ import os
 import socket
 import stat
 import struct
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -57,6 +58,8 @@ _ALGORITHMS_FOR_KEY = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256")}
 
 # How often an idle session says it is alive (a session kept from before cutoff 2 to the upload waits).
 KEEPALIVE_SECONDS = 5
+# How long a close waits for the server to end its side of the connection (it counts the session until then).
+CLOSE_WAIT_SECONDS = 5.0
 POSIX_RENAME_EXTENSION = "posix-rename@openssh.com"
 LIMITS_EXTENSION = "limits@openssh.com"
 CONNECTION_TEST_PREFIX = ".fenced-connection-test-"
@@ -167,10 +170,19 @@ class PartnerSession:
         cipher: str = self.transport.remote_cipher  # type: ignore[attr-defined]  # set after kex
         return cipher
 
-    def close(self) -> None:
-        """Close the SFTP channel and the transport; never raises."""
+    def close(self, *, wait: float = CLOSE_WAIT_SECONDS) -> None:
+        """Close the SFTP channel and the transport; never raises. The connection is ended from our side first
+        and the server's end of it is awaited (at most ``wait`` seconds): the partner counts a session until its
+        side is gone, and a session slot released before that could let another session in while the partner
+        still holds this one (issue #25.3)."""
         with contextlib.suppress(Exception):
             self.sftp.close()
+        with contextlib.suppress(Exception):
+            if self.transport.is_active():
+                self.transport.sock.shutdown(socket.SHUT_WR)  # ends our side
+                deadline = time.monotonic() + wait
+                while self.transport.is_active() and time.monotonic() < deadline:
+                    time.sleep(0.005)  # the transport's thread ends when the server has closed its side
         with contextlib.suppress(Exception):
             self.transport.close()
 

@@ -98,7 +98,7 @@ async def test_a_session_opens_when_the_presented_key_is_any_of_the_pinned_ones(
     try:
         assert opened.host_key_fingerprint == host_key_fingerprint(sftp_target.host_key_line)
     finally:
-        opened.close()
+        await asyncio.to_thread(opened.close)
 
 
 async def test_a_key_that_matches_none_of_the_pinned_ones_is_refused_with_the_presented_fingerprint(
@@ -118,7 +118,7 @@ async def test_a_verified_session_opens_the_remote_directory_or_is_refused(sftp_
     try:
         assert opened.alive()
     finally:
-        opened.close()
+        await asyncio.to_thread(opened.close)
     assert not opened.alive()
 
     with pytest.raises(ConnectRefused) as refused:
