@@ -141,6 +141,24 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(
         default=15.0, description="on SIGTERM, how long running activities get to reach their writes"
     )
+    # -- a partner's session limit (issue 25, item 3) ----------------------------------------------------
+    session_slot_wait_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="how long a built attempt waits for one of its partner's session slots before it gives "
+        "its export back (not counted)",
+    )
+    session_slot_retry_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="after such a give-back, how long the export waits before the next claim",
+    )
+    session_hold_seconds: float = Field(
+        default=180.0,
+        ge=10,
+        description="longest a session slot taken by recovery, a cleanup or a connection test is held when "
+        "its holder never releases it",
+    )
 
     # -- pools and the outbox dispatcher ----------------------------------------------------------------
     worker_pool_size: int = Field(default=10, description="connections of a worker's exports_worker pool")

@@ -426,6 +426,7 @@ def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
         "intake_time_zone": args.intake_time_zone,
         "intake_hours": args.intake_hours,
         "blackout_dates": args.blackout_dates,
+        "max_sessions": args.max_sessions,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     if getattr(args, "clear_ack_suffix", False):
@@ -436,7 +437,28 @@ def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
         given["intake_hours"] = None
     if getattr(args, "no_blackout_dates", False):
         given["blackout_dates"] = []
+    if getattr(args, "no_session_limit", False):
+        given["max_sessions"] = None
     return given
+
+
+def _render_connection_test(answer: Any) -> str:
+    t = answer.body
+    key = t["host_key"]
+    lines = [t["message"]]
+    if t["connected"]:
+        lines += [
+            f"  host key presented   {key['presented']}",
+            f"  fingerprint          {key['fingerprint']} ({'pinned' if key['pinned'] else 'NOT pinned'})",
+            f"  pinned               {', '.join(key['pinned_fingerprints']) or '-'}",
+            f"  authentication       {t['authentication']}",
+            f"  remote_dir           {t['remote_dir']['path']}: listable {t['remote_dir']['listable']},"
+            f" writable {t['remote_dir']['writable']}",
+            f"  posix-rename         {t['posix_rename']}",
+            f"  write limit          {t['max_write_length'] or '-'}",
+        ]
+    lines.append("  (a connection test pins nothing and records nothing)")
+    return "\n".join(lines)
 
 
 def _render_destination(answer: Any) -> str:
@@ -459,14 +481,30 @@ def _render_destination(answer: Any) -> str:
 
 
 def cmd_destination(args: argparse.Namespace, settings: Settings) -> int:
-    """Create, show, edit or retire a destination of the tenant (changes as an admin, each a recorded version)."""
-    from service.destinations import CreateDestination, Destinations, EditDestination, RetireDestination
+    """Create, show, edit, test, pin a host key of, or retire a destination of the tenant (changes as an admin,
+    each a recorded version; a connection test as an operator, reconciler or admin, run on a worker)."""
+    from service.connection_tests import ConnectionTests
+    from service.destinations import (
+        CreateDestination,
+        Destinations,
+        EditDestination,
+        PinHostKey,
+        RetireDestination,
+        UnpinHostKey,
+    )
     from service.outcomes import refusal
+    from service.signals import TemporalStopSignaller
 
     key = getattr(args, "idempotency_key", None) or f"cli-{uuid.uuid4()}"
 
     async def call(ops: Any, caller: Any) -> Any:
-        destinations = Destinations(ops.store)
+        signaller = ops.signaller
+        tests = (
+            ConnectionTests(signaller.connected_client, settings.task_queue)
+            if isinstance(signaller, TemporalStopSignaller)
+            else None
+        )
+        destinations = Destinations(ops.store, tests)
         # The principal named on the command line acts with the role the tenant gave it: only an admin's
         # changes go through, as over the API.
         caller = await destinations.caller(caller.tenant_id, caller.principal)
@@ -485,6 +523,14 @@ def cmd_destination(args: argparse.Namespace, settings: Settings) -> int:
             case "edit":
                 edit = EditDestination(**_destination_fields(args), reason=args.reason)
                 return await destinations.edit(caller, args.destination, edit, f'"{args.version}"')
+            case "test":
+                return await destinations.test_connection(caller, args.destination)
+            case "pin-key":
+                pin = PinHostKey(key=args.key, reason=args.reason)
+                return await destinations.pin_key(caller, args.destination, pin, f'"{args.version}"')
+            case "unpin-key":
+                unpin = UnpinHostKey(fingerprint=args.fingerprint, reason=args.reason)
+                return await destinations.unpin_key(caller, args.destination, unpin, f'"{args.version}"')
             case _:
                 return await destinations.retire(
                     caller, args.destination, RetireDestination(reason=args.reason)
@@ -493,6 +539,8 @@ def cmd_destination(args: argparse.Namespace, settings: Settings) -> int:
     def render(answer: Any) -> str:
         if args.action == "show":
             return _render_destination(answer)
+        if args.action == "test":
+            return _render_connection_test(answer)
         text = str(answer.body["message"])
         if args.action == "add":
             text += f"\n(destination {answer.body['destination']['id']}; idempotency key {key})"
@@ -894,7 +942,7 @@ def build_parser() -> argparse.ArgumentParser:
     destination = command(
         "destination",
         cmd_destination,
-        "a tenant's destinations: add, show, edit, retire (changes need an admin)",
+        "a tenant's destinations: add, show, edit, test, pin-key, unpin-key, retire (changes need an admin)",
     )
     actions = destination.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -954,6 +1002,11 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="YYYY-MM-DD",
             help="a local date on which the partner takes nothing (repeat for more; replaces all)",
         )
+        sub.add_argument(
+            "--max-sessions",
+            type=int,
+            help="how many SFTP sessions the partner allows at once (held as slots across all workers)",
+        )
 
     sub = destination_action("add", "create a destination (it starts paused: resume it once checked)")
     contract_options(sub, required=True)
@@ -971,6 +1024,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--any-hour", action="store_true", help="no intake hours any more: deliveries at any hour"
     )
     sub.add_argument("--no-blackout-dates", action="store_true", help="remove every blackout date")
+    sub.add_argument(
+        "--no-session-limit", action="store_true", help="the partner has no session limit any more"
+    )
+    sub.add_argument("--reason", required=True, help="why (recorded with the change)")
+    destination_action(
+        "test",
+        "test the connection on a worker: the host key presented and whether it is pinned, the login, the "
+        "remote directory, posix-rename, the write limit (pins nothing)",
+    )
+    sub = destination_action(
+        "pin-key", "trust one more host key (as ssh-keyscan prints it) once its fingerprint is checked"
+    )
+    sub.add_argument("--key", required=True, help="the public host key line, e.g. 'ssh-ed25519 AAAA...'")
+    sub.add_argument("--version", type=int, required=True, help="the version you read (show prints it)")
+    sub.add_argument("--reason", required=True, help="why (recorded with the change)")
+    sub = destination_action("unpin-key", "stop trusting a pinned host key (never the last one)")
+    sub.add_argument("--fingerprint", required=True, help="its fingerprint, SHA256:... (show prints them)")
+    sub.add_argument("--version", type=int, required=True, help="the version you read (show prints it)")
     sub.add_argument("--reason", required=True, help="why (recorded with the change)")
     sub = destination_action("retire", "retire a destination (final): building exports stop at cutoff 2")
     sub.add_argument("--reason", required=True, help="why (recorded with the retirement)")

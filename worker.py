@@ -5,7 +5,8 @@ server allows it, creates the recovery and sweeper Schedules if they are missing
 recurring export's Schedule to its PostgreSQL row (service/recurring_schedules.py), and runs:
 
 - a Temporal worker on the shared task queue: ExportWorkflow, RecoveryWorkflow, SweeperWorkflow,
-  RecurringFireWorkflow (recurring exports' Schedules), the claim, recovery, sweeper and firing activities;
+  RecurringFireWorkflow (recurring exports' Schedules), ConnectionTestWorkflow (a destination's connection
+  test), the claim, recovery, sweeper, firing and connection-test activities;
 - a Temporal worker on this host's own queue (``{task_queue}-{worker_id}``): the build, cutoff 2 and
   delivery activities of the attempts this host claimed, so the local file never leaves the host;
 - the outbox dispatcher, the webhook dispatcher (outcome notifications) and the scavenger of local files.
@@ -65,6 +66,7 @@ from service.temporal import ADDRESS as TEMPORAL_ADDRESS
 from service.temporal import NAMESPACE as TEMPORAL_NAMESPACE
 from service.temporal import TemporalConnectError, connect_client
 from settings import Settings
+from workflows.connection_test import ConnectionTestWorkflow
 from workflows.export import ExportWorkflow
 from workflows.recovery import RecoveryWorkflow
 from workflows.recurring import RecurringFireWorkflow
@@ -185,7 +187,7 @@ def build_workers(
     claim, and recovery and the sweeper when given), and the host's own queue. Each binds the export's IDs
     to the log lines of its activities (``LogContextInterceptor``); the tracing interceptor, when on,
     comes with the client."""
-    workflows: list[type] = [ExportWorkflow]
+    workflows: list[type] = [ExportWorkflow, ConnectionTestWorkflow]
     shared_activities = export.shared_activities()
     if recovery is not None:
         workflows.append(RecoveryWorkflow)

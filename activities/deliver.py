@@ -1,8 +1,10 @@
 """The delivery, on the claiming host's own queue: never interrupted, never retried.
 
-``deliver`` writes the upload fence, uploads through the destination's partner, writes the rename fence
+``deliver`` writes the upload fence, uploads through the destination's partner over the session the attempt
+opened and verified before cutoff 2 (a new one, verified again, if that one died), writes the rename fence
 when the partner is about to publish the final name, appends evidence as it is observed, and makes the
-terminal write. Past cutoff 2 nothing stops it: a cancellation is noted and the work runs to its end.
+terminal write, which also ends the attempt's session slot. Past cutoff 2 nothing stops it: a cancellation
+is noted and the work runs to its end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextvars
 import functools
 import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from activities.host import ExportHost
 from db.builder import remove_export_file
 from db.errors import StoreError
 from db.stores.protocol import WorkerStore
+from db.stores.slots import CLEANUP
 from domain.destination import Destination
 from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
 from observability import logs
@@ -182,6 +186,8 @@ class DeliverActivity:
             sha256=bytes.fromhex(inp.file.sha256),
         )
         started = time.perf_counter()
+        # The session opened and verified before cutoff 2 (issue #24.4), handed to the upload, which closes it.
+        kept = attempt.take_session()
         try:
             # On this object's own threads: a delivery blocks its thread on evidence appends and fences.
             # The thread runs in a copy of this context, so its SFTP spans and log lines join the attempt's.
@@ -197,6 +203,7 @@ class DeliverActivity:
                     overwrite_agreed=job.overwrite_agreement_ref is not None,
                     on_evidence=recorder.observe_from_thread,
                     hooks=DeliveryHooks(during_upload=during_upload, authorize_rename=authorize_rename),
+                    session=kept,
                 ),
             )
         except Exception as exc:  # noqa: BLE001 - the seed's classifier: unknown unless proven otherwise
@@ -212,11 +219,27 @@ class DeliverActivity:
         # Evidence first, whoever owns the job now; then the conditional terminal write for this attempt.
         await recorder.flush()
         code = report.failure_code if report.outcome == DeliveryOutcome.FAILED else None
+        cleanup = code == FailureCode.NOT_DELIVERED and destination.temporary_files == "remove"
+        # A cleanup opens one more session after the terminal write, which ends the attempt's slot: the
+        # cleanup takes the slot over first, so the partner still sees no more sessions than slots.
+        cleanup_slot = await self._slot_for_cleanup(job, inp.attempt_id) if cleanup else None
         finished = await self.host.store.finish_delivery(
             job.id, inp.attempt_id, report.outcome, code, summary=report.summary
         )
-        if code == FailureCode.NOT_DELIVERED and destination.temporary_files == "remove":
-            await self._clean_up_after_failed(job, inp.attempt_id, destination, finished)
+        if cleanup:
+            try:
+                if cleanup_slot is not False:
+                    await self._clean_up_after_failed(job, inp.attempt_id, destination, finished)
+                else:
+                    await self._append(
+                        job.id,
+                        inp.attempt_id,
+                        {"observation": "cleanup", "result": "not_asked", "why": "no free session slot"},
+                    )
+            finally:
+                if isinstance(cleanup_slot, uuid.UUID):
+                    with contextlib.suppress(StoreError):
+                        await self.host.store.release_session_slot(cleanup_slot)
         return DeliverResult(
             delivery=report.outcome,
             failure_code=code,
@@ -224,6 +247,26 @@ class DeliverActivity:
             evidence_appended=recorder.appended,
             evidence_lost=len(recorder.pending),
         )
+
+    async def _slot_for_cleanup(self, job: ExportJob, attempt_id: UUID) -> uuid.UUID | bool:
+        """A session slot for the cleanup after the terminal write: this attempt's own, taken over (its upload's
+        session is closed) for at most ``session_hold_seconds``. The cleanup's holder ID; True when the
+        destination has no limit; False when no slot could be had (the cleanup is then not asked for)."""
+        holder = uuid.uuid4()
+        try:
+            answer = await self.host.store.take_session_slot(
+                job.tenant_id,
+                job.destination_id,
+                holder,
+                purpose=CLEANUP,
+                hold_seconds=self.host.settings.session_hold_seconds,
+                adopt=attempt_id,
+            )
+        except StoreError:
+            return False
+        if answer.max_sessions is None:
+            return True
+        return holder if answer.slot is not None else False
 
     async def _clean_up_after_failed(
         self, job: ExportJob, attempt_id: UUID, destination: Destination, finished: FinishResult

@@ -5,7 +5,8 @@ Each activity lives in the module of what it does; this only puts them together 
 - ``claim`` (``activities.claim``, shared queue): cutoff 1; returns the claiming host's own queue;
 - ``prepare_delivery`` (``activities.prepare``, own queue): build then cutoff 2;
 - ``deliver`` (``activities.deliver``, own queue): fences, upload, evidence, the terminal write;
-- ``confirm_stop`` (own queue) and ``record_temporal_cancel`` (shared queue) (``activities.stops``).
+- ``confirm_stop`` (own queue) and ``record_temporal_cancel`` (shared queue) (``activities.stops``);
+- ``test_connection`` (``activities.connection_test``, shared queue): a destination's connection test.
 
 One lease keeper per attempt, from the confirmed claim to the attempt's last write (000 "one stop source
 and one lease keeper"), kept by the host's attempt registry (``runtime.attempts``): the claim opens it,
@@ -24,6 +25,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from activities.claim import ClaimActivity
+from activities.connection_test import ConnectionTestActivity
 from activities.deliver import DeliverActivity
 from activities.host import ExportHost, ExportSeams
 from activities.prepare import PrepareActivity
@@ -69,6 +71,7 @@ class ExportActivities:
         self.preparing = PrepareActivity(self.host)
         self.delivering = DeliverActivity(self.host, max_concurrent_deliveries=max_concurrent_deliveries)
         self.stops = StopActivities(self.host)
+        self.connection_tests = ConnectionTestActivity(self.host)
 
     @property
     def seams(self) -> ExportSeams:
@@ -95,8 +98,9 @@ class ExportActivities:
         return self.host.own_task_queue
 
     def shared_activities(self) -> list[Callable[..., Any]]:
-        """Activities for the shared task queue: the claim and the recording of a Temporal cancel."""
-        return [self.claiming.claim, self.stops.record_temporal_cancel]
+        """Activities for the shared task queue: the claim, the recording of a Temporal cancel, and a
+        destination's connection test (any host may run it)."""
+        return [self.claiming.claim, self.stops.record_temporal_cancel, self.connection_tests.test_connection]
 
     def own_activities(self) -> list[Callable[..., Any]]:
         """Activities for this host's own task queue: everything that touches the local file."""
@@ -106,3 +110,4 @@ class ExportActivities:
         """Stop every keeper still running and release the delivery threads (pools belong to their opener)."""
         await self.host.attempts.end_all()
         self.delivering.close()
+        self.preparing.close()

@@ -45,7 +45,9 @@ class ExportSeams:
     after_claim: JobSeam | None = None  # the claim committed (or a retry found it): a raise is a lost answer
     before_build: JobSeam | None = None  # in the build phase, before the build waits for its turn
     after_build: JobSeam | None = None  # in the build phase, after the file is written (a stop cancels it)
-    before_authorize: JobSeam | None = None  # after the build, before cutoff 2
+    before_authorize: JobSeam | None = (
+        None  # after the build, before the session slot, the session and cutoff 2
+    )
     before_upload: JobSeam | None = None  # in deliver, after ownership is confirmed, before the fence
     during_upload: UploadSeam | None = None  # forwarded to DeliveryHooks.during_upload (bytes sent)
     before_rename_fence: JobSeam | None = None  # after the upload, before the rename fence

@@ -1,16 +1,25 @@
-"""Build and cutoff 2, in one activity on the claiming host's own queue.
+"""Build, the partner session, and cutoff 2, in one activity on the claiming host's own queue.
 
 ``prepare_delivery`` builds the file with the lease kept and stops watched (heartbeats carry rows and
-bytes), then passes cutoff 2 or records why not. No attempt crosses cutoff 2 once its workflow is gone, it
-is being cancelled, or its worker is draining: the attempt is given back to the queue instead
-(``release_attempt_if_running``).
+bytes); then takes one of the partner's session slots (waiting for one, bounded, when the partner is at its
+limit: issue #25.3) and opens and verifies the partner session the upload will use (the presented host key
+against every pinned one, the login, the remote directory: issue #24.4); then passes cutoff 2 or records why
+not. A server whose key matches none of the pinned ones, or that refuses our login, is found here, before
+anything is authorized: nothing is sent, the presented fingerprint is recorded, the destination's switch is
+paused with the reason, and the attempt is given back uncounted. No attempt crosses cutoff 2 once its
+workflow is gone, it is being cancelled, or its worker is draining: the attempt is given back to the queue
+instead (``release_attempt_if_running``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
+import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from temporalio import activity
@@ -21,6 +30,7 @@ from activities.heartbeat import keep_heartbeating, run_to_end
 from activities.host import ExportHost
 from db.builder import BuildError, BuiltFile, build_export, remove_export_file
 from db.errors import StoreError
+from domain.destination import Destination
 from domain.models import (
     AuthorizationResult,
     ExportJob,
@@ -33,6 +43,7 @@ from domain.models import (
 )
 from observability import logs
 from observability.metrics import get_metrics
+from partner.protocol import TRUST_REFUSALS, PartnerRefused
 from rules.outcomes import after_refused_cutoff, after_terminal_write
 from rules.ownership import held_by
 from rules.policy import evaluate_policy
@@ -49,6 +60,15 @@ class PrepareActivity:
     def __init__(self, host: ExportHost) -> None:
         self.host = host
         self._builds = asyncio.Semaphore(max(1, host.settings.max_concurrent_builds))
+        # Opening a partner session blocks a thread for its key exchange and login: on threads of its own, so
+        # attempts opening sessions together never queue behind other work of the default executor.
+        self._session_threads = ThreadPoolExecutor(
+            max_workers=max(1, host.settings.max_concurrent_deliveries), thread_name_prefix="export-session"
+        )
+
+    def close(self) -> None:
+        """Release the session threads (an open in progress keeps its thread to its end)."""
+        self._session_threads.shutdown(wait=False)
 
     @activity.defn(name="export.prepare_delivery")
     async def prepare_delivery(self, inp: PrepareInput) -> PrepareResult:
@@ -81,12 +101,14 @@ class PrepareActivity:
                     return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
             heartbeat = asyncio.create_task(
                 keep_heartbeating(
-                    lambda: {"stage": "building", "rows": attempt.rows, "bytes": attempt.bytes},
+                    lambda: {"stage": attempt.stage, "rows": attempt.rows, "bytes": attempt.bytes},
                     lambda: self.host.seams.heartbeats_paused,
                 )
             )
             built: BuiltFile | None = None
-            destination_version = 0  # the version of the destination the build read (#24.2)
+            destination: Destination | None = (
+                None  # as the build read it: its version is what cutoff 2 checks
+            )
             authorized = False
             try:
                 if self.host.attempts.draining:
@@ -94,7 +116,7 @@ class PrepareActivity:
                 if attempt.reason is None:
                     attempt.build = asyncio.create_task(self._build(job, attempt))
                     try:
-                        built, destination_version = await attempt.build
+                        built, destination = await attempt.build
                     except asyncio.CancelledError:
                         if attempt.reason is None:  # not ours: nothing else cancels the build task
                             raise
@@ -114,11 +136,17 @@ class PrepareActivity:
                             if finished == FinishResult.WRITTEN
                             else None,
                         )
-                if built is None:
+                if built is None or destination is None:
                     return await self._stopped_while_building(job, attempt)
+                destination_version = destination.version
 
                 if self.host.seams.before_authorize is not None:
                     await self.host.seams.before_authorize(job.id)
+                # A slot of the partner's session limit, then the session the upload will use, opened and
+                # verified before anything is authorized (#25.3, #24.4).
+                not_now = await self._partner_session(job, attempt, destination)
+                if not_now is not None:
+                    return not_now
                 refusal = await self._reason_not_to_authorize(attempt)
                 if refusal is not None:
                     return await self._give_back(job, attempt, *refusal)
@@ -133,6 +161,9 @@ class PrepareActivity:
                         job, attempt, ReleaseCause.TRANSIENT, f"cutoff 2 not decided: {type(exc).__name__}"
                     )
                 answer = answers[-1]
+                if answer != AuthorizationResult.AUTHORIZED:
+                    # Closed before any write that ends the attempt: the write ends its slot too (0029).
+                    await attempt.close_session()
                 if answer == AuthorizationResult.AUTHORIZED:
                     authorized = True
                     attempt.stage = "authorized"
@@ -207,13 +238,14 @@ class PrepareActivity:
             finally:
                 heartbeat.cancel()
                 if not authorized:
-                    await self.host.attempts.end(attempt)
+                    await self.host.attempts.end(attempt)  # closes a session still kept
                 if built is not None and not authorized:
                     remove_export_file(built.path)
 
-    async def _build(self, job: ExportJob, attempt: Attempt) -> tuple[BuiltFile, int]:
-        """The file, and the version of the destination read before it was built: the version cutoff 2 must
-        still find, for every term a delivery uses (issue #24.2)."""
+    async def _build(self, job: ExportJob, attempt: Attempt) -> tuple[BuiltFile, Destination]:
+        """The file, and the destination as read before it was built: its version is the one cutoff 2 must
+        still find, for every term a delivery uses (issue #24.2), and its pinned keys are what the session
+        opened before cutoff 2 is verified against."""
 
         def progress(rows: int, size: int) -> None:
             attempt.rows, attempt.bytes = rows, size
@@ -249,7 +281,201 @@ class PrepareActivity:
             except BaseException:  # a stop, or a simulated crash: the built file goes either way
                 remove_export_file(built.path)
                 raise
-        return built, destination.version
+        return built, destination
+
+    # -- the partner's session slot and the session itself, before cutoff 2 --------------------------------
+
+    async def _partner_session(
+        self, job: ExportJob, attempt: Attempt, destination: Destination
+    ) -> PrepareResult | None:
+        """Take one of the partner's session slots (waiting, bounded, when none is free), then open and verify
+        the session the upload will use and keep it in the attempt. ``None``: go on to cutoff 2 (with the
+        session, or, when the partner did not answer, without one: the upload then tries again). Otherwise
+        what the attempt ended with: given back for want of a slot, for a server it must not trust (after
+        the destination was paused), or for a stop, a drain or a lost job met while it waited."""
+        attempt.stage = "taking a session slot"
+        waited = await self._take_slot(job, attempt)
+        if waited is not None:
+            return waited
+        attempt.stage = "opening the partner session"
+        partner = self.host.partners(destination)
+        try:
+            attempt.session = await asyncio.get_running_loop().run_in_executor(
+                self._session_threads,
+                functools.partial(contextvars.copy_context().run, partner.open_session, destination),
+            )
+        except PartnerRefused as exc:
+            evidence = {
+                "observation": "connect",
+                "result": "refused",
+                "phase": "before cutoff 2",
+                "code": exc.code,
+                "destination_version": destination.version,
+                **({"presented": exc.presented} if exc.presented else {}),
+            }
+            await self._append(job, attempt, evidence)
+            if exc.code in TRUST_REFUSALS:
+                return await self._refused_by_partner(job, attempt, destination, exc)
+            # Not answered (or refused for a reason of ours, such as an unreadable key): nothing was sent and
+            # nothing is decided here; the upload opens its own session and its rules classify what it meets.
+            log.info("job %s: no partner session before cutoff 2 (%s); the upload will try", job.id, exc.code)
+        except Exception as exc:  # noqa: BLE001 - a defect here must not cost the attempt: the upload retries
+            log.warning("job %s: partner session not opened before cutoff 2 (%s)", job.id, type(exc).__name__)
+        finally:
+            attempt.stage = "authorizing"
+        return None
+
+    async def _take_slot(self, job: ExportJob, attempt: Attempt) -> PrepareResult | None:
+        """One of the destination's session slots for this attempt, by the conditional statement
+        ``take_session_slot``; while none is free, ask again with a growing pause (heartbeating, the lease kept),
+        for at most ``session_slot_wait_seconds``, then give the job back (``session_limit``: not counted, the
+        next claim waits ``session_slot_retry_seconds``). The wait is recorded once as evidence ("waiting for a
+        delivery slot: 2 of 2 in use"), which the console shows. ``None``: a slot is held, or there is no
+        limit."""
+        settings = self.host.settings
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.session_slot_wait_seconds
+        pause = 0.2
+        waited_since: float | None = None
+        seen: tuple[int, int] | None = None
+        while True:
+            stopped = await self._stopped_while_waiting(job, attempt)
+            if stopped is not None:
+                return stopped
+            try:
+                answer = await self.host.store.take_session_slot(
+                    job.tenant_id, job.destination_id, attempt.attempt_id, job_id=job.id
+                )
+            except StoreError as exc:
+                # No answer: the slot may be taken or not; the same holder finds it again on the next ask, and
+                # a give-back ends it either way.
+                log.info("job %s: session slot not answered (%s)", job.id, type(exc).__name__)
+                answer = None
+            if answer is not None:
+                if answer.max_sessions is None or answer.slot is not None:
+                    if waited_since is not None:
+                        attempt.waiting_for_slot = None
+                        await self._append(
+                            job,
+                            attempt,
+                            {
+                                "observation": "session_slot",
+                                "result": "taken",
+                                "slot": answer.slot,
+                                "limit": answer.max_sessions,
+                                "waited_seconds": round(loop.time() - waited_since, 3),
+                            },
+                        )
+                    return None
+                if not answer.eligible:
+                    # The attempt no longer holds its job with a current lease: renew once (only late), else
+                    # it is not ours any more and nothing may be opened for it.
+                    renewal = await attempt.keeper.renew_now()
+                    if renewal is None:
+                        return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
+                    if not renewal.owned:
+                        return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+                else:
+                    seen = (answer.in_use, answer.max_sessions)
+                    if waited_since is None:
+                        waited_since = loop.time()
+                        attempt.waiting_for_slot = seen
+                        attempt.stage = "waiting for a delivery slot"
+                        await self._append(
+                            job,
+                            attempt,
+                            {
+                                "observation": "session_slot",
+                                "result": "waiting",
+                                "in_use": answer.in_use,
+                                "limit": answer.max_sessions,
+                            },
+                        )
+            if loop.time() >= deadline:
+                attempt.waiting_for_slot = None
+                in_use = f" ({seen[0]} of {seen[1]} in use)" if seen else ""
+                return await self._give_back(
+                    job,
+                    attempt,
+                    ReleaseCause.SESSION_LIMIT,
+                    f"no delivery slot came free within {settings.session_slot_wait_seconds:g} s{in_use}",
+                    wait_seconds=settings.session_slot_retry_seconds,
+                )
+            await asyncio.sleep(min(pause * (0.5 + random.random() / 2), max(0.0, deadline - loop.time())))
+            pause = min(pause * 1.5, 5.0)
+
+    async def _stopped_while_waiting(self, job: ExportJob, attempt: Attempt) -> PrepareResult | None:
+        """What ends an attempt that waits for a session slot: a drain or a cancelled activity gives it back,
+        a stop request is honored (Stopped, before delivery), a lost job ends it here."""
+        if self.host.attempts.draining or attempt.reason == StopReason.DRAINING:
+            return await self._give_back(job, attempt, ReleaseCause.DRAIN, "worker draining")
+        if attempt.reason == StopReason.OWNERSHIP_LOST:
+            return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+        if attempt.reason == StopReason.CANCELLED or activity.is_cancelled():
+            return await self._give_back(job, attempt, ReleaseCause.WORKFLOW, "activity cancelled")
+        if attempt.reason == StopReason.STOP_REQUESTED:
+            finished = await self.host.store.finish_stopped(
+                job.id,
+                attempt.attempt_id,
+                StopPoint.BEFORE_DELIVERY,
+                note="while waiting for a delivery slot",
+            )
+            if finished == FinishResult.WRITTEN:
+                return PrepareResult(outcome=AttemptOutcome.STOPPED)
+            if finished == FinishResult.NOT_OWNER:
+                return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
+            return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
+        return None
+
+    async def _refused_by_partner(
+        self, job: ExportJob, attempt: Attempt, destination: Destination, exc: PartnerRefused
+    ) -> PrepareResult:
+        """The server presented a host key none of the pinned ones match, or refused our login: nothing was
+        sent, and nothing must be until a person looks. The destination's switch is paused with the reason
+        (the worker's one way to, 0029), then the attempt is given back, not counted: the paused scope keeps
+        the export Queued until an operator resumes it, after an admin pinned the right key. A destination an
+        admin changed since the build read it is not paused: the attempt is given back to be rebuilt."""
+        if exc.code == "HostKeyMismatch":
+            reason = f"host key changed: presented {exc.presented or 'an unknown key'}"
+        else:
+            reason = (
+                f"authentication refused: {destination.username} at {destination.host}:{destination.port}"
+            )
+        try:
+            pause = await self.host.store.pause_destination_for_partner(
+                job.tenant_id,
+                job.destination_id,
+                destination.version,
+                reason,
+                f"worker {self.host.worker_id}",
+            )
+        except StoreError as exc_store:
+            # The pause is not known to be written: the attempt is still given back (nothing was sent); the
+            # next attempt meets the same server and tries again.
+            log.warning("job %s: destination not paused (%s)", job.id, type(exc_store).__name__)
+            return await self._give_back(job, attempt, ReleaseCause.TRANSIENT, f"{reason}; the pause failed")
+        if pause.destination_changed:
+            return await self._give_back(
+                job,
+                attempt,
+                ReleaseCause.DESTINATION_CHANGED,
+                f"{reason}, at version {destination.version}, which an admin changed since",
+            )
+        log.warning("job %s: %s; deliveries to %s paused", job.id, reason, destination.name)
+        paused = "paused" if pause.paused else "already paused"
+        return await self._give_back(
+            job, attempt, ReleaseCause.PAUSED, f"{reason}; deliveries to {destination.name} {paused}"
+        )
+
+    async def _append(self, job: ExportJob, attempt: Attempt, evidence: dict[str, object]) -> None:
+        """Keep an observation of this attempt (before cutoff 2) as evidence; a failure to store it is logged,
+        never a reason to decide otherwise."""
+        try:
+            await self.host.store.append_delivery_evidence(
+                job.id, attempt.attempt_id, self.host.worker_id, evidence
+            )
+        except StoreError as exc:
+            log.info("job %s: evidence not appended (%s)", job.id, type(exc).__name__)
 
     async def _stopped_while_building(self, job: ExportJob, attempt: Attempt) -> PrepareResult:
         if attempt.reason == StopReason.OWNERSHIP_LOST:
@@ -268,14 +494,28 @@ class PrepareActivity:
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
     async def _give_back(
-        self, job: ExportJob, attempt: Attempt, cause: ReleaseCause, reason: str
+        self,
+        job: ExportJob,
+        attempt: Attempt,
+        cause: ReleaseCause,
+        reason: str,
+        *,
+        wait_seconds: float | None = None,
     ) -> PrepareResult:
         """Running -> Queued for this attempt, which is not counted against the job's attempts; a give-back
         for a failure makes the next claim wait, and past the bound ends the job Failed (AttemptsExhausted)
-        instead (``rules.releases``). A recorded stop request is honored instead (Stopped), never released
-        into the queue again."""
+        instead (``rules.releases``); ``wait_seconds`` makes an uncounted one wait too. A recorded stop
+        request is honored instead (Stopped), never released into the queue again. A kept partner session is
+        closed first: the give-back ends the attempt's session slot."""
+        await attempt.close_session()
         released = await self.host.store.release_attempt_if_running(
-            job.id, attempt.attempt_id, self.host.worker_id, reason, cause, self.host.release_policy
+            job.id,
+            attempt.attempt_id,
+            self.host.worker_id,
+            reason,
+            cause,
+            self.host.release_policy,
+            wait_seconds=wait_seconds,
         )
         if released == ReleaseResult.RELEASED:
             log.info(

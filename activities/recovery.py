@@ -18,6 +18,11 @@ commits after the scan makes it match nothing, and the job is left to its worker
 - After either Failed NotDelivered, under the partner's cleanup agreement (``temporary_files``), the
   attempt's temporary and set-aside files are removed, and what that found is appended too.
 
+Every session recovery opens with a partner is opened under one of the partner's session slots (issue #25.3),
+so recovery never takes the partner past its limit either: the slot the expired attempt held is taken over
+for its takeover (and given back if the attempt renewed meanwhile), any other is taken like a connection
+test's, for a bounded time. With no free slot the job waits for the next run (``WaitingForSlot``).
+
 After its takeovers a run settles the OutcomeUnknowns whose own fences prove the attempt never sent its
 rename (issue 23: upload fenced, no rename fence) as Failed NotDelivered with ``settle_unknown_by_fences``,
 asking no partner. Then it answers the reconcilers' requests for today's listing of a final name (0033: the
@@ -37,7 +42,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -47,6 +54,7 @@ from activities.heartbeat import keep_heartbeating
 from db.errors import StoreError
 from db.rows import ListingToAnswer
 from db.stores.recovery import RecoveryStore
+from db.stores.slots import RECOVERY
 from domain.destination import Destination
 from domain.evidence import Observation, SetAside
 from domain.models import ExpiredLease, ExportJob, JobStatus, UnknownToRecheck
@@ -109,6 +117,16 @@ async def _alone(
 
 Observe = Callable[[Destination, str], Observation]
 SetAsideAt = Callable[[Destination, UUID, str], tuple[SetAside, Observation]]
+
+
+@dataclass
+class SlotHold:
+    """Recovery's hold of one of a partner's session slots: ``ok`` when its sessions may be opened (a slot is
+    held, or the partner has no limit); ``return_to`` (an attempt and its job) gives an adopted slot back to
+    the attempt it came from when recovery leaves that attempt alone after all."""
+
+    ok: bool
+    return_to: tuple[UUID, UUID] | None = None
 
 
 class RecoveryActivities:
@@ -226,6 +244,16 @@ class RecoveryActivities:
             # Only the partner can settle it, and its deliveries are paused (a compromise, an incident):
             # no session is opened to it, not even to list. It waits, Delivering, for the resume (23.5).
             return Takeover.WAITING_FOR_RESUME
+        # The expired attempt's slot serves its takeover (25.3): recovery's sessions replace its session.
+        async with self._slot(job, adopt=candidate.attempt_id) as hold:
+            if not hold.ok:
+                return Takeover.WAITING_FOR_SLOT
+            takeover = await self._resolve_with_partner(job, candidate, run_id)
+            if takeover == Takeover.MATCHED_NOTHING:
+                hold.return_to = (candidate.attempt_id, job.id)  # it renewed: its slot is its own again
+            return takeover
+
+    async def _resolve_with_partner(self, job: ExportJob, candidate: ExpiredLease, run_id: str) -> Takeover:
         verdict = await self._decide_from_evidence(job, run_id, tries=self.settings.recovery_observe_tries)
         if verdict is None:
             return Takeover.MATCHED_NOTHING
@@ -235,7 +263,7 @@ class RecoveryActivities:
             )
             if not done:
                 return Takeover.MATCHED_NOTHING
-            await self._clean_up(job.id, candidate.attempt_id, run_id)
+            await self._clean_up(job.id, candidate.attempt_id, run_id, slot_held=True)
             return Takeover.NOT_DELIVERED
         done = await self.store.resolve_expired_delivery(
             job.id, candidate.attempt_id, verdict.resolution, run_id, verdict.summary
@@ -243,6 +271,36 @@ class RecoveryActivities:
         if not done:
             return Takeover.MATCHED_NOTHING
         return Takeover.COMPLETED if verdict.resolution == JobStatus.COMPLETED else Takeover.OUTCOME_UNKNOWN
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, job: ExportJob, *, adopt: UUID | None) -> AsyncIterator[SlotHold]:
+        """One of ``job``'s partner's session slots for recovery's sessions, held while the block runs (at most
+        ``session_hold_seconds``): a free one, else the one ``adopt`` (the expired attempt) holds, taken over.
+        A free one first: an attempt whose lease lapsed (its database unreachable a while) may still be alive
+        and using its session, and its slot is taken over only when every other one is held (else expired
+        attempts holding every slot would wait forever for one). Not ``ok`` when none can be had; ``ok``
+        without a slot when the partner has no limit."""
+        holder = uuid.uuid4()
+        answer = await self.store.take_session_slot(
+            job.tenant_id,
+            job.destination_id,
+            holder,
+            purpose=RECOVERY,
+            hold_seconds=self.settings.session_hold_seconds,
+            adopt=adopt,
+        )
+        hold = SlotHold(ok=answer.max_sessions is None or answer.slot is not None)
+        try:
+            yield hold
+        finally:
+            if answer.slot is not None:
+                back = hold.return_to if answer.adopted else None  # only a slot taken over goes back
+                with contextlib.suppress(StoreError):  # a slot not released expires by itself
+                    await self.store.release_session_slot(
+                        holder,
+                        return_to=back[0] if back else None,
+                        return_job_id=back[1] if back else None,
+                    )
 
     async def _decide_from_evidence(self, job: ExportJob, run_id: str, *, tries: int) -> Verdict | None:
         """What the evidence settles for ``job``'s attempt (Delivering and expired, or OutcomeUnknown): the
@@ -437,6 +495,14 @@ class RecoveryActivities:
             return await self._settle_unpublished(job.id, candidate.attempt_id, run_id)
         if not await self.store.delivery_scope_open(job.tenant_id, job.destination_id):
             return Recheck.WAITING_FOR_RESUME  # paused since its nomination: no session with that partner
+        async with self._slot(job, adopt=candidate.attempt_id) as hold:
+            if not hold.ok:
+                return Recheck.STILL_UNKNOWN  # every session slot is in use: asked again after the interval
+            return await self._recheck_with_partner(job, candidate, run_id)
+
+    async def _recheck_with_partner(
+        self, job: ExportJob, candidate: UnknownToRecheck, run_id: str
+    ) -> Recheck:
         # One listing: a partner still silent is asked again after the interval, not now.
         verdict = await self._decide_from_evidence(job, run_id, tries=1)
         if verdict is None:
@@ -449,7 +515,7 @@ class RecoveryActivities:
         if not done:
             return Recheck.MATCHED_NOTHING
         if verdict.resolution == JobStatus.FAILED:
-            await self._clean_up(job.id, candidate.attempt_id, run_id)
+            await self._clean_up(job.id, candidate.attempt_id, run_id, slot_held=True)
             return Recheck.NOT_DELIVERED
         return Recheck.COMPLETED
 
@@ -489,12 +555,14 @@ class RecoveryActivities:
         )
         return decide_after_set_aside(job, evidence, destination, before, aside, after, error=error)
 
-    async def _clean_up(self, job_id: UUID, attempt_id: UUID, run_id: str) -> None:
+    async def _clean_up(
+        self, job_id: UUID, attempt_id: UUID, run_id: str, *, slot_held: bool = False
+    ) -> None:
         """After recovery recorded Failed NotDelivered, and only under the partner's cleanup agreement
         (``temporary_files = 'remove'``): remove the attempt's temporary and set-aside files, and keep what
         that found as evidence (the partner's ``remove_temporary_files`` never raises). The outcome is
         already recorded: nothing here can change it, and a database error here is logged, not counted
-        against the takeover."""
+        against the takeover. Its session is opened under a session slot (``slot_held``: the caller's)."""
         try:
             job = await self.store.get_job(job_id)
             if job is None:
@@ -512,7 +580,17 @@ class RecoveryActivities:
                 return
             name = job.expected_file_name or job.final_name
             partner = self.partners(destination)
-            records = await asyncio.to_thread(partner.remove_temporary_files, destination, attempt_id, name)
+            async with (
+                contextlib.nullcontext(SlotHold(ok=True)) if slot_held else self._slot(job, adopt=attempt_id)
+            ) as hold:
+                if not hold.ok:
+                    await self.store.append_delivery_evidence(
+                        job_id, attempt_id, run_id, {"cleanup": "skipped", "why": "no free session slot"}
+                    )
+                    return
+                records = await asyncio.to_thread(
+                    partner.remove_temporary_files, destination, attempt_id, name
+                )
             for record in records:
                 await self.store.append_delivery_evidence(job_id, attempt_id, run_id, record)
         except (StoreError, OSError, TimeoutError) as exc:

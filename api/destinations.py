@@ -20,9 +20,18 @@ from fastapi.templating import Jinja2Templates
 from api.auth import authenticate, console_caller
 from api.routes import BODY_ERRORS, ERRORS, respond
 from service.auth import Caller
-from service.destinations import CreateDestination, Destinations, EditDestination, RetireDestination
+from service.connection_tests import ConnectionTests
+from service.destinations import (
+    CreateDestination,
+    Destinations,
+    EditDestination,
+    PinHostKey,
+    RetireDestination,
+    UnpinHostKey,
+)
 from service.exports import IDEMPOTENCY_KEY_PATTERN, IF_MATCH_PATTERN
 from service.permissions import Action, may
+from service.signals import TemporalStopSignaller
 from service.views import short, stamp
 
 router = APIRouter(prefix="/destinations", tags=["destinations"])
@@ -36,8 +45,15 @@ CallerDep = Annotated[Caller, Depends(authenticate)]
 
 
 def destinations(request: Request) -> Destinations:
-    """The destination operations over the app's ``exports_api`` store."""
-    return Destinations(request.app.state.exports.store)
+    """The destination operations over the app's ``exports_api`` store; connection tests run on a worker
+    through the stop signaller's Temporal client (none: a test answers 503)."""
+    signaller = request.app.state.exports.signaller
+    tests = (
+        ConnectionTests(signaller.connected_client, request.app.state.settings.task_queue)
+        if isinstance(signaller, TemporalStopSignaller)
+        else None
+    )
+    return Destinations(request.app.state.exports.store, tests)
 
 
 DestinationsDep = Annotated[Destinations, Depends(destinations)]
@@ -201,6 +217,83 @@ async def edit_destination(
 
 
 @router.post(
+    "/{destination_id}/host-keys",
+    operation_id="pin_host_key",
+    summary="Trust one more host key (admin; If-Match: the ETag), with a reason: a rotation overlaps",
+    description=(
+        "Pins the key (as `ssh-keyscan` prints it) beside the keys pinned already: the destination's next "
+        "version, recorded. Check the key's fingerprint with the partner first (a connection test shows the "
+        "one the server presents; it never pins anything itself). A change of delivery terms: exports "
+        "building for it are rebuilt at cutoff 2. Once the partner serves the new key, remove the old one."
+    ),
+    responses={
+        200: {"description": "Pinned (the ETag is the new version), or already pinned (nothing changed)"},
+        400: {"description": "If-Match unquoted or unterminated, or the body is not JSON"},
+        409: {"description": "The destination is retired"},
+        412: {"description": "If-Match names another version, or only weak tags"},
+        428: {"description": "If-Match missing"},
+        422: {"description": "Not a public key line, or ten keys are pinned already"},
+        **_FORBIDDEN,
+        **_NOT_FOUND,
+        **{k: v for k, v in BODY_ERRORS.items() if k != 422},
+    },
+)
+async def pin_host_key(
+    destination_id: UUID, body: PinHostKey, caller: CallerDep, ops: DestinationsDep, if_match: IfMatch
+) -> JSONResponse:
+    return respond(await ops.pin_key(caller, destination_id, body, if_match))
+
+
+@router.post(
+    "/{destination_id}/host-keys/removal",
+    operation_id="unpin_host_key",
+    summary="Stop trusting a pinned host key, by its fingerprint (admin; If-Match: the ETag), with a reason",
+    responses={
+        200: {"description": "Removed (the ETag is the new version)"},
+        400: {"description": "If-Match unquoted or unterminated, or the body is not JSON"},
+        404: {"description": "No such destination, or no pinned key with that fingerprint"},
+        409: {"description": "The destination is retired"},
+        412: {"description": "If-Match names another version, or only weak tags"},
+        428: {"description": "If-Match missing"},
+        422: {"description": "It is the last pinned key: a destination keeps at least one"},
+        **_FORBIDDEN,
+        **{k: v for k, v in BODY_ERRORS.items() if k != 422},
+    },
+)
+async def unpin_host_key(
+    destination_id: UUID, body: UnpinHostKey, caller: CallerDep, ops: DestinationsDep, if_match: IfMatch
+) -> JSONResponse:
+    return respond(await ops.unpin_key(caller, destination_id, body, if_match))
+
+
+@router.post(
+    "/{destination_id}/connection-tests",
+    operation_id="test_destination_connection",
+    summary="Test a destination's connection without trusting it (operator, reconciler, admin)",
+    description=(
+        "A worker connects and reports the host key the server presented (its line and SHA256 fingerprint) "
+        "and whether it is pinned; only when it is, our login's result, whether remote_dir lists and takes a "
+        "new file (a temporary name, created and removed), posix-rename support and the write limit "
+        "(limits@openssh.com). It never pins a key and records nothing."
+    ),
+    responses={
+        200: {"description": "What the server presented and allowed (an unreachable server is reported too)"},
+        **ERRORS,
+        503: {
+            "description": "No worker answered, every session slot of the partner is in use, or the database "
+            "did not answer: nothing was pinned or recorded; retry"
+        },
+        403: {"description": "A viewer: testing a connection needs the operator, reconciler or admin role"},
+        **_NOT_FOUND,
+    },
+)
+async def test_destination_connection(
+    destination_id: UUID, caller: CallerDep, ops: DestinationsDep
+) -> JSONResponse:
+    return respond(await ops.test_connection(caller, destination_id))
+
+
+@router.post(
     "/{destination_id}/retirement",
     operation_id="retire_destination",
     summary="Retire a destination (admin), with a reason: building exports stop at cutoff 2, queued ones are rejected",
@@ -284,4 +377,17 @@ async def destination_page(request: Request, destination_id: str) -> Response:
 
 
 # What the settings table leaves out: shown elsewhere on the page, or not a setting.
-_NOT_SETTINGS = frozenset({"id", "tenant_id", "links", "name", "deliveries", "version", "delivery_version"})
+_NOT_SETTINGS = frozenset(
+    {
+        "id",
+        "tenant_id",
+        "links",
+        "name",
+        "deliveries",
+        "version",
+        "delivery_version",
+        "host_keys",
+        "pinned_host_keys",
+        "sessions_in_use",
+    }
+)

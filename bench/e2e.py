@@ -278,14 +278,16 @@ class Bench:
             for _ in range(n):
                 tenant_id, destination_id, job_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
                 admin.execute("INSERT INTO tenants (id, name) VALUES (%(id)s, 'bench')", {"id": tenant_id})
+                # A session limit (issue #25.3), so the fenced variant takes and ends a slot as every export
+                # to a limited partner does; the unfenced one ignores it.
                 admin.execute(
                     # Every destination has a delivery window (issue #25.2), always open but read in full by the
                     # claim, cutoff 2 and the rename fence (a time zone, hours, a blackout date to compare).
                     "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key,"
-                    " credential_ref, remote_dir, intake_time_zone, intake_hours, blackout_dates)"
+                    " credential_ref, remote_dir, intake_time_zone, intake_hours, blackout_dates, max_sessions)"
                     " VALUES (%(id)s, %(t)s, 'bench', %(host)s, %(port)s,"
                     " 'partner', %(key)s, %(cred)s, '/', 'Europe/Berlin', ARRAY['Mon-Sun 00:00-24:00'],"
-                    " ARRAY[DATE '2099-12-31'])",
+                    " ARRAY[DATE '2099-12-31'], 2)",
                     {
                         "id": destination_id,
                         "t": tenant_id,

@@ -65,6 +65,13 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         default=4,
         help="the main destination's delivery window is closed one minute in every n (default 4; 0: none)",
     )
+    parser.add_argument(
+        "--session-limit",
+        type=int,
+        default=2,
+        help="the partner's limit of concurrent sessions on the main destination (default 2; 0: none); the "
+        "auditor checks the partner's own count against it",
+    )
     args = parser.parse_args(argv)
     faults = () if args.faults == "none" else tuple(f.strip() for f in args.faults.split(",") if f.strip())
     unknown = [f for f in faults if f not in FAULT_KINDS]
@@ -89,6 +96,7 @@ def parse_args(argv: list[str] | None = None) -> SoakConfig:
         temporary_files=args.temporary_files,
         encrypted_every=max(0, args.encrypted_every),
         window_closed_every=max(0, args.window_closed_every),
+        session_limit=max(0, args.session_limit),
     )
 
 

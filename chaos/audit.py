@@ -107,6 +107,11 @@ class AuditInput:
     file_suffixes: dict[str, str] = field(default_factory=dict)
     partner_key: GpgIdentity | None = None
     signer_fingerprint: str | None = None
+    # The main destination's session limit (issue #25.3; 0: none) and the most sessions the partner held at
+    # once, from its own witness (the proxy in front of its sshd, which counts what the server holds open).
+    session_limit: int = 0
+    partner_sessions_high_water: int | None = None
+    partner_sessions_timeline: list[tuple[float, int]] = field(default_factory=list)  # (unix time, open)
 
 
 @dataclass
@@ -175,6 +180,7 @@ class Auditor:
             self._drains,
             self._logs_free_of_contacts,
             self._webhooks,
+            self._partner_sessions,
         ]
         for step in steps:
             try:
@@ -1096,6 +1102,36 @@ class Auditor:
                     None,
                     f"{fault.target}: {fault.detail} (grace {self.inp.shutdown_grace_seconds:.0f}s)",
                 )
+
+    def _partner_sessions(self) -> None:
+        """Concurrent sessions never exceeded the partner's limit, by the partner's own witness (issue #25.3)."""
+        seen = self.inp.partner_sessions_high_water
+        self.result.counts["partner_sessions_high_water"] = seen
+        self.result.counts["partner_session_limit"] = self.inp.session_limit or None
+        limit = self.inp.session_limit
+        if not limit or seen is None or seen <= limit:
+            return
+        # Each stretch the witness spent over the limit, with the faults around it (what to read the logs for).
+        stretches: list[tuple[float, float, int]] = []
+        began: float | None = None
+        peak = 0
+        for at, open_now in self.inp.partner_sessions_timeline:
+            if open_now > limit:
+                began = at if began is None else began
+                peak = max(peak, open_now)
+            elif began is not None:
+                stretches.append((began, at, peak))
+                began, peak = None, 0
+        for start, end, most in stretches or [(0.0, 0.0, seen)]:
+            self.violate(
+                "sessions_over_limit",
+                None,
+                f"the partner held {most} sessions at once for {end - start:.2f}s; its limit is {limit}",
+                high_water=most,
+                limit=limit,
+                at=datetime.fromtimestamp(start).isoformat(timespec="milliseconds") if start else None,
+                faults_before=self._faults_between(start - 15, end) if start else [],
+            )
 
     def _logs_free_of_contacts(self) -> None:
         marker = self.inp.marker.encode()

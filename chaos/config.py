@@ -50,6 +50,12 @@ class SoakConfig:
     # (UTC) from the start of the run, so claims, cutoff 2 and rename fences meet a closed window; 0: none. The
     # auditor checks that no rename happened outside it.
     window_closed_every: int = 4
+    # The partner's limit of concurrent sessions on the main destination (issue #25.3; 0: none), held as slots
+    # by every worker. Its proxy is the partner's witness: the auditor checks the most sessions the partner
+    # ever held at once against it. The partner drops a client silent for ``partner_client_alive_seconds``
+    # (a paused worker's session), as partners do, and sooner than a lease expires.
+    session_limit: int = 2
+    partner_client_alive_seconds: int = 2
     # The workers' settings (EXPORTS_*): short, so a lease lost to a fault is recovered within the run.
     lease_seconds: float = 6.0
     renew_every_seconds: float = 2.0

@@ -116,10 +116,12 @@ class FaultInjector:
                 stack.pg_proxy.refuse_new_connections(False)
             case "sftp_sever":
                 assert stack.sftp_proxy is not None
-                record.target = "workers->partner proxy"
-                record.detail = _sever(stack.sftp_proxy, fault.hold)
+                record.target = "workers->partner proxies"
+                proxies = [p for p in (stack.sftp_proxy, stack.sftp_pgp_proxy) if p is not None]
+                record.detail = "; ".join(_sever(p, fault.hold) for p in proxies)
                 await asyncio.sleep(fault.hold)
-                stack.sftp_proxy.refuse_new_connections(False)
+                for p in proxies:
+                    p.refuse_new_connections(False)
             case "pg_restart_immediate" | "pg_restart_fast":
                 mode = fault.kind.removeprefix("pg_restart_")
                 record.target = "postgres"

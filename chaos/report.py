@@ -89,6 +89,9 @@ def render(report: dict[str, Any]) -> str:
         f"{c.get('final_name_writes_by', {})}, {c.get('final_name_writes_unattributed', 0)} not attributable")  # fmt: skip
     if c.get("webhooks"):
         add(f"webhooks: {c['webhooks']}")
+    if c.get("partner_session_limit"):
+        add(f"partner sessions at once (its own witness): at most {c.get('partner_sessions_high_water')}, "
+            f"limit {c['partner_session_limit']}")  # fmt: skip
     add(f"workflow histories checked: {c.get('histories_checked', 0)}; export workflow results: "
         f"{c.get('export_workflow_results', {})}")  # fmt: skip
     add("")

@@ -166,6 +166,9 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 else {},
                 partner_key=stack.partner_key,
                 signer_fingerprint=stack.tenant_key.fingerprint if stack.tenant_key else None,
+                session_limit=config.session_limit,
+                partner_sessions_high_water=stack.sftp_proxy.open_high_water if stack.sftp_proxy else None,
+                partner_sessions_timeline=list(stack.sftp_proxy.open_timeline) if stack.sftp_proxy else [],
             )
         ).run()
         timings["audit"] = time.monotonic() - audit_started

@@ -4,7 +4,8 @@
 - the Temporal dev server with a persistence file (``testbed/temporal_dev.py``);
 - an OpenSSH sshd partner (``testbed/sftp.Sshd``), its upload directory watched from its own disk;
 - TCP proxies between the workers and PostgreSQL and between the workers and the partner (the
-  destination row names the proxy), so the soak can sever those connections;
+  destination row names the proxy: one per destination), so the soak can sever those connections; the main
+  destination's proxy is also the partner's witness of its concurrent sessions (issue #25.3);
 - ``worker.py`` processes and ``python starter.py serve``, each a real subprocess configured by
   ``EXPORTS_*`` variables, kept running by a supervisor that records every exit nobody asked for.
 """
@@ -88,6 +89,8 @@ class Stack:
         self.sshd: Sshd | None = None
         self.upload_dir: Path | None = None
         self.sftp_proxy: TcpProxy | None = None
+        # The encrypted destination's own path to the partner, so the main one's proxy counts its sessions alone.
+        self.sftp_pgp_proxy: TcpProxy | None = None
         self.watch: PartnerWatch | None = None
         self.workers: list[Managed] = []
         self.api: Managed | None = None
@@ -152,10 +155,13 @@ class Stack:
         await self.temporal.start()
 
         say("starting the OpenSSH partner and the watch on its upload directory")
-        self.sshd = await asyncio.to_thread(Sshd.start, max_sessions=64)
+        self.sshd = await asyncio.to_thread(
+            Sshd.start, max_sessions=64, client_alive_seconds=self.config.partner_client_alive_seconds
+        )
         self.upload_dir = self.sshd.make_upload_dir()
         self.watch = PartnerWatch(self.upload_dir).start()
         self.sftp_proxy = TcpProxy("127.0.0.1", self.sshd.port).start()
+        self.sftp_pgp_proxy = TcpProxy("127.0.0.1", self.sshd.port).start()
 
         say("seeding the tenant, its destination and contacts")
         await self._seed()
@@ -185,7 +191,7 @@ class Stack:
         if self.temporal is not None:
             with contextlib.suppress(Exception):
                 await self.temporal.stop()
-        for proxy in (self.pg_proxy, self.sftp_proxy):
+        for proxy in (self.pg_proxy, self.sftp_proxy, self.sftp_pgp_proxy):
             if proxy is not None:
                 with contextlib.suppress(Exception):
                     proxy.stop()
@@ -242,11 +248,12 @@ class Stack:
             "max_write_request": 261120,
             "temporary_files": self.config.temporary_files,
         }
+        limited = {**destination, "max_sessions": self.config.session_limit or None}
         seeded = await seed_tenant(
             self.admin_url,
             tenant_name="chaos",
             destination_name="partner-sshd",
-            destination=destination,
+            destination=limited,
             contacts=0,
         )
         self.tenant_id, self.destination_id = seeded.tenant_id, seeded.destination_id
@@ -312,6 +319,7 @@ class Stack:
             name="partner-sshd-pgp",
             destination={
                 **destination,
+                "port": self.sftp_pgp_proxy.port if self.sftp_pgp_proxy is not None else destination["port"],
                 "compression": "gzip",
                 "pgp_recipient_keys": [self.partner_key.public_key],
                 "pgp_signing_key_ref": str(self.tenant_key.secret_key_file),
@@ -457,6 +465,8 @@ class Stack:
         assert self.pg_proxy is not None and self.sftp_proxy is not None
         self.pg_proxy.refuse_new_connections(False)
         self.sftp_proxy.refuse_new_connections(False)
+        if self.sftp_pgp_proxy is not None:
+            self.sftp_pgp_proxy.refuse_new_connections(False)
         for managed in self.managed():
             managed.child.send(signal.SIGCONT)
             managed.paused = False

@@ -257,6 +257,9 @@ _DESTINATION_DEFAULTS: dict[str, Any] = {
     "compression": "none",
     "pgp_recipient_keys": [],
     "pgp_signing_key_ref": None,
+    # Several pinned keys (0029): none given, the one host_key is the one pinned. No session limit by default.
+    "host_keys": None,
+    "max_sessions": None,
 }
 
 

@@ -327,9 +327,10 @@ RETURNING id;
 -- long (002 "Backoff": persisted, so a restart keeps the delay). Past max_releases counted give-backs the
 -- job ends Failed (AttemptsExhausted) instead (002: "poison input cannot create infinite retries"). A drain
 -- or a pause is not counted and does not wait. A give-back because the destination's delivery window closed
--- (until_window_opens, issue #25.2) is not counted but waits for the window's next opening. A recorded stop
--- request is honored by finish_stopped instead, never released into the queue again. The event names the
--- host that gave the job back.
+-- (until_window_opens, issue #25.2) is not counted but waits for the window's next opening; one for want of a
+-- partner session slot (25.3) is not counted either but waits wait_seconds, so it does not come straight back
+-- to a partner still at its limit. A recorded stop request is honored by finish_stopped instead, never released
+-- into the queue again. The event names the host that gave the job back.
 WITH released AS (
     UPDATE export_jobs
     SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
@@ -340,7 +341,9 @@ WITH released AS (
                     * (0.5 + 0.5 * %(jitter)s::float8))
             WHEN %(until_window_opens)s THEN (
                 SELECT next_window_opening(d, clock_timestamp()) FROM destinations d
-                WHERE d.tenant_id = export_jobs.tenant_id AND d.id = export_jobs.destination_id) END
+                WHERE d.tenant_id = export_jobs.tenant_id AND d.id = export_jobs.destination_id)
+            WHEN %(wait_seconds)s::float8 IS NOT NULL
+            THEN clock_timestamp() + make_interval(secs => %(wait_seconds)s::float8) END
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Running'
       AND stop_request_id IS NULL
       AND (NOT %(counted)s OR transient_releases < %(max_releases)s)
@@ -950,3 +953,100 @@ RETURNING message_id;
 -- attempt. An attempt that is not live never becomes live again (a requeue clears it; a claim mints a new one).
 SELECT attempt_id FROM export_jobs
 WHERE attempt_id = ANY(%(attempt_ids)s::uuid[]) AND status IN ('Running', 'Delivering');
+
+-- -- a partner's session slots (issue #25.3, migration 0029) ---------------------------------------------
+
+-- name: take_session_slot
+-- A session with a destination's partner is opened only under one of its slots, so the partner never sees
+-- more sessions than its limit (max_sessions, read as it is now: not a delivery term). An attempt takes one
+-- after its build and before it connects, only while it still holds its Running job with a current lease
+-- (job_id given); its slot is then held for as long as the attempt holds that job Running or Delivering, and
+-- its terminal write, a give-back or recovery's takeover ends it by changing the row (session_slot_held).
+-- Any other holder (job_id null: recovery, a cleanup, a connection test) holds it for hold_seconds or until
+-- release_session_slot. A holder that already holds a slot of the destination finds it again (a retried
+-- take); else it takes a free one; only when none is free does it take over the slot of ``adopt`` (recovery,
+-- for the expired attempt it settles: an attempt whose lease lapsed may still be alive and using its session,
+-- so its slot is the last resort, not the first). A slot that looks free is locked FOR UPDATE: a concurrent
+-- take of the same slot waits, then re-checks it on its newest version and moves on to the next free one, so
+-- two takers never share a slot. Answers the limit (null: none), the slot taken (null: none free, or the
+-- attempt no longer holds its job), whether it was adopted and, when none was taken, how many were held.
+WITH limits AS (
+    SELECT d.max_sessions FROM destinations d
+    WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s),
+eligible AS (
+    -- an attempt takes a slot only while it holds its job Running with a current lease
+    SELECT 1 AS ok
+    WHERE %(job_id)s::uuid IS NULL
+       OR EXISTS (SELECT 1 FROM export_jobs j
+                  WHERE j.id = %(job_id)s::uuid AND j.attempt_id = %(holder)s AND j.status = 'Running'
+                    AND j.lease_expires_at > clock_timestamp())),
+own AS (
+    SELECT s.slot FROM destination_session_slots s
+    WHERE s.destination_id = %(destination_id)s AND s.holder = %(holder)s AND EXISTS (SELECT 1 FROM eligible)
+    ORDER BY s.slot
+    LIMIT 1
+    FOR UPDATE OF s),
+free AS (
+    SELECT s.slot FROM destination_session_slots s, limits l
+    WHERE s.destination_id = %(destination_id)s AND s.slot <= l.max_sessions
+      AND NOT EXISTS (SELECT 1 FROM own) AND EXISTS (SELECT 1 FROM eligible)
+      AND NOT session_slot_held(s)
+    ORDER BY s.slot
+    LIMIT 1
+    FOR UPDATE OF s),
+adopted AS (
+    SELECT s.slot FROM destination_session_slots s
+    WHERE s.destination_id = %(destination_id)s AND s.holder = %(adopt)s::uuid
+      AND NOT EXISTS (SELECT 1 FROM own) AND NOT EXISTS (SELECT 1 FROM free) AND EXISTS (SELECT 1 FROM eligible)
+    ORDER BY s.slot
+    LIMIT 1
+    FOR UPDATE OF s),
+chosen AS (
+    SELECT slot, false AS adopted FROM own
+    UNION ALL
+    SELECT slot, false FROM free
+    UNION ALL
+    SELECT slot, true FROM adopted),
+taken AS (
+    UPDATE destination_session_slots s
+    SET holder = %(holder)s, job_id = %(job_id)s::uuid, purpose = %(purpose)s, taken_at = clock_timestamp(),
+        expires_at = CASE WHEN %(job_id)s::uuid IS NULL
+                          THEN clock_timestamp() + make_interval(secs => %(hold_seconds)s::float8) END
+    FROM chosen c
+    WHERE s.destination_id = %(destination_id)s AND s.slot = c.slot
+    RETURNING s.slot, c.adopted)
+SELECT EXISTS (SELECT 1 FROM limits) AS destination_found,
+       (SELECT max_sessions FROM limits) AS max_sessions,
+       t.slot,
+       coalesce(t.adopted, false) AS adopted,
+       EXISTS (SELECT 1 FROM eligible) AS eligible,
+       -- counted only when none was taken (what a waiting attempt shows); a taker needs no count
+       CASE WHEN t.slot IS NULL AND (SELECT max_sessions FROM limits) IS NOT NULL
+            THEN (SELECT count(*) FROM destination_session_slots s
+                  WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int
+            ELSE 0 END AS in_use
+FROM (SELECT (SELECT slot FROM taken) AS slot, (SELECT adopted FROM taken) AS adopted) AS t;
+
+-- name: release_session_slot
+-- A holder that is not an attempt (recovery, a cleanup, a connection test) releases its slot once its
+-- session is closed; ``return_to`` gives it back to the attempt it was adopted from instead (recovery found
+-- that attempt alive after all: its renewal won). Only this holder's slot; a slot already taken by someone
+-- else is not touched. An attempt never calls this: its slot ends with its hold of the job.
+UPDATE destination_session_slots s
+SET holder = %(return_to)s::uuid,
+    job_id = CASE WHEN %(return_to)s::uuid IS NOT NULL THEN %(return_job_id)s::uuid END,
+    purpose = CASE WHEN %(return_to)s::uuid IS NOT NULL THEN 'attempt' END,
+    taken_at = CASE WHEN %(return_to)s::uuid IS NOT NULL THEN s.taken_at END,
+    expires_at = NULL
+WHERE s.holder = %(holder)s
+RETURNING s.slot;
+
+-- name: pause_destination_for_partner
+-- The worker's one switch change (0029): pause one destination whose server presented a host key nobody
+-- pinned, or refused our login, with that reason and the worker as who; never a resume, never another
+-- scope, and an operator's pause already in place keeps its reason. Only while the destination's delivery
+-- terms are still those of the version the worker checked (an admin's edit since, a key pinned, is not
+-- undone by a pause). Answers whether it was enabled, whether this call paused it, and whether the
+-- destination changed since that version.
+SELECT was_enabled, paused, destination_changed
+FROM pause_destination_for_partner(%(tenant_id)s, %(destination_id)s, %(version)s, %(reason)s, %(changed_by)s);

@@ -179,6 +179,7 @@ class DestinationRecord(Row):
     # when its delivery window opens next, as of window_checked_at (the same instant when it is open; 0035)
     window_checked_at: datetime | None = None
     window_opens_at: datetime | None = None
+    sessions_in_use: int = 0  # of its session slots, held now (0029)
 
 
 class DestinationVersion(Row):
@@ -354,3 +355,33 @@ class ListingToAnswer(Row):
     request_id: UUID
     job_id: UUID
     attempt_id: UUID
+
+
+class SlotAnswer(Row):
+    """``take_session_slot``'s answer: whether the destination exists, its session limit (``None``: none), the
+    slot taken (``None``: none free, or the attempt no longer holds its job), whether it was taken over from the
+    ``adopt`` holder, whether the holder was eligible (an attempt: still Running with a current lease), and,
+    when none was taken, how many slots were held when it looked."""
+
+    destination_found: bool
+    max_sessions: int | None
+    slot: int | None
+    adopted: bool  # the slot was the ``adopt`` holder's (none was free)
+    eligible: bool
+    in_use: int
+
+
+class SlotRow(Row):
+    """One session slot's number."""
+
+    slot: int
+
+
+class PartnerPause(Row):
+    """``pause_destination_for_partner``'s answer: whether the destination's switch was enabled, whether this
+    call paused it (an operator's earlier pause keeps its reason), and whether the destination changed since
+    the version the worker checked (then nothing is paused)."""
+
+    was_enabled: bool | None
+    paused: bool
+    destination_changed: bool  # its delivery terms changed since the version checked: not paused

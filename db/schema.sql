@@ -73,6 +73,16 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.host_keys_ok(keys text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+SELECT cardinality(keys) BETWEEN 1 AND 10
+   AND array_position(keys, NULL) IS NULL
+   AND (SELECT count(DISTINCT k) FROM unnest(keys) AS k) = cardinality(keys)
+   AND (SELECT bool_and(length(k) BETWEEN 1 AND 16600 AND k !~ '[[:cntrl:]]' AND upper(k) NOT LIKE '%PRIVATE%')
+        FROM unnest(keys) AS k)
+$$;
+
 CREATE FUNCTION public.intake_time_zone_ok(tz text) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $_$
@@ -124,6 +134,8 @@ CREATE TABLE public.destinations (
     pgp_signing_key_ref text,
     version integer DEFAULT 1 NOT NULL,
     delivery_version integer DEFAULT 1 NOT NULL,
+    host_keys text[] NOT NULL,
+    max_sessions integer,
     intake_time_zone text DEFAULT 'UTC'::text NOT NULL,
     intake_hours text[],
     blackout_dates date[] DEFAULT '{}'::date[] NOT NULL,
@@ -135,8 +147,10 @@ CREATE TABLE public.destinations (
     CONSTRAINT ck_destinations_credential_ref CHECK ((((length(credential_ref) >= 1) AND (length(credential_ref) <= 1000)) AND (credential_ref !~ '[[:cntrl:]]'::text) AND (credential_ref !~~ '%-----BEGIN%'::text) AND (credential_ref !~~ '%PRIVATE KEY%'::text))),
     CONSTRAINT ck_destinations_csv_columns CHECK (public.csv_columns_ok(csv_columns)),
     CONSTRAINT ck_destinations_csv_delimiter CHECK ((csv_delimiter = ANY (ARRAY[','::text, ';'::text, '|'::text, '	'::text]))),
+    CONSTRAINT ck_destinations_host_keys CHECK ((public.host_keys_ok(host_keys) AND (host_key = host_keys[1]))),
     CONSTRAINT ck_destinations_intake_hours CHECK (((intake_hours IS NULL) = (intake_week IS NULL))),
     CONSTRAINT ck_destinations_intake_time_zone CHECK (public.intake_time_zone_ok(intake_time_zone)),
+    CONSTRAINT ck_destinations_max_sessions CHECK (((max_sessions >= 1) AND (max_sessions <= 100))),
     CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
     CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
     CONSTRAINT ck_destinations_retired CHECK (((retired_at IS NULL) = (retired_by IS NULL))),
@@ -170,7 +184,7 @@ CREATE FUNCTION public.destination_delivery_terms_before_windows(d public.destin
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
 SELECT to_jsonb(d) - ARRAY['name', 'created_at', 'contract_starts_on', 'contract_ends_on', 'retired_at',
-                           'retired_by', 'version', 'delivery_version']
+                           'retired_by', 'version', 'delivery_version', 'max_sessions']
 $$;
 
 CREATE FUNCTION public.destinations_change_recorded() RETURNS trigger
@@ -218,6 +232,37 @@ BEGIN
         WHEN destination_delivery_terms(NEW) IS DISTINCT FROM destination_delivery_terms(OLD) THEN NEW.version
         ELSE OLD.delivery_version END;
     RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.destinations_host_keys() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.host_keys IS NULL THEN
+            NEW.host_keys := ARRAY[NEW.host_key];
+        END IF;
+    ELSIF NEW.host_keys IS NOT DISTINCT FROM OLD.host_keys AND NEW.host_key IS DISTINCT FROM OLD.host_key THEN
+        NEW.host_keys := ARRAY[NEW.host_key];
+    END IF;
+    IF coalesce(cardinality(NEW.host_keys), 0) = 0 THEN
+        RAISE EXCEPTION 'destination % must keep at least one pinned host key', NEW.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destinations_host_keys';
+    END IF;
+    NEW.host_key := NEW.host_keys[1];
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.destinations_session_slots() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.max_sessions IS NOT NULL THEN
+        INSERT INTO destination_session_slots (tenant_id, destination_id, slot)
+        SELECT NEW.tenant_id, NEW.id, g FROM generate_series(1, NEW.max_sessions) AS g
+        ON CONFLICT ON CONSTRAINT pk_destination_session_slots DO NOTHING;
+    END IF;
+    RETURN NULL;
 END $$;
 
 CREATE FUNCTION public.export_jobs_backoff_guard() RETURNS trigger
@@ -689,6 +734,42 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.pause_destination_for_partner(p_tenant_id uuid, p_destination_id uuid, p_version integer, p_reason text, p_changed_by text) RETURNS TABLE(was_enabled boolean, paused boolean, destination_changed boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+DECLARE
+    enabled_now boolean;
+    changed boolean;
+BEGIN
+    IF p_reason IS NULL OR p_reason !~ '^(host key changed|authentication refused): ' OR length(p_reason) > 1000 THEN
+        RAISE EXCEPTION 'a partner pause says why: "host key changed: ..." or "authentication refused: ..."'
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_partner_pause_reason';
+    END IF;
+    -- The row lock a pause takes: claims and cutoff 2 read it FOR SHARE, so they see this pause once it commits.
+    SELECT s.enabled INTO enabled_now FROM delivery_switches s
+    WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id AND s.destination_id = p_destination_id
+    FOR UPDATE;
+    -- The destination as the worker checked it (version p_version's delivery terms): read FOR SHARE, so an
+    -- admin's edit (a key pinned meanwhile) and this pause serialize; an edit first means no pause.
+    SELECT d.delivery_version > p_version INTO changed FROM destinations d
+    WHERE d.tenant_id = p_tenant_id AND d.id = p_destination_id
+    FOR SHARE;
+    IF enabled_now IS NOT TRUE OR changed IS NOT FALSE THEN
+        -- paused already (or never enabled: no row), by someone else, for their reason, which stays; or the
+        -- destination's terms changed since the version checked (or it is gone)
+        RETURN QUERY SELECT enabled_now, false, changed IS NOT FALSE;
+        RETURN;
+    END IF;
+    UPDATE delivery_switches
+    SET enabled = false, reason = p_reason, changed_by = p_changed_by, changed_at = clock_timestamp()
+    WHERE scope = 'destination' AND tenant_id = p_tenant_id AND destination_id = p_destination_id;
+    INSERT INTO delivery_switch_changes (scope, tenant_id, destination_id, enabled, was_enabled, reason,
+                                         changed_by, changed_at)
+    VALUES ('destination', p_tenant_id, p_destination_id, false, true, p_reason, p_changed_by, clock_timestamp());
+    RETURN QUERY SELECT true, true, false;
+END $$;
+
 CREATE FUNCTION public.principals_guard() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -727,6 +808,34 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
+
+CREATE TABLE public.destination_session_slots (
+    tenant_id uuid NOT NULL,
+    destination_id uuid NOT NULL,
+    slot smallint NOT NULL,
+    holder uuid,
+    job_id uuid,
+    purpose text,
+    taken_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    CONSTRAINT ck_destination_session_slots_holder CHECK ((((holder IS NULL) AND (job_id IS NULL) AND (purpose IS NULL) AND (taken_at IS NULL) AND (expires_at IS NULL)) OR ((holder IS NOT NULL) AND (purpose = 'attempt'::text) AND (job_id IS NOT NULL) AND (taken_at IS NOT NULL) AND (expires_at IS NULL)) OR ((holder IS NOT NULL) AND (purpose <> 'attempt'::text) AND (job_id IS NULL) AND (taken_at IS NOT NULL) AND (expires_at IS NOT NULL)))),
+    CONSTRAINT destination_session_slots_purpose_check CHECK ((purpose = ANY (ARRAY['attempt'::text, 'recovery'::text, 'cleanup'::text, 'connection_test'::text]))),
+    CONSTRAINT destination_session_slots_slot_check CHECK ((slot >= 1))
+);
+
+CREATE FUNCTION public.session_slot_held(s public.destination_session_slots) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+SELECT coalesce(
+    s.holder IS NOT NULL
+    AND (coalesce(s.expires_at > statement_timestamp(), false)
+         OR (s.job_id IS NOT NULL
+             AND (s.taken_at >= statement_timestamp()
+                  OR EXISTS (SELECT 1 FROM export_jobs j
+                             WHERE j.id = s.job_id AND j.attempt_id = s.holder
+                               AND j.status IN ('Running', 'Delivering'))))),
+    false)
+$$;
 
 CREATE FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) RETURNS SETOF timestamp with time zone
     LANGUAGE plpgsql STABLE PARALLEL SAFE
@@ -1232,6 +1341,9 @@ ALTER TABLE ONLY public.contacts
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT pk_deliveries PRIMARY KEY (tenant_id, delivery_key);
 
+ALTER TABLE ONLY public.destination_session_slots
+    ADD CONSTRAINT pk_destination_session_slots PRIMARY KEY (destination_id, slot);
+
 ALTER TABLE ONLY public.destination_versions
     ADD CONSTRAINT pk_destination_versions PRIMARY KEY (tenant_id, destination_id, version);
 
@@ -1303,6 +1415,8 @@ CREATE INDEX ix_cancellation_requests_job ON public.cancellation_requests USING 
 CREATE INDEX ix_console_sessions_expires ON public.console_sessions USING btree (expires_at);
 
 CREATE INDEX ix_delivery_switch_changes_tenant ON public.delivery_switch_changes USING btree (tenant_id, id);
+
+CREATE INDEX ix_destination_session_slots_holder ON public.destination_session_slots USING btree (holder) WHERE (holder IS NOT NULL);
 
 CREATE INDEX ix_export_jobs_lease ON public.export_jobs USING btree (lease_expires_at) WHERE (status = ANY (ARRAY['Running'::text, 'Delivering'::text]));
 
@@ -1377,6 +1491,10 @@ CREATE TRIGGER tr_delivery_switches_scope_owner BEFORE INSERT OR UPDATE ON publi
 CREATE CONSTRAINT TRIGGER tr_destinations_change_recorded AFTER UPDATE ON public.destinations DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.destinations_change_recorded();
 
 CREATE TRIGGER tr_destinations_guard BEFORE INSERT OR UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_guard();
+
+CREATE TRIGGER tr_destinations_host_keys BEFORE INSERT OR UPDATE ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_host_keys();
+
+CREATE TRIGGER tr_destinations_session_slots AFTER INSERT OR UPDATE OF max_sessions ON public.destinations FOR EACH ROW EXECUTE FUNCTION public.destinations_session_slots();
 
 CREATE TRIGGER tr_export_jobs_backoff_guard BEFORE UPDATE OF available_at, transient_releases ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_backoff_guard();
 
@@ -1463,6 +1581,9 @@ ALTER TABLE ONLY public.deliveries
 
 ALTER TABLE ONLY public.delivery_switches
     ADD CONSTRAINT fk_delivery_switches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
+ALTER TABLE ONLY public.destination_session_slots
+    ADD CONSTRAINT fk_destination_session_slots_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
 ALTER TABLE ONLY public.destination_versions
     ADD CONSTRAINT fk_destination_versions_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
@@ -1567,6 +1688,10 @@ GRANT UPDATE(temporary_files) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
 
+GRANT UPDATE(host_keys) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(max_sessions) ON TABLE public.destinations TO exports_api;
+
 GRANT UPDATE(intake_time_zone) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(intake_hours) ON TABLE public.destinations TO exports_api;
@@ -1605,6 +1730,33 @@ GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p
 REVOKE ALL ON FUNCTION public.offset_change_between(low timestamp with time zone, high timestamp with time zone, tz text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.offset_change_between(low timestamp with time zone, high timestamp with time zone, tz text) TO exports_worker;
 GRANT ALL ON FUNCTION public.offset_change_between(low timestamp with time zone, high timestamp with time zone, tz text) TO exports_api;
+
+REVOKE ALL ON FUNCTION public.pause_destination_for_partner(p_tenant_id uuid, p_destination_id uuid, p_version integer, p_reason text, p_changed_by text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.pause_destination_for_partner(p_tenant_id uuid, p_destination_id uuid, p_version integer, p_reason text, p_changed_by text) TO exports_worker;
+
+GRANT SELECT,INSERT ON TABLE public.destination_session_slots TO exports_api;
+GRANT SELECT ON TABLE public.destination_session_slots TO exports_worker;
+GRANT SELECT ON TABLE public.destination_session_slots TO exports_recovery;
+
+GRANT UPDATE(holder) ON TABLE public.destination_session_slots TO exports_worker;
+GRANT UPDATE(holder) ON TABLE public.destination_session_slots TO exports_recovery;
+
+GRANT UPDATE(job_id) ON TABLE public.destination_session_slots TO exports_worker;
+GRANT UPDATE(job_id) ON TABLE public.destination_session_slots TO exports_recovery;
+
+GRANT UPDATE(purpose) ON TABLE public.destination_session_slots TO exports_worker;
+GRANT UPDATE(purpose) ON TABLE public.destination_session_slots TO exports_recovery;
+
+GRANT UPDATE(taken_at) ON TABLE public.destination_session_slots TO exports_worker;
+GRANT UPDATE(taken_at) ON TABLE public.destination_session_slots TO exports_recovery;
+
+GRANT UPDATE(expires_at) ON TABLE public.destination_session_slots TO exports_worker;
+GRANT UPDATE(expires_at) ON TABLE public.destination_session_slots TO exports_recovery;
+
+REVOKE ALL ON FUNCTION public.session_slot_held(s public.destination_session_slots) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.session_slot_held(s public.destination_session_slots) TO exports_api;
+GRANT ALL ON FUNCTION public.session_slot_held(s public.destination_session_slots) TO exports_worker;
+GRANT ALL ON FUNCTION public.session_slot_held(s public.destination_session_slots) TO exports_recovery;
 
 REVOKE ALL ON FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) TO exports_worker;

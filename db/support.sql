@@ -79,15 +79,16 @@ WITH earlier AS (
     SELECT destination_id, request_fingerprint FROM destination_versions
     WHERE tenant_id = %(tenant_id)s AND request_key = %(request_key)s),
 created AS (
-    INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-                              name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
-                              temporary_files, contract_starts_on, contract_ends_on,
+    INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,
+                              remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
+                              temporary_files, contract_starts_on, contract_ends_on, max_sessions,
                               intake_time_zone, intake_hours, blackout_dates)
-    SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
+    SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,
+           %(host_keys)s::text[], %(credential_ref)s,
            %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s::text,
            %(max_write_request)s, %(temporary_files)s,
            coalesce(%(contract_starts_on)s::date, (clock_timestamp() AT TIME ZONE 'UTC')::date),
-           %(contract_ends_on)s::date,
+           %(contract_ends_on)s::date, %(max_sessions)s::int,
            -- the delivery window (0035): none unless given
            coalesce(%(intake_time_zone)s::text, 'UTC'), %(intake_hours)s::text[],
            coalesce(%(blackout_dates)s::date[], ARRAY[]::date[])
@@ -110,7 +111,8 @@ SELECT destination_id, true, request_fingerprint FROM earlier;
 -- is now, an administrator's connection) and only while it is not retired, with its record (who, the role,
 -- why, the row before and after, the fields that changed) in the same statement. ``changes`` is a JSON
 -- object of the columns to set (a key absent keeps its value; null clears a nullable one). The trigger sets
--- delivery_version when a delivery term changed, which makes cutoff 2 refuse what was built before. Answers
+-- delivery_version when a delivery term changed, which makes cutoff 2 refuse what was built before. Pinning
+-- or removing a host key is such an edit of host_keys (0029: host_key follows as their first). Answers
 -- whether it matched, with the version the row is at.
 WITH current AS (
     SELECT d.* FROM destinations d
@@ -118,11 +120,12 @@ WITH current AS (
     FOR UPDATE),
 edited AS (
     UPDATE destinations d
-    SET (name, host, port, username, host_key, credential_ref, remote_dir, name_and_size_identify, hash_evidence,
-         ack_suffix, max_write_request, temporary_files, contract_starts_on, contract_ends_on)
-        = (SELECT r.name, r.host, r.port, r.username, r.host_key, r.credential_ref, r.remote_dir,
+    SET (name, host, port, username, host_key, host_keys, credential_ref, remote_dir, name_and_size_identify,
+         hash_evidence, ack_suffix, max_write_request, temporary_files, contract_starts_on, contract_ends_on,
+         max_sessions)
+        = (SELECT r.name, r.host, r.port, r.username, r.host_key, r.host_keys, r.credential_ref, r.remote_dir,
                   r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
-                  r.contract_starts_on, r.contract_ends_on
+                  r.contract_starts_on, r.contract_ends_on, r.max_sessions
            FROM jsonb_populate_record(d, %(changes)s::jsonb) AS r),
         -- the delivery window (0035): not a delivery term, so no rebuild; cutoff 2 and the rename re-read it
         (intake_time_zone, intake_hours, blackout_dates)
@@ -161,11 +164,14 @@ RETURNING version;
 
 -- name: get_tenant_destination
 -- One destination of the tenant as it is now, every column as JSON (the service shows a reference as set or
--- unset, never its value), with whether its delivery switch is on (none: never enabled, so paused), and
--- when its delivery window opens next (now, when it is open; 0035).
+-- unset, never its value), with whether its delivery switch is on (none: never enabled, so paused), how
+-- many of its session slots are held now (0029), and when its delivery window opens next (now, when it is
+-- open; 0035).
 SELECT d.id, d.version, to_jsonb(d) - 'intake_week' AS settings,
        (SELECT s.enabled FROM delivery_switches s
         WHERE s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id) AS enabled,
+       (SELECT count(*) FROM destination_session_slots s
+        WHERE s.destination_id = d.id AND session_slot_held(s))::int AS sessions_in_use,
        w.at AS window_checked_at, next_window_opening(d, w.at) AS window_opens_at
 FROM destinations d, (SELECT clock_timestamp() AS at) w
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
@@ -257,11 +263,18 @@ FROM destinations WHERE tenant_id = %(tenant_id)s ORDER BY name, id;
 -- version, as that version recorded it (a delivery uses the version cutoff 2 authorized, whatever the row
 -- says since: that version's record, or the row before the change that followed it; a column added since
 -- keeps the row's value). No row when that version was never recorded. Its kind picks the partner code
--- (partner/kinds.py); SFTP is the one kind and no column stores it yet.
-SELECT r.id, r.tenant_id, r.name, r.host, r.port, r.username, r.host_key, r.credential_ref, r.remote_dir,
+-- (partner/kinds.py); SFTP is the one kind and no column stores it yet. A version recorded before host_keys
+-- existed (0029) trusted its one host_key, whatever the row pins now. max_sessions is the row's as it is now
+-- (a limit, not a term of the version).
+SELECT r.id, r.tenant_id, r.name, r.host, r.port, r.username, r.host_key,
+       CASE WHEN %(version)s::int IS NULL OR d.version = %(version)s::int
+                 OR coalesce(v.after, n.before) ? 'host_keys' THEN r.host_keys
+            ELSE ARRAY[r.host_key] END AS host_keys,
+       r.credential_ref, r.remote_dir,
        r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
        r.version, 'sftp'::text AS kind,
-       r.csv_header, r.csv_delimiter, r.csv_columns, r.compression, r.pgp_recipient_keys, r.pgp_signing_key_ref
+       r.csv_header, r.csv_delimiter, r.csv_columns, r.compression, r.pgp_recipient_keys, r.pgp_signing_key_ref,
+       d.max_sessions
 FROM destinations d
 LEFT JOIN destination_versions v
        ON v.tenant_id = d.tenant_id AND v.destination_id = d.id AND v.version = %(version)s::int
@@ -326,14 +339,14 @@ INSERT INTO tenants (id, name) VALUES (%(id)s, %(name)s) RETURNING id;
 -- name: insert_destination
 -- Seeds a partner destination (administrator's connection). It starts paused, as every new destination
 -- does, until a switch row enables it (seed_switch, or an operator's resume).
-INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir,
-                          name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,
-                          csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys,
-                          pgp_signing_key_ref)
-VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(credential_ref)s,
-        %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s, %(max_write_request)s,
-        %(temporary_files)s, %(csv_header)s, %(csv_delimiter)s, %(csv_columns)s, %(compression)s,
-        %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s)
+INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,
+                          remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
+                          temporary_files, csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys,
+                          pgp_signing_key_ref, max_sessions)
+VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(host_keys)s::text[],
+        %(credential_ref)s, %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s,
+        %(max_write_request)s, %(temporary_files)s, %(csv_header)s, %(csv_delimiter)s, %(csv_columns)s,
+        %(compression)s, %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s, %(max_sessions)s::int)
 RETURNING id;
 
 -- name: seed_switch

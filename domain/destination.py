@@ -21,8 +21,11 @@ from domain.file_format import CONTACT_COLUMNS, Compression, ContactColumn, Deli
 class Destination(BaseModel):
     """Where an export lands and what the partner's side can prove about it.
 
-    ``host_key`` is pinned (``"ssh-ed25519 AAAA..."``, optionally preceded by a known_hosts host
-    field); ``credential_ref`` is the path of the private key file on the worker host, never the key.
+    ``host_keys`` are the pinned host keys (``"ssh-ed25519 AAAA..."``, optionally preceded by a known_hosts
+    host field), one to ten of them so a partner's key rotation can overlap (migration 0029); ``host_key`` is
+    the first; ``credential_ref`` is the path of the private key file on the worker host, never the key.
+    ``max_sessions`` is how many SFTP sessions the partner allows at once (``None``: no limit), held as slots
+    in the database (issue #25.3); it is read as it is now, never as a version's term.
     The contract: ``name_and_size_identify`` (name and size identify a delivered file),
     ``hash_evidence`` (``read_back``: the account may read the file back to hash it; ``ack_file``: the
     partner writes ``{final}{ack_suffix}``, see :mod:`domain.evidence`), ``max_write_request``
@@ -48,6 +51,7 @@ class Destination(BaseModel):
     port: int
     username: str
     host_key: str
+    host_keys: tuple[str, ...] = ()
     credential_ref: str
     remote_dir: str
     name_and_size_identify: bool = False
@@ -65,6 +69,13 @@ class Destination(BaseModel):
     # The version of the destination this value is (issue #24: every change is a new version); a delivery
     # uses the version cutoff 2 authorized, and its evidence names it.
     version: int = 1
+    max_sessions: int | None = None
+
+    @property
+    def pinned_keys(self) -> tuple[str, ...]:
+        """Every host key this destination trusts: its ``host_keys``, or its one ``host_key`` when a value was
+        built without them."""
+        return self.host_keys or (self.host_key,)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Destination:
@@ -115,6 +126,17 @@ def host_key_blob(line: str) -> bytes | None:
     if blob[4 : 4 + length] != parts[0].encode("ascii", "replace"):
         return None
     return blob
+
+
+def normalized_host_key(line: str) -> str | None:
+    """A pinned host key line as ``"<type> <base64>"`` (without a known_hosts host field or a comment), or
+    ``None`` when it is not a public key line: how a key is pinned, so one key is never pinned twice."""
+    if host_key_blob(line) is None:
+        return None
+    parts = line.split()
+    if len(parts) >= 3 and not parts[0].startswith(_KEY_TYPE_PREFIXES):
+        parts = parts[1:]
+    return f"{parts[0]} {parts[1]}"
 
 
 def host_key_fingerprint(line: str) -> str | None:

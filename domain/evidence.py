@@ -176,3 +176,34 @@ class Observation(BaseModel):
             "sha256": self.sha256.hex() if self.sha256 is not None else None,
             "ack": self.ack,
         }
+
+
+class ConnectionReport(BaseModel):
+    """What a connection test found at a destination's server (issue #24.3): public facts and codes only.
+
+    ``host_key`` is the public key line the server presented and ``host_key_fingerprint`` its OpenSSH
+    ``SHA256:`` fingerprint; ``pinned`` says whether it is one of the destination's pinned keys. A test never
+    pins anything, and it offers our login only to a server whose key is pinned: otherwise
+    ``authentication`` is ``not_tried``. ``remote_dir_writable`` says whether a temporary name could be
+    created (and was removed) in the remote directory, with the SFTP status of a refusal. ``posix_rename`` and
+    ``max_write_length`` come from the server's SFTP extensions (``posix-rename@openssh.com``, and the
+    ``limits@openssh.com`` reply). ``error`` is the code of the step that failed first, if one did.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    connected: bool
+    error: str | None = None
+    host_key: str | None = None
+    host_key_fingerprint: str | None = None
+    pinned: bool | None = None
+    pinned_fingerprints: list[str] = []
+    authentication: str = "not_tried"  # accepted, refused or not_tried
+    remote_dir_listable: bool | None = None
+    remote_dir_writable: bool | None = None
+    remote_dir_status: int | None = None
+    posix_rename: bool | None = None
+    max_write_length: int | None = None
+    max_open_handles: int | None = None
+    extensions: list[str] = []
+    cipher: str | None = None

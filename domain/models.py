@@ -161,6 +161,9 @@ class ReleaseCause(StrEnum):
         "workflow"  # its workflow is gone, timed out, or not confirmed (Temporal unreachable, throttled)
     )
     TRANSIENT = "transient"  # the build was interrupted by the database, or cutoff 2 could not read a fact
+    # no slot of the partner's session limit came free within the wait (issue #25.3): nobody's failure, not
+    # counted, but the next claim waits a moment instead of building again against a partner still at its limit
+    SESSION_LIMIT = "session_limit"
 
 
 class ReleaseResult(StrEnum):

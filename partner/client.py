@@ -1,11 +1,13 @@
-"""The SFTP connection to a partner, on paramiko: pinned host key, tuned transfer, typed SFTP statuses.
+"""The SFTP connection to a partner, on paramiko: pinned host keys, tuned transfer, typed SFTP statuses.
 
-Everything here blocks; callers run it in a thread (``asyncio.to_thread``). The host key is pinned:
-the key the server presents is compared with the destination's before authentication, so an
-unknown or changed key is refused before any credential is offered or any file is touched, and
-nothing is ever added to a known-hosts store. The transfer is tuned as ``shared/facts/sftp.md``
-measured: ``aes128-gcm@openssh.com`` first, TCP_NODELAY, pipelined writes whose request size is the
-destination's ``max_write_request``, set on the file object, never on paramiko's class.
+Everything here blocks; callers run it in a thread (``asyncio.to_thread``). The host keys are pinned:
+the key the server presents is compared with every one the destination pins (one to ten, so a rotation can
+overlap) before authentication, so an unknown or changed key is refused before any credential is offered or
+any file is touched, and nothing is ever added to a known-hosts store. The transfer is tuned as
+``shared/facts/sftp.md`` measured: ``aes128-gcm@openssh.com`` first, TCP_NODELAY, pipelined writes whose
+request size is the destination's ``max_write_request``, set on the file object, never on paramiko's class.
+:func:`probe` is the connection test (issue #24.3): it reports what the server presents and allows without
+trusting it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import io
 import os
 import socket
 import stat
+import struct
+import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,10 +32,22 @@ from typing import Any
 import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from paramiko.sftp import SFTP_NO_SUCH_FILE
+from paramiko.sftp import (
+    CMD_CLOSE,
+    CMD_EXTENDED,
+    CMD_EXTENDED_REPLY,
+    CMD_HANDLE,
+    CMD_INIT,
+    CMD_OPENDIR,
+    CMD_READDIR,
+    CMD_VERSION,
+    SFTP_NO_SUCH_FILE,
+)
 
-from domain.destination import Destination
+from domain.destination import Destination, host_key_fingerprint
+from domain.evidence import ConnectionReport
 from observability.tracing import SftpStep, sftp_span
+from partner.protocol import PartnerRefused
 
 PREFERRED_CIPHER = "aes128-gcm@openssh.com"
 READ_CHUNK = 1 << 20
@@ -39,12 +56,18 @@ READ_CHUNK = 1 << 20
 _ALGORITHMS_FOR_KEY = {"ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256")}
 
 
-class ConnectRefused(Exception):
-    """No SFTP session was opened, so nothing was sent to the partner; ``code`` says why."""
+# How often an idle session says it is alive (a session kept from before cutoff 2 to the upload waits).
+KEEPALIVE_SECONDS = 5
+# How long a close waits for the server to end its side of the connection (it counts the session until then).
+CLOSE_WAIT_SECONDS = 5.0
+POSIX_RENAME_EXTENSION = "posix-rename@openssh.com"
+LIMITS_EXTENSION = "limits@openssh.com"
+CONNECTION_TEST_PREFIX = ".fenced-connection-test-"
 
-    def __init__(self, code: str, detail: str = "") -> None:
-        super().__init__(f"{code}: {detail}" if detail else code)
-        self.code = code
+
+class ConnectRefused(PartnerRefused):
+    """No SFTP session was opened, so nothing was sent to the partner; ``code`` says why (and ``presented``
+    which key the server showed, once it showed one)."""
 
 
 class SftpStatusError(OSError):
@@ -61,6 +84,27 @@ class _StatusSFTPClient(paramiko.SFTPClient):
     paramiko maps most statuses to a bare ``IOError(text)``, which cannot be told apart from a closed
     socket without reading message texts; the status code can.
     """
+
+    server_extensions: dict[str, bytes]
+
+    def _send_version(self) -> int:
+        """paramiko's version exchange, keeping the extensions the server announces (paramiko drops them):
+        ``posix-rename@openssh.com``, ``limits@openssh.com``, ... for the connection test."""
+        message = paramiko.Message()
+        message.add_int(3)
+        self._send_packet(CMD_INIT, message)  # type: ignore[attr-defined]  # paramiko's BaseSFTP
+        kind, data = self._read_packet()  # type: ignore[attr-defined]
+        if kind != CMD_VERSION:
+            raise paramiko.SFTPError("Incompatible sftp protocol")
+        version: int = struct.unpack(">I", data[:4])[0]
+        extensions: dict[str, bytes] = {}
+        rest = paramiko.Message(data[4:])
+        with contextlib.suppress(Exception):  # a malformed list leaves what was read so far
+            while rest.get_remainder():
+                name = rest.get_text()
+                extensions[name] = rest.get_binary()
+        self.server_extensions = extensions
+        return version
 
     def _convert_status(self, msg: paramiko.Message) -> None:
         position = msg.packet.tell()
@@ -87,6 +131,15 @@ def parse_pinned_key(line: str) -> paramiko.PKey:
         raise ConnectRefused("HostKeyUnusable", type(exc).__name__) from None
 
 
+def key_line(key: paramiko.PKey) -> str:
+    """A public key as the line ``ssh-keyscan`` prints without its host: ``"<type> <base64>"``."""
+    return f"{key.get_name()} {key.get_base64()}"
+
+
+def _same_key(a: paramiko.PKey, b: paramiko.PKey) -> bool:
+    return a.get_name() == b.get_name() and a.asbytes() == b.asbytes()
+
+
 def _looks_like_key_type(token: str) -> bool:
     return token.startswith(("ssh-", "ecdsa-", "sk-", "rsa-"))
 
@@ -105,16 +158,31 @@ class PartnerSession:
     sftp: paramiko.SFTPClient
     host_key_fingerprint: str
 
+    def alive(self) -> bool:
+        """Whether the connection and the SFTP channel are still up (a cut link or a server that dropped
+        the session ends the transport)."""
+        channel = self.sftp.get_channel()
+        return bool(self.transport.is_active()) and channel is not None and not channel.closed
+
     @property
     def cipher(self) -> str:
         """The negotiated cipher (for evidence: it shows the tuning took)."""
         cipher: str = self.transport.remote_cipher  # type: ignore[attr-defined]  # set after kex
         return cipher
 
-    def close(self) -> None:
-        """Close the SFTP channel and the transport; never raises."""
+    def close(self, *, wait: float = CLOSE_WAIT_SECONDS) -> None:
+        """Close the SFTP channel and the transport; never raises. The connection is ended from our side first
+        and the server's end of it is awaited (at most ``wait`` seconds): the partner counts a session until its
+        side is gone, and a session slot released before that could let another session in while the partner
+        still holds this one (issue #25.3)."""
         with contextlib.suppress(Exception):
             self.sftp.close()
+        with contextlib.suppress(Exception):
+            if self.transport.is_active():
+                self.transport.sock.shutdown(socket.SHUT_WR)  # ends our side
+                deadline = time.monotonic() + wait
+                while self.transport.is_active() and time.monotonic() < deadline:
+                    time.sleep(0.005)  # the transport's thread ends when the server has closed its side
         with contextlib.suppress(Exception):
             self.transport.close()
 
@@ -132,17 +200,19 @@ def connect(
     timeout: float = 15.0,
     io_timeout: float = 60.0,
     passphrase: str | None = None,
+    keepalive: int = 0,
 ) -> PartnerSession:
-    """Open an SFTP session to ``destination``, refusing any host key but the pinned one.
+    """Open an SFTP session to ``destination``, refusing any host key but the pinned ones.
 
     The private key (``credential_ref``) is loaded first, with ``passphrase`` or else the process's
     (:func:`set_key_passphrase`); a key file open to group or others, unreadable, or locked raises
     :class:`ConnectRefused` before any connection is made. The server's key is checked right after the
-    key exchange, before authentication: a different or unknown key raises :class:`ConnectRefused`
-    with code ``HostKeyMismatch`` and nothing is sent. Every failure before the SFTP session exists
-    raises :class:`ConnectRefused`. ``io_timeout`` bounds every later wait for the server.
+    key exchange, before authentication, against every pinned key: a key that matches none raises
+    :class:`ConnectRefused` with code ``HostKeyMismatch`` and the presented key's fingerprint, and nothing is
+    sent. Every failure before the SFTP session exists raises :class:`ConnectRefused`. ``io_timeout`` bounds
+    every later wait for the server; ``keepalive`` (seconds, 0: off) keeps an idle session alive.
     """
-    pinned = parse_pinned_key(destination.host_key)
+    pinned = [parse_pinned_key(line) for line in destination.pinned_keys]
     # The key is read and checked before anything goes to the partner: a refused key sends nothing.
     client_key = load_private_key(
         Path(destination.credential_ref), _default_passphrase if passphrase is None else passphrase
@@ -164,22 +234,26 @@ def connect(
         except paramiko.SSHException:  # start_client returns without a session when its timeout passes
             raise ConnectRefused("HandshakeFailed", "Timeout") from None
         fingerprint = key_fingerprint(presented)
-        if presented.get_name() != pinned.get_name() or presented.asbytes() != pinned.asbytes():
-            raise ConnectRefused("HostKeyMismatch", f"server presented {fingerprint}")
+        if not any(_same_key(presented, key) for key in pinned):
+            raise ConnectRefused("HostKeyMismatch", f"server presented {fingerprint}", presented=fingerprint)
         try:
             transport.auth_publickey(destination.username, client_key)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ConnectRefused(_refused_or_lost(transport, "AuthRefused"), type(exc).__name__) from None
+            code = _refused_or_lost(transport, "AuthRefused")
+            raise ConnectRefused(code, type(exc).__name__, presented=fingerprint) from None
         try:
             sftp = _StatusSFTPClient.from_transport(transport)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise ConnectRefused(_refused_or_lost(transport, "SessionRefused"), type(exc).__name__) from None
+            code = _refused_or_lost(transport, "SessionRefused")
+            raise ConnectRefused(code, type(exc).__name__, presented=fingerprint) from None
         if sftp is None:
-            raise ConnectRefused("SessionRefused")
+            raise ConnectRefused("SessionRefused", presented=fingerprint)
         channel = sftp.get_channel()
         if channel is None:
-            raise ConnectRefused("SessionRefused")
+            raise ConnectRefused("SessionRefused", presented=fingerprint)
         channel.settimeout(io_timeout)
+        if keepalive:
+            transport.set_keepalive(keepalive)
         return PartnerSession(transport=transport, sftp=sftp, host_key_fingerprint=fingerprint)
     except BaseException:
         transport.close()
@@ -288,16 +362,166 @@ def _decrypt(data: bytes, passphrase: str | None) -> tuple[Any, str | None]:
     raise ConnectRefused("CredentialUnavailable", "the file holds no private key")
 
 
-def _tune(transport: paramiko.Transport, pinned: paramiko.PKey) -> None:
+def _tune(transport: paramiko.Transport, pinned: list[paramiko.PKey], *, others: bool = False) -> None:
     options = transport.get_security_options()
     ciphers = tuple(options.ciphers)
     if PREFERRED_CIPHER in ciphers:
         options.ciphers = (PREFERRED_CIPHER, *(c for c in ciphers if c != PREFERRED_CIPHER))
-    # Ask only for the pinned key's type, so a server that also has other keys presents that one.
-    wanted = _ALGORITHMS_FOR_KEY.get(pinned.get_name(), (pinned.get_name(),))
-    offered = tuple(k for k in options.key_types if k in wanted)
+    # Ask only for the pinned keys' types, in the order they are pinned, so a server that also has keys of
+    # other types presents one of those (``others``: then any other type, for a test that only reports).
+    wanted: list[str] = []
+    for key in pinned:
+        wanted += [a for a in _ALGORITHMS_FOR_KEY.get(key.get_name(), (key.get_name(),)) if a not in wanted]
+    offered = tuple(a for a in wanted if a in options.key_types)
+    if others:
+        offered += tuple(a for a in options.key_types if a not in offered)
     if offered:
         options.key_types = offered
+
+
+def open_remote_dir(sftp: paramiko.SFTPClient, path: str) -> None:
+    """List ``path``'s first names and close it again: the remote directory is there and this account may list
+    it (one batch of names, whatever the directory holds). Raises :class:`SftpStatusError` when the server
+    refuses."""
+    kind, message = sftp._request(CMD_OPENDIR, path)  # type: ignore[attr-defined]  # paramiko's request call
+    if kind != CMD_HANDLE:
+        raise paramiko.SFTPError("Expected handle")
+    handle = message.get_binary()
+    try:
+        sftp._request(CMD_READDIR, handle)  # type: ignore[attr-defined]
+    except EOFError:
+        pass  # an empty directory: listed, nothing in it
+    finally:
+        with contextlib.suppress(SftpStatusError, EOFError):
+            sftp._request(CMD_CLOSE, handle)  # type: ignore[attr-defined]
+
+
+def open_verified(
+    destination: Destination, *, timeout: float = 15.0, io_timeout: float = 60.0
+) -> PartnerSession:
+    """:func:`connect` (host key against every pinned one, login), then open the remote directory, with the
+    session kept alive while it waits: what an attempt opens before cutoff 2 and uploads over after. Raises
+    :class:`ConnectRefused` (the directory refused: ``RemoteDirRefused`` with its status)."""
+    with sftp_span(SftpStep.CONNECT):
+        opened = connect(destination, timeout=timeout, io_timeout=io_timeout, keepalive=KEEPALIVE_SECONDS)
+    try:
+        open_remote_dir(opened.sftp, destination.remote_dir)
+    except SftpStatusError as exc:
+        opened.close()
+        raise ConnectRefused(
+            "RemoteDirRefused", f"status {exc.status}", presented=opened.host_key_fingerprint
+        ) from None
+    except BaseException as exc:
+        opened.close()
+        raise ConnectRefused("LinkLost", type(exc).__name__, presented=opened.host_key_fingerprint) from None
+    return opened
+
+
+def probe(
+    destination: Destination,
+    *,
+    timeout: float = 15.0,
+    io_timeout: float = 30.0,
+    passphrase: str | None = None,
+) -> ConnectionReport:
+    """The connection test (issue #24.3): connect, report the host key the server presents (its line and
+    ``SHA256:`` fingerprint) and whether it is pinned; only when it is, log in and report the result, open
+    the remote directory, create a temporary name there and remove it, and read the server's
+    ``posix-rename`` support and write limit (``limits@openssh.com``). It never pins anything and never
+    offers our login to a server whose key is not pinned. Never raises: a step that fails is the report's
+    ``error``."""
+    report: dict[str, Any] = {
+        "connected": False,
+        "pinned_fingerprints": [fp for fp in map(host_key_fingerprint, destination.pinned_keys) if fp],
+    }
+    pinned: list[paramiko.PKey] = []
+    for line in destination.pinned_keys:
+        with contextlib.suppress(ConnectRefused):  # an unusable pinned line matches nothing
+            pinned.append(parse_pinned_key(line))
+    try:
+        sock = socket.create_connection((destination.host, destination.port), timeout=timeout)
+    except OSError as exc:
+        return ConnectionReport(**report, error=f"Unreachable ({type(exc).__name__})")
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport = paramiko.Transport(sock)
+    try:
+        _tune(transport, pinned, others=True)
+        try:
+            transport.start_client(timeout=timeout)
+            presented = transport.get_remote_server_key()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            return ConnectionReport(**report, error=f"HandshakeFailed ({type(exc).__name__})")
+        report.update(
+            connected=True,
+            host_key=key_line(presented),
+            host_key_fingerprint=key_fingerprint(presented),
+            pinned=any(_same_key(presented, key) for key in pinned),
+            cipher=transport.remote_cipher,  # type: ignore[attr-defined]  # set after kex
+        )
+        if not report["pinned"]:
+            return ConnectionReport(**report, error="HostKeyNotPinned")
+        try:
+            client_key = load_private_key(
+                Path(destination.credential_ref), _default_passphrase if passphrase is None else passphrase
+            )
+        except ConnectRefused as exc:
+            return ConnectionReport(**report, error=exc.code)
+        try:
+            transport.auth_publickey(destination.username, client_key)
+        except (paramiko.SSHException, OSError, EOFError):
+            refused = _refused_or_lost(transport, "AuthRefused")
+            return ConnectionReport(
+                **report, authentication="refused" if refused == "AuthRefused" else "not_tried", error=refused
+            )
+        report["authentication"] = "accepted"
+        try:
+            sftp = _StatusSFTPClient.from_transport(transport)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            return ConnectionReport(**report, error=f"SessionRefused ({type(exc).__name__})")
+        if sftp is None:
+            return ConnectionReport(**report, error="SessionRefused")
+        channel = sftp.get_channel()
+        if channel is not None:
+            channel.settimeout(io_timeout)
+        return ConnectionReport(**report, **_sftp_facts(sftp, destination))
+    finally:
+        transport.close()
+
+
+def _sftp_facts(sftp: _StatusSFTPClient, destination: Destination) -> dict[str, Any]:
+    """What the SFTP session of a connection test finds: its extensions, the write limit, whether the
+    remote directory lists and takes a new file (a temporary name, removed at once)."""
+    extensions = dict(getattr(sftp, "server_extensions", {}))
+    facts: dict[str, Any] = {
+        "extensions": sorted(extensions),
+        "posix_rename": POSIX_RENAME_EXTENSION in extensions,
+    }
+    try:
+        if LIMITS_EXTENSION in extensions:
+            kind, message = sftp._request(CMD_EXTENDED, LIMITS_EXTENSION)  # type: ignore[attr-defined]
+            if kind == CMD_EXTENDED_REPLY:
+                message.get_int64()  # the largest packet
+                message.get_int64()  # the largest read
+                facts["max_write_length"] = message.get_int64() or None  # 0: no limit given
+                facts["max_open_handles"] = message.get_int64() or None
+        try:
+            open_remote_dir(sftp, destination.remote_dir)
+            facts["remote_dir_listable"] = True
+        except SftpStatusError as exc:
+            facts.update(remote_dir_listable=False, remote_dir_status=exc.status)
+        name = destination.remote_path(f"{CONNECTION_TEST_PREFIX}{uuid.uuid4().hex}.tmp")
+        try:
+            sftp.open(name, "wx").close()
+        except SftpStatusError as exc:
+            facts.update(remote_dir_writable=False, remote_dir_status=exc.status)
+        else:
+            facts["remote_dir_writable"] = True
+            sftp.remove(name)
+    except SftpStatusError as exc:
+        facts["error"] = f"SftpStatus {exc.status}"
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        facts["error"] = f"LinkLost ({type(exc).__name__})"
+    return facts
 
 
 def stat_or_none(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPAttributes | None:

@@ -1,7 +1,8 @@
 """The irreversible half of an export: put the file on the partner's SFTP server, by evidence.
 
-One call of :func:`deliver` is one attempt's upload, never repeated: connect with the pinned host
-key; list the final name (the baseline, recorded before anything is uploaded); apply the
+One call of :func:`deliver` is one attempt's upload, never repeated: over the session the attempt opened and
+verified before cutoff 2 (or, when that one died meanwhile, a new one, whose host key is checked against the
+pinned ones again); list the final name (the baseline, recorded before anything is uploaded); apply the
 occupied-name rules; upload under a temporary name that carries the attempt ID, opened exclusively;
 rename with the form that fails when the final name exists (``posix_rename`` only for a replacement
 with a recorded overwrite agreement); read back what the server and the contract can confirm; and
@@ -11,6 +12,7 @@ classify (:mod:`rules.delivery`). Every observation goes to ``on_evidence`` as i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -89,12 +91,16 @@ def deliver(
     ack_wait: float = 30.0,
     connect_timeout: float = 15.0,
     io_timeout: float = 60.0,
+    kept: PartnerSession | None = None,
 ) -> DeliveryReport:
     """Upload ``file`` for ``attempt_id`` and classify what happened; never raises for a delivery problem.
 
     ``original`` is the original job's expected file when this job is a replacement (``None`` for an
     original); ``overwrite_agreed`` is true only when the replacement's ``overwrite_agreement_ref`` is
     set. ``ack_wait`` bounds the wait for the partner's acknowledgment under an ``ack_file`` contract.
+    ``kept`` is the session the attempt opened and verified before cutoff 2: the upload goes over it, and
+    this call closes it; one that died meanwhile is recorded and a new session is opened (its host key
+    checked again: a key that matches none now sends nothing and ends Failed NotDelivered).
     The report's ``evidence`` repeats every dict given to ``on_evidence``, the final ``outcome`` last.
     """
     run = _Delivery(
@@ -114,6 +120,16 @@ def deliver(
     try:
         while True:
             try:
+                if kept is not None:
+                    opened, kept = kept, None
+                    with contextlib.closing(opened):
+                        if opened.alive():
+                            run.connected(opened, kept=True)
+                            report = run.deliver_over(opened)
+                            break
+                        # It died while cutoff 2 ran (a cut link, a server that dropped it): nothing was sent
+                        # over it, so a new session, verified again, is as good.
+                        run.evidence.record("connect", result="kept_session_lost")
                 with session(destination, timeout=connect_timeout, io_timeout=io_timeout) as opened:
                     run.connected(opened)
                     report = run.deliver_over(opened)
@@ -141,8 +157,10 @@ def deliver(
                     break
                 time.sleep(CONNECT_RETRY_SECONDS * lost)
     except ConnectRefused as exc:
-        run.evidence.record("connect", result="refused", **error_code(exc))
-        report = failed(FailureCode.NOT_DELIVERED, f"no SFTP session opened ({exc.code}); nothing was sent")
+        presented = {"presented": exc.presented} if exc.presented else {}
+        run.evidence.record("connect", result="refused", **error_code(exc), **presented)
+        why = exc.code if not exc.presented else f"{exc.code}: presented {exc.presented}"
+        report = failed(FailureCode.NOT_DELIVERED, f"no SFTP session opened ({why}); nothing was sent")
     except Exception as exc:  # closing the session failed after the outcome was known, or a bug
         report = run.report or unknown(f"delivery ended unexpectedly ({type(exc).__name__})")
         run.evidence.record("interrupted", phase=run.phase, rename_sent=run.rename_sent, **error_code(exc))
@@ -321,9 +339,14 @@ class _Delivery:
     def temp_name(self) -> str:
         return temp_name_for(self.attempt_id, self.file.final_name)
 
-    def connected(self, opened: PartnerSession) -> None:
+    def connected(self, opened: PartnerSession, *, kept: bool = False) -> None:
+        # ``kept``: the session opened and verified before cutoff 2 (a new one says "new").
         self.evidence.record(
-            "connect", result="ok", host_key=opened.host_key_fingerprint, cipher=opened.cipher
+            "connect",
+            result="ok",
+            host_key=opened.host_key_fingerprint,
+            cipher=opened.cipher,
+            session="verified before cutoff 2" if kept else "new",
         )
 
     def deliver_over(self, opened: PartnerSession) -> DeliveryReport:

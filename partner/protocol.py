@@ -1,11 +1,13 @@
 """The partner seam: what activities and recovery ask of a destination's server, whatever its kind.
 
-A :class:`Partner` delivers one attempt's file, observes a final name, sets an attempt's temporary file
-aside and removes temporaries; the values it exchanges (:class:`FileToDeliver`, :class:`OriginalFile`,
-:class:`DeliveryReport`, :class:`Observation`, :class:`SetAside`, :class:`DeliveryHooks`) live here and in
-:mod:`domain.evidence`, free of any transport library. Every method blocks: run it on a thread. The
-worker picks a destination's partner with :func:`partner.kinds.partner_for` and injects it, so
-activities/ and rules/ never import a kind's module.
+A :class:`Partner` opens and verifies a session (before cutoff 2, issue #24.4), delivers one attempt's file
+over it (or over a new one), observes a final name, sets an attempt's temporary file aside, removes
+temporaries, and tests a connection without trusting it (issue #24.3); the values it exchanges
+(:class:`FileToDeliver`, :class:`OriginalFile`, :class:`DeliveryReport`, :class:`Observation`,
+:class:`SetAside`, :class:`DeliveryHooks`, :class:`ConnectionReport`, :class:`PartnerSession`,
+:class:`PartnerRefused`) live here and in :mod:`domain.evidence`, free of any transport library. Every method
+blocks: run it on a thread. The worker picks a destination's partner with :func:`partner.kinds.partner_for`
+and injects it, so activities/ and rules/ never import a kind's module.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from domain.destination import Destination
-from domain.evidence import DeliveryReport, FileToDeliver, Observation, OriginalFile, SetAside
+from domain.evidence import (
+    ConnectionReport,
+    DeliveryReport,
+    FileToDeliver,
+    Observation,
+    OriginalFile,
+    SetAside,
+)
 
 __all__ = [
+    "TRUST_REFUSALS",
+    "ConnectionReport",
     "DeliveryHooks",
     "DeliveryReport",
     "FileToDeliver",
@@ -26,8 +37,45 @@ __all__ = [
     "OriginalFile",
     "Partner",
     "PartnerFor",
+    "PartnerRefused",
+    "PartnerSession",
     "SetAside",
 ]
+
+# Refusals that say this destination must not be used until a person looks: the server presented a host key
+# none of the pinned ones match, or it refused our login. Before cutoff 2 they pause the destination.
+TRUST_REFUSALS = frozenset({"HostKeyMismatch", "AuthRefused"})
+
+
+class PartnerRefused(Exception):
+    """No session was opened, so nothing was sent to the partner; ``code`` says why (``Unreachable``,
+    ``HandshakeFailed``, ``HostKeyMismatch``, ``AuthRefused``, ``Credential*``, ...). ``presented`` is the
+    ``SHA256:`` fingerprint of the host key the server presented, when it got that far: evidence, never key
+    material beyond a public key's hash."""
+
+    def __init__(self, code: str, detail: str = "", *, presented: str | None = None) -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.presented = presented
+
+
+class PartnerSession(Protocol):
+    """An open, verified session with a partner (its host key matched a pinned one, our login was accepted, the
+    remote directory opened): what an attempt keeps from before cutoff 2 to its upload. Whoever holds it
+    closes it."""
+
+    @property
+    def host_key_fingerprint(self) -> str:
+        """The ``SHA256:`` fingerprint of the host key the server presented (one of the pinned ones)."""
+        ...
+
+    def alive(self) -> bool:
+        """Whether the session still looks usable (its connection has not ended)."""
+        ...
+
+    def close(self) -> None:
+        """Close it; never raises."""
+        ...
 
 
 @dataclass
@@ -44,7 +92,13 @@ class DeliveryHooks:
 
 
 class Partner(Protocol):
-    """One kind of partner server (today SFTP): the four things an attempt and recovery ask of it."""
+    """One kind of partner server (today SFTP): what an attempt, recovery and a connection test ask of it."""
+
+    def open_session(self, destination: Destination) -> PartnerSession:
+        """Connect, check the host key the server presents against every pinned one, log in and open the
+        remote directory; raises :class:`PartnerRefused` (nothing sent) when any step fails. The session is
+        kept alive while it waits (the attempt opens it before cutoff 2 and uploads over it after)."""
+        ...
 
     def deliver(
         self,
@@ -56,9 +110,17 @@ class Partner(Protocol):
         overwrite_agreed: bool,
         on_evidence: Callable[[dict[str, Any]], None],
         hooks: DeliveryHooks | None = None,
+        session: PartnerSession | None = None,
     ) -> DeliveryReport:
         """Upload ``file`` for ``attempt_id`` and classify what happened; never raises for a delivery
-        problem. Each observation goes to ``on_evidence`` as it is made."""
+        problem. Each observation goes to ``on_evidence`` as it is made. ``session``, when given, is the one
+        opened and verified before cutoff 2: the upload uses it (and closes it); if it died meanwhile, a new
+        one is opened and verified again."""
+        ...
+
+    def test_connection(self, destination: Destination) -> ConnectionReport:
+        """What the server presents and allows, without trusting it: never pins a key, offers our login only
+        to a server whose key is pinned, creates and removes one temporary name. Never raises."""
         ...
 
     def observe_final_name(self, destination: Destination, final_name: str) -> Observation:

@@ -8,14 +8,28 @@ from typing import Any
 from uuid import UUID
 
 from domain.destination import Destination
-from partner import delivery
-from partner.protocol import DeliveryHooks, DeliveryReport, FileToDeliver, Observation, OriginalFile, SetAside
+from partner import client, delivery
+from partner.protocol import (
+    ConnectionReport,
+    DeliveryHooks,
+    DeliveryReport,
+    FileToDeliver,
+    Observation,
+    OriginalFile,
+    PartnerSession,
+    SetAside,
+)
 
 KIND = "sftp"
 
 
 class SftpPartner:
-    """A destination reached over SFTP (paramiko), pinned host key, publish by exclusive rename."""
+    """A destination reached over SFTP (paramiko), pinned host keys, publish by exclusive rename."""
+
+    def open_session(self, destination: Destination) -> PartnerSession:
+        """Connect, match the presented host key against every pinned one, log in, open the remote directory,
+        keep it alive (:func:`partner.client.open_verified`); raises ``ConnectRefused``."""
+        return client.open_verified(destination)
 
     def deliver(
         self,
@@ -27,8 +41,12 @@ class SftpPartner:
         overwrite_agreed: bool,
         on_evidence: Callable[[dict[str, Any]], None],
         hooks: DeliveryHooks | None = None,
+        session: PartnerSession | None = None,
     ) -> DeliveryReport:
-        """One attempt's upload, classified (:func:`partner.delivery.deliver`)."""
+        """One attempt's upload, classified (:func:`partner.delivery.deliver`), over ``session`` when given."""
+        kept = session if isinstance(session, client.PartnerSession) else None
+        if session is not None and kept is None:
+            session.close()  # not one of ours: never used, never left open
         return delivery.deliver(
             destination,
             file,
@@ -37,7 +55,12 @@ class SftpPartner:
             overwrite_agreed=overwrite_agreed,
             on_evidence=on_evidence,
             hooks=hooks,
+            kept=kept,
         )
+
+    def test_connection(self, destination: Destination) -> ConnectionReport:
+        """The connection test without trust (:func:`partner.client.probe`)."""
+        return client.probe(destination)
 
     def observe_final_name(self, destination: Destination, final_name: str) -> Observation:
         """The final name's listing and contract evidence (:func:`partner.delivery.observe_final_name`)."""

@@ -49,6 +49,13 @@ class Attempt:
     holders: int = 0
     idle: asyncio.Task[None] | None = None
     ended: bool = False
+    # The partner session opened and verified before cutoff 2, kept for the upload (issue #24.4): a
+    # ``partner.protocol.PartnerSession`` (this module knows no partner); the upload takes it, and whatever
+    # is left when the attempt ends here is closed.
+    session: Any = None
+    # Set while the attempt waits for one of its partner's session slots (issue #25.3): (in use, limit).
+    waiting_for_slot: tuple[int, int] | None = None
+    closing: asyncio.Task[None] | None = None  # the kept session's close after the attempt lost its job
 
     def stop(self, reason: StopReason) -> None:
         """Stop the build phase (never cutoff 2 or the upload) for ``reason``; the first reason stands."""
@@ -56,6 +63,18 @@ class Attempt:
             self.reason = reason
         if self.build is not None and not self.build.done():
             self.build.cancel()
+
+    def take_session(self) -> Any:
+        """The kept partner session, handed over (whoever takes it closes it); ``None`` when there is none."""
+        session, self.session = self.session, None
+        return session
+
+    async def close_session(self) -> None:
+        """Close the kept partner session, if any, off the event loop (closing a transport joins its thread)."""
+        session = self.take_session()
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(session.close)
 
 
 class AttemptRegistry:
@@ -107,8 +126,15 @@ class AttemptRegistry:
             if watch_stops():
                 attempt.stop(StopReason.STOP_REQUESTED)
 
+        def lost() -> None:
+            attempt.stop(StopReason.OWNERSHIP_LOST)
+            if attempt.session is not None:
+                # A takeover committed: the job's slot is no longer this attempt's, so neither may its session
+                # be held open (another attempt may take the slot and connect).
+                attempt.closing = asyncio.ensure_future(attempt.close_session())
+
         keeper.on_stop_requested = stop_requested
-        keeper.on_lost = lambda: attempt.stop(StopReason.OWNERSHIP_LOST)
+        keeper.on_lost = lost
         self._attempts[attempt_id] = attempt
         self._quiet.clear()
         return attempt, True
@@ -148,6 +174,7 @@ class AttemptRegistry:
         attempt.ended = True
         if attempt.idle is not None and attempt.idle is not asyncio.current_task():
             attempt.idle.cancel()
+        await attempt.close_session()  # never left open past the attempt's last write here
         await attempt.keeper.finish()
         if self._attempts.get(attempt.attempt_id) is attempt:
             del self._attempts[attempt.attempt_id]

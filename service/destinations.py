@@ -11,12 +11,20 @@ them; everyone who reads exports reads them, with every version and the change t
   ``null``) only, in the destination and in its history alike. A request the schema refuses answers which
   field and why, never the value.
 - Which changes make an export building for the destination start again: a change of anything a delivery
-  uses (the host, the port, the account, the pinned key, the credential, the directory, the contract's
+  uses (the host, the port, the account, the pinned keys, the credential, the directory, the contract's
   evidence terms; any column a later migration adds) makes cutoff 2 refuse the file built for the version
-  before, and the attempt is given back and rebuilt; the name, the contract window and the retirement do
-  not (cutoff 2 re-checks the window and the retirement itself). Nor does the delivery window (issue #25.2:
-  the partner's intake hours in its time zone, and its blackout dates): the claim, cutoff 2 and the rename
-  fence read it as it is at that moment.
+  before, and the attempt is given back and rebuilt; the name, the contract window, the session limit and
+  the retirement do not (cutoff 2 re-checks the window and the retirement itself). Nor does the delivery
+  window (issue #25.2: the partner's intake hours in its time zone, and its blackout dates): the claim,
+  cutoff 2 and the rename fence read it as it is at that moment.
+- Several host keys may be pinned (one to ten: issue #24.4), so a partner's key rotation can overlap: an
+  admin pins the new one (:meth:`Destinations.pin_key`), deliveries go on while both are trusted, then
+  removes the old one (:meth:`Destinations.unpin_key`); each is a recorded version, and the last key is
+  never removed. A connection test (:meth:`Destinations.test_connection`, issue #24.3) reports what the
+  server presents and allows and never pins anything: a person pins a key after checking its fingerprint
+  with the partner.
+- ``max_sessions`` is the partner's limit of concurrent sessions (issue #25.3), held as slots: changing it
+  rebuilds nothing.
 """
 
 from __future__ import annotations
@@ -35,9 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSc
 from db.errors import ConstraintRefused
 from db.rows import DestinationRecord, DestinationVersion
 from db.stores.api import ApiStore
-from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint
+from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint, normalized_host_key
+from domain.evidence import ConnectionReport
 from service.auth import Caller
 from service.commands import MAX_REASON, REASON_PATTERN, Name, Reason
+from service.connection_tests import ConnectionTests, ConnectionTestUnavailable
 from service.exports import ANY_VERSION, IDEMPOTENCY_KEY_PATTERN, if_match_versions
 from service.outcomes import Answer, Kind, refusal
 from service.permissions import Action, refused
@@ -98,10 +108,17 @@ _SUFFIX_OR_NULL: dict[str, Any] = {
         {"type": "null"},
     ]
 }
+MAX_PINNED_KEYS = 10
+MAX_SESSIONS = 100
+SessionLimit = Annotated[int, Field(ge=1, le=MAX_SESSIONS)]
+_SESSIONS_OR_NULL: dict[str, Any] = {
+    "anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_SESSIONS}, {"type": "null"}]
+}
+HostKeys = Annotated[list[HostKey], Field(min_length=1, max_length=MAX_PINNED_KEYS)]
 
-# Fields whose null means something (no acknowledgment file; an open-ended contract); every other field a
-# PATCH names must have a value.
-NULLABLE = frozenset({"ack_suffix", "contract_ends_on", "intake_hours"})
+# Fields whose null means something (no acknowledgment file; an open-ended contract; intake at any hour; no
+# session limit); every other field a PATCH names must have a value.
+NULLABLE = frozenset({"ack_suffix", "contract_ends_on", "intake_hours", "max_sessions"})
 
 
 def _edit_schema(schema: dict[str, Any], model: Any = None) -> None:
@@ -128,7 +145,14 @@ class DestinationFields(BaseModel):
     port: Port | None = None
     username: Username | None = None
     host_key: HostKey | None = Field(
-        default=None, description="The server's public host key to pin, as `ssh-keyscan` prints it"
+        default=None,
+        description="The server's public host key to pin, as `ssh-keyscan` prints it (an edit of it pins that "
+        "key alone)",
+    )
+    host_keys: HostKeys | None = Field(
+        default=None,
+        description="Every host key to trust, one to ten (a rotation overlaps: pin the new one, then remove the "
+        "old one); the first is host_key",
     )
     credential_ref: Reference | None = Field(
         default=None,
@@ -154,6 +178,11 @@ class DestinationFields(BaseModel):
     )
     blackout_dates: BlackoutDates | None = Field(
         default=None, description="Local dates on which the partner takes nothing, e.g. ['2026-12-24']"
+    )
+    max_sessions: Annotated[SessionLimit | None, WithJsonSchema(_SESSIONS_OR_NULL)] = Field(
+        default=None,
+        description="How many SFTP sessions the partner allows at once, held as slots across all workers "
+        "(null: no limit); not a delivery term",
     )
 
 
@@ -203,8 +232,34 @@ class EditDestination(DestinationFields):
         return self
 
     def changes(self) -> dict[str, Any]:
-        """The fields this request sets, as JSON values (a null clears a nullable one)."""
-        return self.model_dump(mode="json", exclude_unset=True, exclude={"reason"})
+        """The fields this request sets, as JSON values (a null clears a nullable one); pinned keys as
+        ``"<type> <base64>"``, each once."""
+        changes = self.model_dump(mode="json", exclude_unset=True, exclude={"reason"})
+        if isinstance(changes.get("host_keys"), list):
+            changes["host_keys"] = [normalized_host_key(k) or k for k in changes["host_keys"]]
+        return changes
+
+
+class PinHostKey(BaseModel):
+    """POST /destinations/{id}/host-keys: one more host key to trust (as ``ssh-keyscan`` prints it), after its
+    fingerprint was checked with the partner; the keys pinned before stay trusted until removed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: HostKey
+    reason: Reason
+
+
+class UnpinHostKey(BaseModel):
+    """POST /destinations/{id}/host-keys/removal: stop trusting the pinned key with this fingerprint (the last
+    key is never removed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fingerprint: Annotated[
+        str, StringConstraints(min_length=8, max_length=100, pattern=r"^SHA256:[A-Za-z0-9+/]+$")
+    ]
+    reason: Reason
 
 
 class RetireDestination(BaseModel):
@@ -230,6 +285,14 @@ def value_problem(fields: Mapping[str, Any]) -> str | None:
     time_zone = fields.get("intake_time_zone")
     if isinstance(time_zone, str) and time_zone not in _known_time_zones():
         return "intake_time_zone must be an IANA time zone name, such as Europe/Berlin or UTC"
+    host_keys = fields.get("host_keys")
+    if isinstance(host_keys, list):
+        if host_key is not None:
+            return "give host_key or host_keys, not both (host_key is the first of host_keys)"
+        if any("PRIVATE" in k.upper() or host_key_blob(k) is None for k in host_keys):
+            return "each of host_keys must be a server's public key line, '<type> <base64>', as ssh-keyscan prints it"
+        if len({normalized_host_key(k) for k in host_keys}) != len(host_keys):
+            return "host_keys names one key twice"
     return None
 
 
@@ -258,14 +321,27 @@ def masked(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {k: (SET if v is not None else None) if k.endswith("_ref") else v for k, v in row.items()}
 
 
+def pinned_keys(settings: Mapping[str, Any]) -> list[str]:
+    """The host keys a destination's row pins (``host_keys``; a row without them pins its ``host_key``)."""
+    keys = settings.get("host_keys")
+    if isinstance(keys, list) and keys:
+        return [str(k) for k in keys]
+    host_key = settings.get("host_key")
+    return [host_key] if isinstance(host_key, str) else []
+
+
 def destination_json(record: DestinationRecord) -> dict[str, Any]:
-    """One destination as the API shows it: its columns with references masked, its pinned key's fingerprint,
-    and whether its deliveries are on."""
+    """One destination as the API shows it: its columns with references masked, its pinned keys with their
+    fingerprints, its session limit and the slots held now, and whether its deliveries are on."""
     settings = masked(record.settings) or {}
     host_key = record.settings.get("host_key")
     return {
         **settings,
         "host_key_fingerprint": host_key_fingerprint(host_key) if isinstance(host_key, str) else None,
+        "pinned_host_keys": [
+            {"key": k, "fingerprint": host_key_fingerprint(k)} for k in pinned_keys(record.settings)
+        ],
+        "sessions_in_use": record.sessions_in_use,
         "deliveries": "enabled" if record.enabled else "paused",
         "links": {"self": f"/destinations/{record.id}", "console": f"/console/destinations/{record.id}"},
     }
@@ -304,10 +380,12 @@ def request_fingerprint(caller: Caller, body: CreateDestination) -> str:
 
 
 class Destinations:
-    """The destination operations over an ``exports_api`` store."""
+    """The destination operations over an ``exports_api`` store; ``tests`` runs connection tests on a worker
+    (through Temporal; ``None``: this process has no Temporal client, and a test answers 503)."""
 
-    def __init__(self, store: ApiStore) -> None:
+    def __init__(self, store: ApiStore, tests: ConnectionTests | None = None) -> None:
         self.store = store
+        self.tests = tests
 
     async def caller(self, tenant_id: UUID, principal: str) -> Caller | None:
         """The command line's caller: the named principal with the role the tenant gave it (``None`` when it
@@ -366,6 +444,11 @@ class Destinations:
         if not _IDEMPOTENCY_KEY.match(idempotency_key):
             return refusal(Kind.MALFORMED, "Idempotency-Key must be 1-200 visible ASCII characters")
         given = body.model_dump(mode="json", exclude={"reason"})
+        if given.get("host_keys") is not None:
+            return refusal(
+                Kind.INVALID,
+                "a new destination pins its host_key; pin more keys once it exists (POST /destinations/{id}/host-keys)",
+            )
         problem = value_problem(given) or contract_problem(given)
         if problem:
             return refusal(Kind.INVALID, problem)
@@ -513,6 +596,100 @@ class Destinations:
             version=edited.version,
         )
 
+    async def pin_key(
+        self, caller: Caller, destination_id: UUID, body: PinHostKey, if_match: str | None
+    ) -> Answer:
+        """Trust one more host key (an edit of ``host_keys`` from the version the admin read, recorded with its
+        reason): the keys pinned before stay trusted, so deliveries go on through a rotation. A key already
+        pinned changes nothing (200)."""
+        forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
+        if forbidden is not None:
+            return forbidden
+        key = normalized_host_key(body.key) if "PRIVATE" not in body.key.upper() else None
+        if key is None:
+            return refusal(
+                Kind.INVALID,
+                "key must be the server's public key line, '<type> <base64>', as ssh-keyscan prints it",
+            )
+        record = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
+        if record is None:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        pinned = pinned_keys(record.settings)
+        if key in {normalized_host_key(k) for k in pinned}:
+            keys = pinned
+        elif len(pinned) >= MAX_PINNED_KEYS:
+            return refusal(Kind.INVALID, f"at most {MAX_PINNED_KEYS} host keys are pinned: remove one first")
+        else:
+            keys = [*pinned, key]
+        return await self.edit(
+            caller, destination_id, EditDestination(host_keys=keys, reason=body.reason), if_match
+        )
+
+    async def unpin_key(
+        self, caller: Caller, destination_id: UUID, body: UnpinHostKey, if_match: str | None
+    ) -> Answer:
+        """Stop trusting the pinned key with ``body.fingerprint`` (an edit of ``host_keys``, recorded); the last
+        key is never removed (422), and a fingerprint pinned nowhere is 404."""
+        forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
+        if forbidden is not None:
+            return forbidden
+        record = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
+        if record is None:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        pinned = pinned_keys(record.settings)
+        kept = [k for k in pinned if host_key_fingerprint(k) != body.fingerprint]
+        if len(kept) == len(pinned):
+            return refusal(Kind.NOT_FOUND, f"no pinned host key has the fingerprint {body.fingerprint}")
+        if not kept:
+            return refusal(
+                Kind.INVALID, "a destination keeps at least one pinned host key: pin the new one first"
+            )
+        return await self.edit(
+            caller, destination_id, EditDestination(host_keys=kept, reason=body.reason), if_match
+        )
+
+    async def test_connection(self, caller: Caller, destination_id: UUID) -> Answer:
+        """``POST /destinations/{id}/connection-tests``: run the connection test on a worker (which holds the
+        login key) and answer what the server presented and allowed. It pins nothing and records nothing; our
+        login is offered only to a server whose key is pinned. 503 when no worker could be asked, or every
+        session slot of the partner is in use."""
+        forbidden = refused(caller.role, Action.TEST_CONNECTION)
+        if forbidden is not None:
+            return forbidden
+        record = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
+        if record is None:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        if self.tests is None:
+            return refusal(
+                Kind.BUSY,
+                "connection tests run on a worker, through Temporal, and this process has no Temporal client",
+            )
+        try:
+            result = await self.tests.run(caller.tenant_id, destination_id)
+        except ConnectionTestUnavailable as exc:
+            return Answer(Kind.BUSY, {"detail": str(exc)}, retry_after_seconds=10)
+        if not result.found:
+            return refusal(Kind.NOT_FOUND, "no such destination")
+        if result.slots_busy or result.report is None:
+            return Answer(
+                Kind.BUSY,
+                {
+                    "detail": f"every session slot of the partner is in use ({result.in_use} of "
+                    f"{result.max_sessions}): the test was not run; try again shortly",
+                    "in_use": result.in_use,
+                    "max_sessions": result.max_sessions,
+                },
+                retry_after_seconds=10,
+            )
+        return Answer(
+            Kind.DONE,
+            connection_test_json(record, result.destination_version, result.report, caller.principal)
+            | {
+                "tested_on": result.worker_id,
+                "sessions": {"in_use": result.in_use, "max": result.max_sessions},
+            },
+        )
+
     async def retire(self, caller: Caller, destination_id: UUID, body: RetireDestination) -> Answer:
         """Retire a destination (its next version, recorded): what is building for it stops at cutoff 2, what is
         queued is rejected. 409 when it is already retired."""
@@ -548,6 +725,72 @@ class Destinations:
 _WINDOW_FIELDS = frozenset({"intake_time_zone", "intake_hours", "blackout_dates"})
 
 
+def connection_test_json(
+    record: DestinationRecord, version: int | None, report: ConnectionReport, tested_by: str
+) -> dict[str, Any]:
+    """A connection test's answer: what the server presented (its public key line and fingerprint) and whether
+    it is pinned, our login's result, the remote directory, the server's extensions, and a sentence."""
+    name = record.settings.get("name")
+    return {
+        "destination_id": str(record.id),
+        "destination_version": version,
+        "tested_by": tested_by,
+        "connected": report.connected,
+        "host_key": {
+            "presented": report.host_key,
+            "fingerprint": report.host_key_fingerprint,
+            "pinned": report.pinned,
+            "pinned_fingerprints": report.pinned_fingerprints,
+        },
+        "authentication": report.authentication,
+        "remote_dir": {
+            "path": record.settings.get("remote_dir"),
+            "listable": report.remote_dir_listable,
+            "writable": report.remote_dir_writable,
+            "status": report.remote_dir_status,
+        },
+        "posix_rename": report.posix_rename,
+        "max_write_length": report.max_write_length,
+        "extensions": report.extensions,
+        "cipher": report.cipher,
+        "error": report.error,
+        "pinned_anything": False,  # a test never pins: a person pins a key after checking it
+        "message": connection_test_message(str(name), record.settings, report),
+    }
+
+
+def connection_test_message(name: str, settings: Mapping[str, Any], report: ConnectionReport) -> str:
+    """The connection test in one paragraph, for people."""
+    where = f"{settings.get('host')}:{settings.get('port')}"
+    if not report.connected:
+        return f"{name}: could not reach {where} ({report.error}). Nothing was sent."
+    presented = f"The server at {where} presented {report.host_key_fingerprint}"
+    if not report.pinned:
+        return (
+            f"{name}: {presented}, which is not pinned (pinned: {', '.join(report.pinned_fingerprints) or 'none'}). "
+            "Our login was not offered to it and nothing was sent. If the partner confirms this fingerprint "
+            "(compare it with them out of band), pin the key: starter.py destination pin-key, or POST "
+            "/destinations/{id}/host-keys. A test never pins a key by itself."
+        )
+    if report.authentication != "accepted":
+        return (
+            f"{name}: {presented}, which is pinned; the server refused our login as {settings.get('username')}"
+            f" ({report.error}). Nothing was sent."
+        )
+    writable = {
+        True: "is writable",
+        False: f"is not writable (status {report.remote_dir_status})",
+        None: "was not checked",
+    }[report.remote_dir_writable]
+    limit = f"{report.max_write_length:,} bytes" if report.max_write_length else "not announced"
+    rename = "supported" if report.posix_rename else "not announced"
+    problem = f" It stopped at: {report.error}." if report.error else ""
+    return (
+        f"{name}: {presented}, which is pinned; our login was accepted; {settings.get('remote_dir')} {writable} "
+        f"(a temporary name was created and removed); posix-rename {rename}; write limit {limit}.{problem}"
+    )
+
+
 def _retired(settings: Mapping[str, Any]) -> Answer:
     return refusal(
         Kind.REFUSED,
@@ -558,6 +801,8 @@ def _retired(settings: Mapping[str, Any]) -> Answer:
 
 # What each check of the destinations table means, in words (the request was refused and nothing changed).
 _CONTRACT_CHECKS = {
+    "ck_destinations_host_keys": "a destination pins one to ten host keys, none twice",
+    "ck_destinations_max_sessions": f"max_sessions must be between 1 and {MAX_SESSIONS}",
     "ck_destinations_ack": "ack_suffix is required with hash_evidence 'ack_file', and only with it",
     "ck_destinations_contract": "contract_ends_on must not be before contract_starts_on",
     "ck_destinations_credential_ref": "credential_ref must be a reference to a secret, never the secret",

@@ -4,7 +4,8 @@ command line exits with its refusal code, and nothing is recorded.
 
 - ``viewer`` reads: exports, their timelines, the switches.
 - ``operator`` also creates and edits exports, cancels (one or in bulk), replaces, pauses and resumes its
-  tenant's deliveries.
+  tenant's deliveries, and tests a destination's connection (it resumes a destination once its connection
+  is checked; a test pins nothing and records nothing).
 - ``reconciler`` may do what an operator may, and settles what evidence cannot: reconciliation and
   corrections (000 "Reconciliation": a role only reconciliation operators hold).
 - ``admin`` may do what an operator may, and manages the tenant's partner contracts (destinations), its
@@ -30,13 +31,14 @@ class Action(StrEnum):
     EXPORT = "export"  # create an export, edit a queued one's terms, replace one
     CANCEL = "cancel"  # one export or a bulk cancel (its preview included)
     SWITCH = "switch"  # pause or resume the tenant's or a destination's deliveries
+    TEST_CONNECTION = "test a destination's connection"  # what its server presents and allows; pins nothing
     RECONCILE = "reconcile"  # reconcile an OutcomeUnknown, correct a recorded outcome
     MANAGE_DESTINATIONS = "manage destinations"
     MANAGE_RECURRING = "manage recurring exports"
     MANAGE_NOTIFICATIONS = "manage notification endpoints"
 
 
-_OPERATOR = frozenset({Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH})
+_OPERATOR = frozenset({Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH, Action.TEST_CONNECTION})
 
 PERMISSIONS: dict[str, frozenset[Action]] = {
     "viewer": frozenset({Action.READ}),

@@ -273,6 +273,12 @@ def status_line(job: ExportJob, events: list[AttemptEvent], window: DeliveryWind
                 f"Queued (v{job.version}): given back {times} after failures; "
                 f"the next try is not before {clock(job.available_at)}."
             )
+        case JobStatus.QUEUED if job.available_at is not None:
+            # an uncounted give-back that waits: its partner was at its session limit (25.3)
+            return (
+                f"Queued (v{job.version}): given back while its partner was at its session limit; "
+                f"the next try is not before {clock(job.available_at)}."
+            )
         case JobStatus.QUEUED:
             return f"Queued (v{job.version}), waiting for a worker."
         case JobStatus.RUNNING:
@@ -280,7 +286,7 @@ def status_line(job: ExportJob, events: list[AttemptEvent], window: DeliveryWind
             stop = " A stop is requested." if job.stop_request_id else ""
             return (
                 f"Running: attempt {short(job.attempt_id)} on {job.claimed_by}, claimed at "
-                f"{clock(claimed.recorded_at if claimed else None)}.{stop}"
+                f"{clock(claimed.recorded_at if claimed else None)}{_waiting_for_slot(job, events)}.{stop}"
             )
         case JobStatus.DELIVERING:
             return f"Delivering: delivery authorized at {clock(job.delivery_authorized_at)}."
@@ -298,6 +304,24 @@ def status_line(job: ExportJob, events: list[AttemptEvent], window: DeliveryWind
             return f"Failed: {gave_up(job, events)}."
         case _:
             return f"{job.status.value}{_code(job)}."
+
+
+def _waiting_for_slot(job: ExportJob, events: list[AttemptEvent]) -> str:
+    """``; waiting for a delivery slot: 2 of 2 in use`` while the running attempt waits for one of its
+    partner's session slots (issue #25.3: its latest slot observation says it waits), else nothing."""
+    latest: dict[str, Any] | None = None
+    for e in events:
+        if e.kind != EventKind.DELIVERY_EVIDENCE or e.attempt_id != job.attempt_id:
+            continue
+        try:
+            data = json.loads(e.detail or "{}")
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("observation") == "session_slot":
+            latest = data
+    if latest is None or latest.get("result") != "waiting":
+        return ""
+    return f"; waiting for a delivery slot: {latest.get('in_use')} of {latest.get('limit')} in use"
 
 
 @dataclass(frozen=True)
@@ -395,7 +419,18 @@ def _evidence_summary(detail: str | None) -> str:
     if not isinstance(data, dict):
         return "observation"
     # IDs, sizes, hashes and codes only: the evidence never carries contact data.
-    keys = ("observation", "present", "size", "outcome", "code", "matches")
+    keys = (
+        "observation",
+        "result",
+        "present",
+        "size",
+        "outcome",
+        "code",
+        "presented",
+        "in_use",
+        "limit",
+        "matches",
+    )
     return ", ".join(f"{k}={data[k]}" for k in keys if k in data) or "observation"
 
 

@@ -70,6 +70,9 @@ class Sshd:
     process: subprocess.Popen
     user: pwd.struct_passwd
     host: str = "127.0.0.1"
+    max_sessions: int = 20
+    client_alive_seconds: int = 0
+    host_key_path: Path | None = None
 
     def session_processes(self) -> list[int]:
         """The processes sshd runs for its open connections (every descendant of the listener), to pause
@@ -97,12 +100,15 @@ class Sshd:
         max_sessions: int = 20,
         pick: PortPicker = pick_port,
         on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,
+        client_alive_seconds: int = 0,
     ) -> Sshd:
         """Generate keys and a config, start ``sshd -D -e``, and wait until it answers with its banner.
 
         Each try listens on a port from ``pick``; a try that fails (sshd exits, or no banner within the
         startup timeout) is stopped and tried again on a new port (:func:`servers.ports.start_with_retries`).
         ``on_spawn`` is called with the process right after each spawn (a test seam: it may kill it).
+        ``client_alive_seconds`` (0: off) makes sshd drop a client that stops answering for about that long
+        (``ClientAliveInterval`` 1 s, ``ClientAliveCountMax``), as partners drop a stalled client's session.
         """
         user = _ensure_partner_user()
         work_dir = Path(tempfile.mkdtemp(prefix="fenced-sshd-"))
@@ -127,7 +133,9 @@ class Sshd:
         def start_on(ports: PortPicker) -> Sshd:
             port = ports()
             config = work_dir / "sshd_config"
-            config.write_text(_sshd_config(port, work_dir, host_key, authorized, max_sessions))
+            config.write_text(
+                _sshd_config(port, work_dir, host_key, authorized, max_sessions, client_alive_seconds)
+            )
             with (work_dir / "sshd.log").open("ab") as log:
                 process = subprocess.Popen(
                     [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
@@ -142,6 +150,9 @@ class Sshd:
                 upload_dir=upload_dir,
                 process=process,
                 user=user,
+                max_sessions=max_sessions,
+                client_alive_seconds=client_alive_seconds,
+                host_key_path=host_key,
             )
             try:
                 server._wait_for_banner()
@@ -174,6 +185,38 @@ class Sshd:
             f"sshd on port {self.port} did not answer within {timeout}s: {log_tail(self.work_dir / 'sshd.log')}"
         )
 
+    def restart_with_new_host_key(self) -> str:
+        """Stop sshd, give it a new host key, and start it again on the same port (a partner that rotated or
+        reinstalled its server); returns the new key's line to pin. Sessions already open are sshd's own
+        children and live on, as after a real restart."""
+        self._stop_process()
+        generation = len(list(self.work_dir.glob("host_ed25519*.pub")))
+        host_key = self.work_dir / f"host_ed25519_{generation}"
+        subprocess.run(
+            [SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(host_key)],
+            check=True,
+            capture_output=True,
+        )
+        self.host_key_path = host_key
+        self.host_key_line = " ".join(host_key.with_suffix(".pub").read_text().split()[:2])
+        config = self.work_dir / "sshd_config"
+        config.write_text(
+            _sshd_config(
+                self.port,
+                self.work_dir,
+                host_key,
+                self.work_dir / "authorized_keys",
+                self.max_sessions,
+                self.client_alive_seconds,
+            )
+        )
+        with (self.work_dir / "sshd.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+            )
+        self._wait_for_banner()
+        return self.host_key_line
+
     def make_upload_dir(self) -> Path:
         """A fresh directory the partner account owns, for one test."""
         path = self.upload_dir / uuid.uuid4().hex
@@ -196,7 +239,19 @@ class Sshd:
                 self.process.wait()
 
 
-def _sshd_config(port: int, work_dir: Path, host_key: Path, authorized: Path, max_sessions: int) -> str:
+def _sshd_config(
+    port: int,
+    work_dir: Path,
+    host_key: Path,
+    authorized: Path,
+    max_sessions: int,
+    client_alive_seconds: int = 0,
+) -> str:
+    alive = (
+        ["ClientAliveInterval 1", f"ClientAliveCountMax {client_alive_seconds}"]
+        if client_alive_seconds
+        else []
+    )
     return "\n".join(
         [
             f"Port {port}",
@@ -213,6 +268,7 @@ def _sshd_config(port: int, work_dir: Path, host_key: Path, authorized: Path, ma
             f"AllowUsers {PARTNER_USER}",
             f"MaxSessions {max_sessions}",
             "MaxStartups 100:30:200",
+            *alive,
             "Subsystem sftp internal-sftp",
             "",
         ]
@@ -230,7 +286,9 @@ class TcpProxy:
     (``late_answer`` is set when it does), as when the link to the client dies while the server is slow.
     :meth:`refuse_new_connections` closes each new connection as soon as it is accepted, until called with
     ``False``: a partner that answers nobody, while connections already open go on. ``accepted`` counts
-    every connection that reached the proxy, refused or not.
+    every connection that reached the proxy, refused or not. ``open_now`` and ``open_high_water`` are the
+    partner's witness of concurrent sessions (issue #25.3): a connection counts from the moment the server
+    accepted it until the server's side of it ended, as the server sees it.
     """
 
     def __init__(self, target_host: str, target_port: int, *, port: int = 0) -> None:
@@ -249,6 +307,8 @@ class TcpProxy:
         self.request_dropped = threading.Event()  # set before the cut that follows it
         self.late_answer = threading.Event()  # a server side answered after its client was cut
         self.accepted = 0  # connections accepted (refused ones included): who tried to reach the partner
+        self.open_now = 0  # connections the server holds open now
+        self.open_high_water = 0  # the most it ever held at once
         threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -271,8 +331,22 @@ class TcpProxy:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._sockets += [client, server]
+                self.open_now += 1
+                self.open_high_water = max(self.open_high_water, self.open_now)
             threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+            threading.Thread(target=self._pump_from_server, args=(server, client), daemon=True).start()
+
+    def _pump_from_server(self, server: socket.socket, client: socket.socket) -> None:
+        try:
+            self._pump(server, client, True)
+        finally:
+            with self._lock:  # the server's side of this connection ended: one session fewer at the partner
+                self.open_now -= 1
+
+    def reset_high_water(self) -> None:
+        """Start the witness again from the connections open now."""
+        with self._lock:
+            self.open_high_water = self.open_now
 
     def _pump(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
         try:
@@ -404,7 +478,10 @@ class SftpTarget:
     def destination_row(self, **contract: Any) -> dict[str, Any]:
         """The columns for ``Factory.destination(tenant_id, **row)``, pointing through the proxy."""
         dest = self.destination(**contract)
-        return dest.model_dump(exclude={"id", "tenant_id"})
+        row = dest.model_dump(exclude={"id", "tenant_id"})
+        if not row["host_keys"]:
+            del row["host_keys"]  # none given: the one host_key is the one pinned
+        return row
 
     def files(self) -> dict[str, bytes]:
         """Every file in the directory, by name (a listing taken on the server's own disk)."""

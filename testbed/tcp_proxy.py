@@ -13,6 +13,10 @@ ways until a fault that the test armed fires. Faults are one-shot unless said ot
   for the client's connect), until ``refuse_new_connections(False)``.
 - ``close_all()``: cut every open connection now (a killed server session).
 
+``open_now`` and ``open_high_water`` count the connections the server holds open, as the server sees them:
+from the moment the proxy connected to it until the server's side of the connection ended (its EOF, an error,
+or a cut). In front of a partner's sshd that is the partner's own witness of its concurrent sessions.
+
 Markers are matched on the raw client bytes, so the protocol must be unencrypted (for PostgreSQL connect
 with ``sslmode=disable&gssencmode=disable``). Pick a marker that only the target request carries, such as
 a distinctive SQL fragment (``b"'Claimed'"``). For protocols other than PostgreSQL pass ``reply_complete``
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -87,6 +92,9 @@ class TcpProxy:
         self._stopping = threading.Event()
         self._links: list[_Link] = []
         self._threads: list[threading.Thread] = []
+        self.open_now = 0  # connections the server holds open now
+        self.open_high_water = 0  # the most it ever held at once
+        self.open_timeline: list[tuple[float, int]] = []  # (unix time, open_now) at each change
         self._refusing = False
         self._blackhole = threading.Event()
         self._drop_reply: tuple[bytes, ReplyComplete, Callable[[], None] | None] | None = None
@@ -187,6 +195,9 @@ class TcpProxy:
             with self._lock:
                 self._links.append(link)
                 self.accepted += 1
+                self.open_now += 1
+                self.open_high_water = max(self.open_high_water, self.open_now)
+                self.open_timeline.append((time.time(), self.open_now))
             self._spawn(self._client_to_server, "up", link)
             self._spawn(self._server_to_client, "down", link)
 
@@ -219,6 +230,14 @@ class TcpProxy:
             link.close()
 
     def _server_to_client(self, link: _Link) -> None:
+        try:
+            self._relay_from_server(link)
+        finally:
+            with self._lock:  # the server's side of this connection ended: one session fewer at the server
+                self.open_now -= 1
+                self.open_timeline.append((time.time(), self.open_now))
+
+    def _relay_from_server(self, link: _Link) -> None:
         try:
             while True:
                 chunk = link.server.recv(65536)

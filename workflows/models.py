@@ -13,6 +13,7 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
+from domain.evidence import ConnectionReport
 from domain.models import (
     AttemptOutcome as AttemptOutcome,
 )
@@ -205,6 +206,7 @@ class Takeover(StrEnum):
     NOT_DELIVERED = "NotDelivered"  # no rename fence, or its temporary file set aside: Failed NotDelivered
     MATCHED_NOTHING = "MatchedNothing"  # renewed, finished or taken over since the scan
     WAITING_FOR_RESUME = "WaitingForResume"  # needs its partner, whose deliveries are paused: left as it is
+    WAITING_FOR_SLOT = "WaitingForSlot"  # needs its partner, whose session slots are all in use: next run
     ERROR = "Error"  # not decided this run; the next run nominates it again
 
 
@@ -239,6 +241,7 @@ class RecoveryBatchResult(BaseModel):
     not_delivered: int = 0
     matched_nothing: int = 0
     waiting_for_resume: int = 0  # left alone: their partner's deliveries are paused (no session opened)
+    waiting_for_slot: int = 0  # left for the next run: every session slot of their partner was in use
     errors: int = 0
     rechecked: int = 0
     settled_completed: int = 0
@@ -266,6 +269,7 @@ class RecoveryBatchResult(BaseModel):
             Takeover.NOT_DELIVERED: "not_delivered",
             Takeover.MATCHED_NOTHING: "matched_nothing",
             Takeover.WAITING_FOR_RESUME: "waiting_for_resume",
+            Takeover.WAITING_FOR_SLOT: "waiting_for_slot",
             Takeover.ERROR: "errors",
         }[takeover]
         setattr(self, field, getattr(self, field) + 1)
@@ -340,3 +344,27 @@ class RecurringFireResult(BaseModel):
     nominal_time: datetime
     reason: str | None = None
     job_id: UUID | None = None
+
+
+# -- a destination's connection test (issue #24.3) ---------------------------------------------------------
+
+
+class ConnectionTestInput(BaseModel):
+    """Test the connection of one destination of a tenant, as it is now (IDs only)."""
+
+    tenant_id: UUID
+    destination_id: UUID
+
+
+class ConnectionTestResult(BaseModel):
+    """What a connection test found: the destination's version tested and the partner's report, or why it
+    was not tested (no such destination; every session slot in use: ``in_use`` of ``max_sessions``). Public
+    keys, fingerprints, booleans and codes only."""
+
+    found: bool
+    destination_version: int | None = None
+    report: ConnectionReport | None = None
+    slots_busy: bool = False
+    in_use: int | None = None
+    max_sessions: int | None = None
+    worker_id: str | None = None

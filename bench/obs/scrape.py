@@ -30,8 +30,10 @@ DESTINATION = "00000000-0000-0000-0000-0000000000d1"
 LOAD = [
     "SET session_replication_role = replica",
     "INSERT INTO tenants (id, name) VALUES (%(tenant)s, 'bench')",
-    "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref, remote_dir)"
-    " VALUES (%(destination)s, %(tenant)s, 'p', '127.0.0.1', 22, 'u', 'ssh-ed25519 AAAA', '/k', '/up')",
+    # with the triggers off, what tr_destinations_host_keys would have set (0029): the one key, pinned
+    "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,"
+    " remote_dir) VALUES (%(destination)s, %(tenant)s, 'p', '127.0.0.1', 22, 'u', 'ssh-ed25519 AAAA',"
+    " ARRAY['ssh-ed25519 AAAA'], '/k', '/up')",
     "INSERT INTO deliveries (tenant_id, delivery_key, original_job_id)"
     " SELECT %(tenant)s, 'k' || g, md5('job' || g)::uuid FROM generate_series(1, %(rows)s) g",
     """

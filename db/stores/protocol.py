@@ -23,6 +23,7 @@ from db.rows import (
     EventIdRow,
     FenceAnswer,
     JobIdRow,
+    PartnerPause,
     ReleaseRow,
     RenewalRow,
     StoppedRow,
@@ -30,6 +31,7 @@ from db.rows import (
 from db.stores.base import REREAD_TIMEOUT_SECONDS, observe_stop, transition
 from db.stores.evidence import EvidenceStatements
 from db.stores.reads import Reads
+from db.stores.slots import SlotStatements
 from domain.controls import PolicyFacts
 from domain.models import (
     AuthorizationResult,
@@ -252,6 +254,7 @@ class ProtocolStatements(Reads):
         reason: str,
         cause: ReleaseCause = ReleaseCause.DRAIN,
         policy: ReleasePolicy = DEFAULT_RELEASE_POLICY,
+        wait_seconds: float | None = None,
     ) -> ReleaseResult:
         """Running -> Queued by the attempt that holds the job, before cutoff 2, without using up an
         attempt; ``worker_id`` is the host giving it back (its event names it).
@@ -259,7 +262,9 @@ class ProtocolStatements(Reads):
         A give-back for a failure (``policy.counts(cause)``) makes the next claim wait and, past the
         policy's bound, ends the job Failed (AttemptsExhausted) instead: Released, Exhausted, NotOwner (the
         row is no longer this attempt's, or it has a stop request to honor instead), or Unknown (the answer
-        and its re-read were lost).
+        and its re-read were lost). ``wait_seconds`` makes an uncounted give-back's next claim wait too (a
+        partner at its session limit, 25.3). The give-back ends the attempt's session slot with its hold of
+        the job, in the same statement (0029).
         """
         params = {
             "job_id": job_id,
@@ -274,6 +279,7 @@ class ProtocolStatements(Reads):
             "jitter": policy.jitter(),
             # not counted, but the next claim waits for the delivery window's next opening (#25.2)
             "until_window_opens": cause == ReleaseCause.WINDOW_CLOSED,
+            "wait_seconds": None if policy.counts(cause) else wait_seconds,
             "traceparent": current_traceparent(),
         }
         answers = await self._unless_lost("release_attempt_if_running", params, ReleaseRow)
@@ -418,6 +424,28 @@ class ProtocolStatements(Reads):
             JobStatus(outcome.value),
         )
 
+    async def pause_destination_for_partner(
+        self, tenant_id: UUID, destination_id: UUID, version: int, reason: str, changed_by: str
+    ) -> PartnerPause:
+        """Pause one destination whose server presented a host key none of the pinned ones match, or refused
+        our login (``reason`` says which, "host key changed: presented SHA256:..."), as checked against its
+        ``version``: the worker's only switch change, through the function 0029 grants it. Never a resume;
+        an earlier pause keeps its reason; a destination whose delivery terms changed since ``version`` is not
+        paused."""
+        row = await self._row(
+            "pause_destination_for_partner",
+            {
+                "tenant_id": tenant_id,
+                "destination_id": destination_id,
+                "version": version,
+                "reason": reason,
+                "changed_by": changed_by,
+            },
+            PartnerPause,
+        )
+        assert row is not None  # the function answers one row
+        return row
+
     async def sweep_stale_queued(self, older_than_seconds: float, batch: int = 500) -> list[UUID]:
         """Republish a bounded batch of stale Queued jobs; returns the jobs swept."""
         rows = await self._rows(
@@ -439,7 +467,7 @@ def fence_result(found: FenceAnswer, attempt_id: UUID) -> FenceResult:
     return FenceResult.LEASE_LAPSED if not found.lease_current else FenceResult.NOT_OWNER
 
 
-class WorkerStore(ProtocolStatements, EvidenceStatements):
+class WorkerStore(ProtocolStatements, EvidenceStatements, SlotStatements):
     """The worker's store (role ``exports_worker``): the row protocol of the attempts it claims.
     ``window_margin_seconds``: how long after the rename fence a destination's delivery window must still be
     open for the fence to be written (``EXPORTS_WINDOW_RENAME_MARGIN_SECONDS``)."""

@@ -22,6 +22,7 @@ from db.rows import (
 from db.stores.base import observe_stop, transition
 from db.stores.evidence import EvidenceStatements
 from db.stores.reads import Reads
+from db.stores.slots import SlotStatements
 from domain.models import (
     ExpiredLease,
     JobStatus,
@@ -214,5 +215,5 @@ class RecoveryStatements(Reads):
         )
 
 
-class RecoveryStore(RecoveryStatements, EvidenceStatements):
+class RecoveryStore(RecoveryStatements, EvidenceStatements, SlotStatements):
     """Recovery's store (role ``exports_recovery``): takeovers of expired attempts and re-checks."""

@@ -16,7 +16,7 @@ def test_each_role_may_do_exactly_what_its_row_says():
     assert set(PERMISSIONS) == set(ROLES)
     assert {a for a in Action if may("viewer", a)} == {Action.READ}
     operator = {a for a in Action if may("operator", a)}
-    assert operator == {Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH}
+    assert operator == {Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH, Action.TEST_CONNECTION}
     assert {a for a in Action if may("reconciler", a)} == operator | {Action.RECONCILE}
     assert {a for a in Action if may("admin", a)} == operator | {
         Action.MANAGE_DESTINATIONS,

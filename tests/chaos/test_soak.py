@@ -81,6 +81,9 @@ def test_short_soak_holds_every_invariant_under_every_fault_kind(tmp_path: Path)
     webhooks = report["counts"]["webhooks"]
     assert webhooks["events"] >= 14 and webhooks["outcome_events_expected"] >= 14, printed
     assert webhooks["retried_posts"] >= 1, printed
+    # The partner's own witness of its concurrent sessions saw some, and never more than the limit (25.3).
+    assert report["counts"]["partner_session_limit"] == 2, printed
+    assert 1 <= report["counts"]["partner_sessions_high_water"] <= 2, printed
 
     assert report["violations"] == [], printed
     assert run.returncode == 0, printed

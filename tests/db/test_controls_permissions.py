@@ -238,6 +238,8 @@ async def test_the_exact_grants_on_the_controls_tables(database):
                     "hash_evidence",
                     "host",
                     "host_key",
+                    "host_keys",  # several pinned keys (0029)
+                    "max_sessions",  # the partner's session limit (0029)
                     "max_write_request",
                     "name",
                     "name_and_size_identify",
