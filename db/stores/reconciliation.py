@@ -24,7 +24,9 @@ QUEUE_START_ID = UUID(int=0)
 class ReconciliationStatements(Reads):
     """The queue of OutcomeUnknown exports and the reconcilers' listing requests."""
 
-    async def _read(self, name: str, params: dict[str, Any], row: type[R], timeout_ms: int | None) -> list[R]:
+    async def _maybe_bounded_rows(
+        self, name: str, params: dict[str, Any], row: type[R], timeout_ms: int | None
+    ) -> list[R]:
         """One read, bounded by ``timeout_ms`` when given (``QueryTimedOut`` past it), as the list's are."""
         if timeout_ms is None:
             return await self._rows(name, params, row)
@@ -41,7 +43,7 @@ class ReconciliationStatements(Reads):
         """One page of the tenant's OutcomeUnknown exports, oldest first by ``outcome_unknown_at``, strictly
         after the keyset bound ``after`` (the last row of the previous page)."""
         after_at, after_id = after or (QUEUE_START_AT, QUEUE_START_ID)
-        return await self._read(
+        return await self._maybe_bounded_rows(
             "page_outcome_unknown_queue",
             {"tenant_id": tenant_id, "after_at": after_at, "after_id": after_id, "limit": limit},
             ExportJob,
@@ -52,14 +54,14 @@ class ReconciliationStatements(Reads):
         self, tenant_id: UUID, *, cap: int, timeout_ms: int | None = None
     ) -> int:
         """How many of the tenant's exports are OutcomeUnknown, counted up to ``cap + 1`` (more than ``cap``)."""
-        rows = await self._read(
+        rows = await self._maybe_bounded_rows(
             "count_outcome_unknown_queue", {"tenant_id": tenant_id, "cap": cap}, CountedRow, timeout_ms
         )
         return rows[0].counted if rows else 0
 
     async def estimate_outcome_unknown_queue(self, tenant_id: UUID, *, timeout_ms: int | None = None) -> int:
         """The planner's estimate of the tenant's OutcomeUnknown exports (reads only the statistics)."""
-        rows = await self._read(
+        rows = await self._maybe_bounded_rows(
             "estimate_outcome_unknown_queue", {"tenant_id": tenant_id}, QueryPlanRow, timeout_ms
         )
         return rows[0].estimated_rows if rows else 0
@@ -78,7 +80,7 @@ class ReconciliationStatements(Reads):
         listings of it since, and whether a listing request of it waits."""
         if not job_ids:
             return []
-        return await self._read(
+        return await self._maybe_bounded_rows(
             "outcome_unknown_summaries",
             {
                 "tenant_id": tenant_id,
