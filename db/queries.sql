@@ -1020,10 +1020,13 @@ SELECT EXISTS (SELECT 1 FROM limits) AS destination_found,
        t.slot,
        coalesce(t.adopted, false) AS adopted,
        EXISTS (SELECT 1 FROM eligible) AS eligible,
-       -- counted only when none was taken (what a waiting attempt shows); a taker needs no count
+       -- counted only when none was taken (what a waiting attempt shows); a taker needs no count. The count
+       -- reads the statement's snapshot, which may predate a concurrent take that the locks then saw; an
+       -- eligible taker that found no slot free on their newest versions saw every one up to the limit held.
        CASE WHEN t.slot IS NULL AND (SELECT max_sessions FROM limits) IS NOT NULL
-            THEN (SELECT count(*) FROM destination_session_slots s
-                  WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int
+            THEN greatest((SELECT count(*) FROM destination_session_slots s
+                           WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int,
+                          CASE WHEN EXISTS (SELECT 1 FROM eligible) THEN (SELECT max_sessions FROM limits) END)
             ELSE 0 END AS in_use
 FROM (SELECT (SELECT slot FROM taken) AS slot, (SELECT adopted FROM taken) AS adopted) AS t;
 
