@@ -36,8 +36,10 @@ CallerDep = Annotated[Caller, Depends(authenticate)]
 
 
 def destinations(request: Request) -> Destinations:
-    """The destination operations over the app's ``exports_api`` store."""
-    return Destinations(request.app.state.exports.store)
+    """The destination operations over the app's ``exports_api`` store (two-person changes through the app's
+    approvals)."""
+    exports = request.app.state.exports
+    return Destinations(exports.store, approvals=exports.approvals)
 
 
 DestinationsDep = Annotated[Destinations, Depends(destinations)]
@@ -179,6 +181,12 @@ async def get_destination(destination_id: UUID, caller: CallerDep, ops: Destinat
     ),
     responses={
         200: {"description": "Changed (the ETag is the new version), or nothing to change"},
+        202: {
+            "description": (
+                "A change of the host, port, account, credential, host key or encryption keys: waiting for "
+                "another admin's approval (GET /approvals); nothing changed yet"
+            )
+        },
         400: {"description": "If-Match unquoted or unterminated, or the body is not JSON"},
         409: {"description": "The destination is retired: a retired destination never changes"},
         412: {"description": "If-Match names another version, or only weak tags"},

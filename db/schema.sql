@@ -3,6 +3,96 @@
 --   python -m db.schema --write  (or: make schema)
 -- tests/db/test_schema_file.py fails when a freshly migrated database differs from this file.
 
+CREATE FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT p.role FROM principals p
+    WHERE p.tenant_id = p_tenant_id AND p.name = p_principal AND p.revoked_at IS NULL
+      AND p.role = ANY (approval_roles(p_action))
+$$;
+
+CREATE FUNCTION public.approval_roles(p_action text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE p_action
+        WHEN 'resume_pause' THEN ARRAY['operator', 'reconciler', 'admin']
+        WHEN 'pin_host_key' THEN ARRAY['admin']
+        WHEN 'change_destination' THEN ARRAY['admin']
+        WHEN 'correct_outcome' THEN ARRAY['reconciler']
+        WHEN 'replace_with_overwrite' THEN ARRAY['operator', 'reconciler', 'admin']
+        ELSE ARRAY[]::text[] END
+$$;
+
+CREATE FUNCTION public.approvals_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'approvals are history: nobody deletes one'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_approvals_append_only';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.requested_at := clock_timestamp();
+        IF NEW.decision IS NOT NULL OR NEW.executed_at IS NOT NULL THEN
+            RAISE EXCEPTION 'an approval starts undecided'
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_decision';
+        END IF;
+        IF approval_role_of(NEW.tenant_id, NEW.requested_by, NEW.action) IS DISTINCT FROM NEW.requested_role THEN
+            RAISE EXCEPTION '% may not request %: that needs a principal of the tenant with a role of %',
+                    NEW.requested_by, NEW.action, approval_roles(NEW.action)
+                USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_approvals_role';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF (NEW.tenant_id, NEW.id, NEW.action, NEW.subject_kind, NEW.subject_id, NEW.parameters, NEW.reason,
+        NEW.requested_by, NEW.requested_role, NEW.requested_at, NEW.expires_at)
+       IS DISTINCT FROM (OLD.tenant_id, OLD.id, OLD.action, OLD.subject_kind, OLD.subject_id, OLD.parameters,
+                         OLD.reason, OLD.requested_by, OLD.requested_role, OLD.requested_at, OLD.expires_at) THEN
+        RAISE EXCEPTION 'approval %: what was asked, by whom and until when never changes', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_identity';
+    END IF;
+    IF OLD.decision IS NOT NULL THEN
+        IF (NEW.decision, NEW.decided_by, NEW.decided_role, NEW.decided_at, NEW.decision_reason)
+           IS DISTINCT FROM (OLD.decision, OLD.decided_by, OLD.decided_role, OLD.decided_at, OLD.decision_reason) THEN
+            RAISE EXCEPTION 'approval % was % by %: a decision is final', OLD.id, OLD.decision, OLD.decided_by
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_decided';
+        END IF;
+    ELSIF NEW.decision IS NOT NULL THEN
+        NEW.decided_at := clock_timestamp();
+        IF NEW.decided_by = OLD.requested_by THEN
+            RAISE EXCEPTION 'approval %: % asked for it and may not decide it; that takes another principal',
+                    OLD.id, OLD.requested_by
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_second_person';
+        END IF;
+        IF NEW.decided_at > OLD.expires_at THEN
+            RAISE EXCEPTION 'approval % expired at %', OLD.id, OLD.expires_at
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_expired';
+        END IF;
+        IF approval_role_of(OLD.tenant_id, NEW.decided_by, OLD.action) IS DISTINCT FROM NEW.decided_role THEN
+            RAISE EXCEPTION '% may not decide %: that needs a principal of the tenant with a role of %',
+                    NEW.decided_by, OLD.action, approval_roles(OLD.action)
+                USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_approvals_role';
+        END IF;
+    END IF;
+    IF OLD.executed_at IS NOT NULL AND (NEW.executed_at, NEW.outcome) IS DISTINCT FROM (OLD.executed_at, OLD.outcome) THEN
+        RAISE EXCEPTION 'approval % ran at %: an approval runs once', OLD.id, OLD.executed_at
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_executed';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.approved_action(p_tenant_id uuid, p_actions text[], p_subject_id text, p_actor text, p_parameters jsonb) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM approvals a
+        WHERE a.tenant_id = p_tenant_id AND a.subject_id = p_subject_id AND a.action = ANY (p_actions)
+          AND a.executed_at IS NULL AND a.decision = 'approved' AND a.decided_by = p_actor
+          AND a.decided_by <> a.requested_by AND a.decided_at <= a.expires_at
+          AND a.parameters @> p_parameters)
+$$;
+
 CREATE FUNCTION public.armored_public_keys_ok(keys text[]) RETURNS boolean
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$
@@ -22,6 +112,57 @@ SELECT cardinality(columns) >= 1
    AND (SELECT count(DISTINCT c) FROM unnest(columns) AS c) = cardinality(columns)
 $$;
 
+CREATE FUNCTION public.delivery_pauses_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'a pause is released, never deleted'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_delivery_pauses_append_only';
+    END IF;
+    IF (NEW.id, NEW.scope, NEW.tenant_id, NEW.destination_id, NEW.kind, NEW.owner, NEW.reason, NEW.paused_at)
+       IS DISTINCT FROM (OLD.id, OLD.scope, OLD.tenant_id, OLD.destination_id, OLD.kind, OLD.owner, OLD.reason,
+                         OLD.paused_at) THEN
+        RAISE EXCEPTION 'pause %: its scope, owner, reason and start never change', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_pauses_identity';
+    END IF;
+    IF OLD.released_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pause % was released at % by %: a release is final', OLD.id, OLD.released_at,
+                OLD.released_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_pauses_released';
+    END IF;
+    IF NEW.released_at IS NULL THEN
+        RETURN NEW;  -- its owner re-arming its expiry (the statement matches the owner's own pause only)
+    END IF;
+    IF OLD.scope = 'global' OR (NEW.released_by = OLD.owner AND OLD.kind = 'manual') THEN
+        RETURN NEW;
+    END IF;
+    -- nested, so that the platform's role, which reads no approvals, never evaluates it
+    IF NOT approved_action(OLD.tenant_id, ARRAY['resume_pause'], OLD.id::text, NEW.released_by, '{}') THEN
+        RAISE EXCEPTION 'pause % (%, by %) is released by % only with another principal''s approval',
+                OLD.id, OLD.reason, OLD.owner, NEW.released_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_pauses_second_person';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE
+        WHEN s.scope IS NULL THEN 'never enabled'
+        WHEN NOT s.enabled THEN s.reason
+        ELSE (SELECT p.reason FROM delivery_pauses p
+              WHERE p.scope = p_scope AND p.tenant_id IS NOT DISTINCT FROM p_tenant_id
+                AND p.destination_id IS NOT DISTINCT FROM p_destination_id AND p.released_at IS NULL
+                AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp())
+              ORDER BY p.paused_at DESC LIMIT 1) END
+    FROM (SELECT 1) AS one
+    LEFT JOIN delivery_switches s
+           ON s.scope = p_scope AND s.tenant_id IS NOT DISTINCT FROM p_tenant_id
+          AND s.destination_id IS NOT DISTINCT FROM p_destination_id
+$$;
+
 CREATE FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -31,6 +172,18 @@ CREATE FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uu
            AND coalesce((SELECT s.enabled FROM delivery_switches s
                          WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id
                            AND s.destination_id = p_destination_id), false)
+           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
+                           WHERE p.scope = 'global' AND p.tenant_id IS NULL AND p.destination_id IS NULL
+                             AND p.released_at IS NULL
+                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
+           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
+                           WHERE p.scope = 'tenant' AND p.tenant_id = p_tenant_id AND p.destination_id IS NULL
+                             AND p.released_at IS NULL
+                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
+           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
+                           WHERE p.scope = 'destination' AND p.tenant_id = p_tenant_id
+                             AND p.destination_id = p_destination_id AND p.released_at IS NULL
+                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
 $$;
 
 CREATE FUNCTION public.delivery_switch_changes_append_only() RETURNS trigger
@@ -124,6 +277,25 @@ CREATE FUNCTION public.destination_delivery_terms(d public.destinations) RETURNS
 SELECT to_jsonb(d) - ARRAY['name', 'created_at', 'contract_starts_on', 'contract_ends_on', 'retired_at',
                            'retired_by', 'version', 'delivery_version']
 $$;
+
+CREATE FUNCTION public.destination_versions_approved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    -- each field of this change that takes two people, with the value it sets
+    wanted jsonb := jsonb_build_object('changes', (
+        SELECT coalesce(jsonb_object_agg(f.name, NEW.after -> f.name), '{}'::jsonb)
+        FROM unnest(NEW.changed_fields) AS f(name)
+        WHERE f.name = ANY (two_person_destination_fields())));
+BEGIN
+    IF NOT approved_action(NEW.tenant_id, ARRAY['change_destination', 'pin_host_key'], NEW.destination_id::text,
+                           NEW.changed_by, wanted) THEN
+        RAISE EXCEPTION 'destination %: changing % needs another admin''s approval of these values, decided by %',
+                NEW.destination_id, NEW.changed_fields, NEW.changed_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destination_versions_approved';
+    END IF;
+    RETURN NEW;
+END $$;
 
 CREATE FUNCTION public.destinations_change_recorded() RETURNS trigger
     LANGUAGE plpgsql
@@ -290,6 +462,16 @@ BEGIN
         RAISE EXCEPTION 'a new export starts Queued with no attempt'
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
     END IF;
+    IF NEW.overwrite_agreement_ref IS NOT NULL THEN
+        IF NEW.replaces_job_id IS NULL
+           OR NOT approved_action(NEW.tenant_id, ARRAY['replace_with_overwrite'], NEW.replaces_job_id::text,
+                                  NEW.created_by,
+                                  jsonb_build_object('overwrite_agreement_ref', NEW.overwrite_agreement_ref)) THEN
+            RAISE EXCEPTION 'a replacement of % with the overwrite agreement % needs another principal''s approval, decided by %',
+                    NEW.replaces_job_id, NEW.overwrite_agreement_ref, NEW.created_by
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_overwrite_approved';
+        END IF;
+    END IF;
     RETURN NEW;
 END $$;
 
@@ -341,10 +523,41 @@ BEGIN
     WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id AND s.destination_id = p_destination_id
     FOR SHARE;
     -- a missing row is a paused scope
-    RETURN coalesce(global_enabled, false) AND coalesce(tenant_enabled, false)
-           AND coalesce(destination_enabled, false);
+    IF NOT (coalesce(global_enabled, false) AND coalesce(tenant_enabled, false)
+            AND coalesce(destination_enabled, false)) THEN
+        RETURN false;
+    END IF;
+    -- one statement, one snapshot, one probe of uq_delivery_pauses_active per scope
+    RETURN NOT EXISTS (SELECT 1 FROM delivery_pauses p
+                       WHERE p.scope = 'global' AND p.tenant_id IS NULL AND p.destination_id IS NULL
+                         AND p.released_at IS NULL
+                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()))
+       AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
+                       WHERE p.scope = 'tenant' AND p.tenant_id = p_tenant_id AND p.destination_id IS NULL
+                         AND p.released_at IS NULL
+                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()))
+       AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
+                       WHERE p.scope = 'destination' AND p.tenant_id = p_tenant_id
+                         AND p.destination_id = p_destination_id AND p.released_at IS NULL
+                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()));
 END
 $$;
+
+CREATE FUNCTION public.operator_action_json_ok(j jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$
+    SELECT j IS NULL OR NOT jsonb_path_exists(
+        j,
+        'lax $.** ? (@.type() == "object").keyvalue() ? ((@.key like_regex "_ref$" && @.value != "set" && @.value != null) || (@.key like_regex "secret|password|private_key" && @.value != null))')
+$_$;
+
+CREATE FUNCTION public.operator_actions_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'the ledger of operator actions is append-only'
+        USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_operator_actions_append_only';
+END $$;
 
 CREATE FUNCTION public.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
@@ -352,6 +565,19 @@ CREATE FUNCTION public.outbox_notify() RETURNS trigger
 BEGIN
     PERFORM pg_notify('outbox', '');
     RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.outcome_corrections_approved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT approved_action(NEW.tenant_id, ARRAY['correct_outcome'], NEW.job_id::text, NEW.corrected_by,
+                           jsonb_build_object('attempt_id', NEW.attempt_id::text, 'corrected_status', NEW.to_status)) THEN
+        RAISE EXCEPTION 'export %: a correction to % needs another principal''s approval of it, decided by %',
+                NEW.job_id, NEW.to_status, NEW.corrected_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_outcome_corrections_approved';
+    END IF;
+    RETURN NEW;
 END $$;
 
 CREATE FUNCTION public.principals_guard() RETURNS trigger
@@ -393,6 +619,13 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.two_person_destination_fields() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT ARRAY['host', 'port', 'username', 'credential_ref', 'host_key', 'pgp_recipient_keys',
+                 'pgp_signing_key_ref']
+$$;
+
 CREATE TABLE public.api_tokens (
     token_sha256 bytea NOT NULL,
     tenant_id uuid NOT NULL,
@@ -400,6 +633,41 @@ CREATE TABLE public.api_tokens (
     role text NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT api_tokens_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text])))
+);
+
+CREATE TABLE public.approvals (
+    tenant_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    action text NOT NULL,
+    subject_kind text NOT NULL,
+    subject_id text NOT NULL,
+    parameters jsonb NOT NULL,
+    reason text NOT NULL,
+    requested_by text NOT NULL,
+    requested_role text NOT NULL,
+    requested_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    decision text,
+    decided_by text,
+    decided_role text,
+    decided_at timestamp with time zone,
+    decision_reason text,
+    executed_at timestamp with time zone,
+    outcome text,
+    CONSTRAINT approvals_action_check CHECK ((action = ANY (ARRAY['resume_pause'::text, 'pin_host_key'::text, 'change_destination'::text, 'correct_outcome'::text, 'replace_with_overwrite'::text]))),
+    CONSTRAINT approvals_decided_by_check CHECK (((length(decided_by) >= 1) AND (length(decided_by) <= 200))),
+    CONSTRAINT approvals_decision_check CHECK ((decision = ANY (ARRAY['approved'::text, 'declined'::text]))),
+    CONSTRAINT approvals_decision_reason_check CHECK (((length(decision_reason) >= 1) AND (length(decision_reason) <= 1000))),
+    CONSTRAINT approvals_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT approvals_requested_by_check CHECK (((length(requested_by) >= 1) AND (length(requested_by) <= 200))),
+    CONSTRAINT approvals_subject_id_check CHECK (((length(subject_id) >= 1) AND (length(subject_id) <= 200))),
+    CONSTRAINT approvals_subject_kind_check CHECK ((subject_kind = ANY (ARRAY['delivery_pause'::text, 'destination'::text, 'export'::text]))),
+    CONSTRAINT ck_approvals_decision CHECK ((((decision IS NULL) = (decided_by IS NULL)) AND ((decision IS NULL) = (decided_role IS NULL)) AND ((decision IS NULL) = (decided_at IS NULL)))),
+    CONSTRAINT ck_approvals_executed CHECK ((((executed_at IS NULL) = (outcome IS NULL)) AND ((executed_at IS NULL) OR (decision = 'approved'::text)))),
+    CONSTRAINT ck_approvals_in_time CHECK (((decided_at IS NULL) OR (decided_at <= expires_at))),
+    CONSTRAINT ck_approvals_no_secrets CHECK ((NOT jsonb_path_exists(parameters, '$.**?(@.type() == "object").keyvalue()?(@."key" like_regex "secret|password|private_key" && @."value" != null)'::jsonpath))),
+    CONSTRAINT ck_approvals_second_person CHECK (((decided_by IS NULL) OR (decided_by <> requested_by))),
+    CONSTRAINT ck_approvals_window CHECK (((expires_at > requested_at) AND (expires_at <= (requested_at + '7 days'::interval))))
 );
 
 CREATE TABLE public.cancellation_batch_jobs (
@@ -493,6 +761,30 @@ CREATE TABLE public.deliveries (
     original_job_id uuid NOT NULL
 );
 
+CREATE TABLE public.delivery_pauses (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    scope text NOT NULL,
+    tenant_id uuid,
+    destination_id uuid,
+    kind text DEFAULT 'manual'::text NOT NULL,
+    owner text NOT NULL,
+    reason text NOT NULL,
+    paused_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone,
+    released_at timestamp with time zone,
+    released_by text,
+    release_reason text,
+    CONSTRAINT ck_delivery_pauses_expiry CHECK (((expires_at IS NULL) OR (expires_at > paused_at))),
+    CONSTRAINT ck_delivery_pauses_released CHECK ((((released_at IS NULL) = (released_by IS NULL)) AND ((released_at IS NULL) = (release_reason IS NULL)))),
+    CONSTRAINT ck_delivery_pauses_scope CHECK ((((scope = 'global'::text) AND (tenant_id IS NULL) AND (destination_id IS NULL)) OR ((scope = 'tenant'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NULL)) OR ((scope = 'destination'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NOT NULL)))),
+    CONSTRAINT delivery_pauses_kind_check CHECK ((kind = ANY (ARRAY['manual'::text, 'host_key'::text]))),
+    CONSTRAINT delivery_pauses_owner_check CHECK (((length(owner) >= 1) AND (length(owner) <= 200))),
+    CONSTRAINT delivery_pauses_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT delivery_pauses_release_reason_check CHECK (((length(release_reason) >= 1) AND (length(release_reason) <= 1000))),
+    CONSTRAINT delivery_pauses_released_by_check CHECK (((length(released_by) >= 1) AND (length(released_by) <= 200))),
+    CONSTRAINT delivery_pauses_scope_check CHECK ((scope = ANY (ARRAY['global'::text, 'tenant'::text, 'destination'::text])))
+);
+
 CREATE TABLE public.delivery_switch_changes (
     id bigint NOT NULL,
     scope text NOT NULL,
@@ -502,7 +794,8 @@ CREATE TABLE public.delivery_switch_changes (
     was_enabled boolean,
     reason text NOT NULL,
     changed_by text NOT NULL,
-    changed_at timestamp with time zone NOT NULL
+    changed_at timestamp with time zone NOT NULL,
+    pause_ids uuid[]
 );
 
 ALTER TABLE public.delivery_switch_changes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -642,6 +935,46 @@ CREATE TABLE public.idempotency_keys (
     CONSTRAINT idempotency_keys_key_check CHECK (((length(key) >= 1) AND (length(key) <= 200)))
 );
 
+CREATE TABLE public.operator_actions (
+    id bigint NOT NULL,
+    tenant_id uuid,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    principal text NOT NULL,
+    role text NOT NULL,
+    action text NOT NULL,
+    subject_kind text NOT NULL,
+    subject_id text,
+    request_id text,
+    reason text,
+    outcome text NOT NULL,
+    detail text,
+    approval_id uuid,
+    requested_by text,
+    before jsonb,
+    after jsonb,
+    CONSTRAINT ck_operator_actions_action CHECK ((action = ANY (ARRAY['cancel'::text, 'bulk_cancel'::text, 'pause'::text, 'resume'::text, 'reconcile'::text, 'correct'::text, 'replace'::text, 'destination.create'::text, 'destination.edit'::text, 'destination.retire'::text, 'destination.pin_key'::text, 'recurring.create'::text, 'recurring.edit'::text, 'recurring.pause'::text, 'recurring.resume'::text, 'recurring.delete'::text, 'token.mint'::text, 'token.revoke'::text, 'principal.grant'::text, 'principal.revoke'::text, 'approval.approve'::text, 'approval.decline'::text]))),
+    CONSTRAINT ck_operator_actions_no_secrets CHECK ((public.operator_action_json_ok(before) AND public.operator_action_json_ok(after))),
+    CONSTRAINT ck_operator_actions_outcome CHECK ((outcome = ANY (ARRAY['done'::text, 'created'::text, 'accepted'::text, 'partial'::text, 'malformed'::text, 'forbidden'::text, 'not_found'::text, 'refused'::text, 'stale'::text, 'invalid'::text, 'precondition_required'::text]))),
+    CONSTRAINT ck_operator_actions_second_person CHECK (((requested_by IS NULL) OR ((approval_id IS NOT NULL) AND (requested_by <> principal)))),
+    CONSTRAINT ck_operator_actions_subject_kind CHECK ((subject_kind = ANY (ARRAY['export'::text, 'cancellation_batch'::text, 'delivery_scope'::text, 'destination'::text, 'recurring_export'::text, 'principal'::text, 'token'::text, 'approval'::text]))),
+    CONSTRAINT operator_actions_detail_check CHECK (((length(detail) >= 1) AND (length(detail) <= 2000))),
+    CONSTRAINT operator_actions_principal_check CHECK (((length(principal) >= 1) AND (length(principal) <= 200))),
+    CONSTRAINT operator_actions_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT operator_actions_request_id_check CHECK (((length(request_id) >= 1) AND (length(request_id) <= 200))),
+    CONSTRAINT operator_actions_requested_by_check CHECK (((length(requested_by) >= 1) AND (length(requested_by) <= 200))),
+    CONSTRAINT operator_actions_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text, 'owner'::text, 'platform'::text]))),
+    CONSTRAINT operator_actions_subject_id_check CHECK (((length(subject_id) >= 1) AND (length(subject_id) <= 200)))
+);
+
+ALTER TABLE public.operator_actions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.operator_actions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 CREATE TABLE public.outbox (
     message_id uuid NOT NULL,
     kind text NOT NULL,
@@ -775,6 +1108,9 @@ ALTER TABLE ONLY public.export_status_edges
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (message_id);
 
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT pk_approvals PRIMARY KEY (tenant_id, id);
+
 ALTER TABLE ONLY public.cancellation_batch_jobs
     ADD CONSTRAINT pk_cancellation_batch_jobs PRIMARY KEY (tenant_id, batch_id, job_id);
 
@@ -796,6 +1132,9 @@ ALTER TABLE ONLY public.contacts
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT pk_deliveries PRIMARY KEY (tenant_id, delivery_key);
 
+ALTER TABLE ONLY public.delivery_pauses
+    ADD CONSTRAINT pk_delivery_pauses PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.destination_versions
     ADD CONSTRAINT pk_destination_versions PRIMARY KEY (tenant_id, destination_id, version);
 
@@ -804,6 +1143,9 @@ ALTER TABLE ONLY public.destinations
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT pk_idempotency_keys PRIMARY KEY (tenant_id, operation, key);
+
+ALTER TABLE ONLY public.operator_actions
+    ADD CONSTRAINT pk_operator_actions PRIMARY KEY (id);
 
 ALTER TABLE ONLY public.outcome_corrections
     ADD CONSTRAINT pk_outcome_corrections PRIMARY KEY (job_id, attempt_id);
@@ -823,6 +1165,9 @@ ALTER TABLE ONLY public.schema_migrations
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT uq_approvals_id UNIQUE (id);
+
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT uq_deliveries_original UNIQUE (tenant_id, delivery_key, original_job_id);
 
@@ -840,6 +1185,10 @@ ALTER TABLE ONLY public.recurring_export_firings
 
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT uq_recurring_exports_id UNIQUE (id);
+
+CREATE INDEX ix_approvals_subject ON public.approvals USING btree (tenant_id, subject_id, action) WHERE (executed_at IS NULL);
+
+CREATE INDEX ix_approvals_tenant ON public.approvals USING btree (tenant_id, requested_at DESC, id);
 
 CREATE INDEX ix_attempt_events_job ON public.export_attempt_events USING btree (job_id, id);
 
@@ -875,6 +1224,16 @@ CREATE INDEX ix_export_jobs_transient_releases ON public.export_jobs USING btree
 
 CREATE INDEX ix_export_jobs_woken ON public.export_jobs USING btree (woken_at) WHERE (status = 'Queued'::text);
 
+CREATE INDEX ix_operator_actions_action ON public.operator_actions USING btree (tenant_id, action, id);
+
+CREATE INDEX ix_operator_actions_at ON public.operator_actions USING btree (tenant_id, at, id);
+
+CREATE INDEX ix_operator_actions_principal ON public.operator_actions USING btree (tenant_id, principal, id);
+
+CREATE INDEX ix_operator_actions_subject ON public.operator_actions USING btree (tenant_id, subject_kind, subject_id, id);
+
+CREATE INDEX ix_operator_actions_tenant ON public.operator_actions USING btree (tenant_id, id);
+
 CREATE INDEX ix_outbox_deferred ON public.outbox USING btree (available_at) WHERE ((published_at IS NULL) AND (available_at IS NOT NULL));
 
 CREATE INDEX ix_outbox_unpublished ON public.outbox USING btree (created_at) WHERE (published_at IS NULL);
@@ -887,6 +1246,8 @@ CREATE INDEX ix_recurring_exports_tenant_created ON public.recurring_exports USI
 
 CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING btree (job_id, attempt_id, kind) WHERE (kind <> 'DeliveryEvidence'::text);
 
+CREATE UNIQUE INDEX uq_delivery_pauses_active ON public.delivery_pauses USING btree (scope, tenant_id, destination_id, owner, reason) NULLS NOT DISTINCT WHERE (released_at IS NULL);
+
 CREATE UNIQUE INDEX uq_destination_versions_request ON public.destination_versions USING btree (tenant_id, request_key) WHERE (request_key IS NOT NULL);
 
 CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING btree (tenant_id, replaces_job_id) WHERE ((replaces_job_id IS NOT NULL) AND ((status <> ALL (ARRAY['Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text])) OR (failure_reason = 'OriginalDelivered'::text)));
@@ -895,6 +1256,12 @@ CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btre
 
 CREATE UNIQUE INDEX uq_recurring_export_firings_job ON public.recurring_export_firings USING btree (job_id) WHERE (outcome = 'created'::text);
 
+CREATE TRIGGER tr_approvals_guard BEFORE INSERT OR DELETE OR UPDATE ON public.approvals FOR EACH ROW EXECUTE FUNCTION public.approvals_guard();
+
+CREATE TRIGGER tr_delivery_pauses_guard BEFORE DELETE OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_pauses_guard();
+
+CREATE TRIGGER tr_delivery_pauses_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
+
 CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_changes_append_only();
 
 CREATE TRIGGER tr_delivery_switch_changes_scope_owner BEFORE INSERT ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
@@ -902,6 +1269,8 @@ CREATE TRIGGER tr_delivery_switch_changes_scope_owner BEFORE INSERT ON public.de
 CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switches_guard();
 
 CREATE TRIGGER tr_delivery_switches_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
+
+CREATE TRIGGER tr_destination_versions_approved BEFORE INSERT ON public.destination_versions FOR EACH ROW WHEN (((new.change = 'edited'::text) AND (new.changed_role <> 'owner'::text) AND (new.changed_fields && public.two_person_destination_fields()))) EXECUTE FUNCTION public.destination_versions_approved();
 
 CREATE CONSTRAINT TRIGGER tr_destinations_change_recorded AFTER UPDATE ON public.destinations DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.destinations_change_recorded();
 
@@ -923,7 +1292,13 @@ CREATE TRIGGER tr_export_jobs_replacement_terms BEFORE UPDATE OF destination_id,
 
 CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status ON public.export_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.status = ANY (ARRAY['OutcomeUnknown'::text, 'Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_transition_event_guard();
 
+CREATE TRIGGER tr_operator_actions_append_only BEFORE DELETE OR UPDATE ON public.operator_actions FOR EACH ROW EXECUTE FUNCTION public.operator_actions_append_only();
+
+CREATE TRIGGER tr_operator_actions_no_truncate BEFORE TRUNCATE ON public.operator_actions FOR EACH STATEMENT EXECUTE FUNCTION public.operator_actions_append_only();
+
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
+
+CREATE TRIGGER tr_outcome_corrections_approved BEFORE INSERT ON public.outcome_corrections FOR EACH ROW EXECUTE FUNCTION public.outcome_corrections_approved();
 
 CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH ROW EXECUTE FUNCTION public.principals_guard();
 
@@ -933,6 +1308,9 @@ CREATE TRIGGER tr_recurring_exports_guard BEFORE DELETE OR UPDATE ON public.recu
 
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT approvals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 ALTER TABLE ONLY public.cancellation_batches
     ADD CONSTRAINT cancellation_batches_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
@@ -945,6 +1323,9 @@ ALTER TABLE ONLY public.console_sessions
 
 ALTER TABLE ONLY public.contacts
     ADD CONSTRAINT contacts_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.delivery_pauses
+    ADD CONSTRAINT delivery_pauses_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 ALTER TABLE ONLY public.delivery_switches
     ADD CONSTRAINT delivery_switches_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
@@ -982,6 +1363,9 @@ ALTER TABLE ONLY public.cancellation_stop_signals
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT fk_deliveries_original FOREIGN KEY (tenant_id, original_job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
 
+ALTER TABLE ONLY public.delivery_pauses
+    ADD CONSTRAINT fk_delivery_pauses_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
+
 ALTER TABLE ONLY public.delivery_switches
     ADD CONSTRAINT fk_delivery_switches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
@@ -1015,11 +1399,22 @@ ALTER TABLE ONLY public.recurring_exports
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT fk_recurring_exports_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
+ALTER TABLE ONLY public.operator_actions
+    ADD CONSTRAINT operator_actions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT principals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT recurring_exports_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+REVOKE ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) TO exports_api;
+GRANT ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) TO exports_reconciler;
+
+REVOKE ALL ON FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) TO exports_api;
+GRANT ALL ON FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) TO exports_platform;
 
 REVOKE ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
@@ -1072,6 +1467,30 @@ GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination
 
 GRANT SELECT ON TABLE public.api_tokens TO exports_api;
 
+GRANT SELECT,INSERT ON TABLE public.approvals TO exports_api;
+GRANT SELECT ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decision) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decision) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decided_by) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decided_by) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decided_role) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decided_role) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decided_at) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decided_at) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decision_reason) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decision_reason) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(executed_at) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(executed_at) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(outcome) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(outcome) ON TABLE public.approvals TO exports_reconciler;
+
 GRANT SELECT,INSERT ON TABLE public.cancellation_batch_jobs TO exports_api;
 
 GRANT SELECT,INSERT ON TABLE public.cancellation_batches TO exports_api;
@@ -1095,6 +1514,23 @@ GRANT SELECT ON TABLE public.contacts TO exports_worker;
 GRANT SELECT,INSERT ON TABLE public.deliveries TO exports_api;
 GRANT SELECT ON TABLE public.deliveries TO exports_worker;
 GRANT SELECT ON TABLE public.deliveries TO exports_reconciler;
+
+GRANT SELECT ON TABLE public.delivery_pauses TO exports_worker;
+GRANT SELECT ON TABLE public.delivery_pauses TO exports_recovery;
+GRANT SELECT,INSERT ON TABLE public.delivery_pauses TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(expires_at) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(expires_at) ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(released_at) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(released_at) ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(released_by) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(released_by) ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(release_reason) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(release_reason) ON TABLE public.delivery_pauses TO exports_platform;
 
 GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_api;
 GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_platform;
@@ -1204,6 +1640,10 @@ GRANT SELECT ON TABLE public.export_status_edges TO exports_reconciler;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.idempotency_keys TO exports_api;
+
+GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_reconciler;
+GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_platform;
 
 GRANT INSERT ON TABLE public.outbox TO exports_api;
 GRANT INSERT ON TABLE public.outbox TO exports_worker;

@@ -14,6 +14,7 @@
       }
       const body = { scope: row.dataset.scope, reason };
       if (row.dataset.destination) body.destination_id = row.dataset.destination;
+      if (row.dataset.pause) body.pause_id = row.dataset.pause;
       button.disabled = true;
       try {
         const response = await fetch(`/switches/${button.dataset.action}`, {

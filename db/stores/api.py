@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from db.stores.audit import ApprovalStatements, AuditReads
 from db.stores.destinations import DestinationStatements
 from db.stores.ledger import LedgerStatements
 from db.stores.recurring import RecurringStatements
@@ -17,6 +18,9 @@ class ApiStore(
     SessionStatements,
     RecurringStatements,
     DestinationStatements,
+    AuditReads,
+    ApprovalStatements,
 ):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, destinations, and the reads."""
+    their firings, destinations, the ledger of operator actions, approvals of two-person actions, and the
+    reads."""

@@ -155,7 +155,7 @@ class RecurringStatements(StoreBase):
             "nominal_time": nominal_time,
             "late_after_seconds": late_after_seconds,
         }
-        async with translated(), self.pool.connection() as conn, conn.transaction():
+        async with translated(), self._connection() as conn, conn.transaction():
             facts = await fetch_maybe(conn, "lock_recurring_export_for_firing", lock, FiringFactsRow)
             if facts is None:
                 return None

@@ -17,11 +17,12 @@ def test_each_role_may_do_exactly_what_its_row_says():
     assert {a for a in Action if may("viewer", a)} == {Action.READ}
     operator = {a for a in Action if may("operator", a)}
     assert operator == {Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH}
-    assert {a for a in Action if may("reconciler", a)} == operator | {Action.RECONCILE}
+    assert {a for a in Action if may("reconciler", a)} == operator | {Action.RECONCILE, Action.READ_AUDIT}
     assert {a for a in Action if may("admin", a)} == operator | {
         Action.MANAGE_DESTINATIONS,
         Action.MANAGE_RECURRING,
         Action.MANAGE_NOTIFICATIONS,
+        Action.READ_AUDIT,
     }
     assert not any(may("nobody", a) for a in Action)
 

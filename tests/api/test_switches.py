@@ -208,10 +208,11 @@ async def test_the_global_switch_from_the_command_line(database, factory):
     try:
         assert code == 0
         assert json.loads(out)["change"]["scope"] == "global"
+        # the pause is sam.ops's own row (0032), which the gate reads beside the switch
         rows = await factory.admin(
-            "SELECT enabled, changed_by FROM delivery_switches WHERE scope = 'global'", {}
+            "SELECT owner, reason FROM delivery_pauses WHERE scope = 'global' AND released_at IS NULL", {}
         )
-        assert rows == [{"enabled": False, "changed_by": "sam.ops"}]
+        assert rows == [{"owner": "sam.ops", "reason": "partner-wide incident"}]
     finally:
         code, out, _ = await starter(database, "resume", "--global", "--reason", "incident over")
     assert code == 0 and out.startswith("Resumed deliveries globally: incident over.")
