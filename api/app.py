@@ -18,9 +18,9 @@ from api import audit, console, destinations, recurring, routes, switches
 from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError, translate
 from observability.health import health_router, instrument_fastapi, standard_readiness
+from service.audit import acceptable_request_id, new_request_id, reset_request_id, set_request_id
 from service.exports import RETRY_AFTER_SECONDS, Exports
 from service.recurring import RecurringExports
-from service.audit import acceptable_request_id, new_request_id, reset_request_id, set_request_id
 from service.recurring_schedules import ScheduleSync
 from service.signals import TemporalStopSignaller
 from settings import Settings

@@ -22,6 +22,7 @@ from db.errors import ConstraintRefused, IdempotencyConflict, UnknownReference
 from db.pool import START_RETRY_SECONDS, open_pool
 from db.stores.api import ApiStore
 from db.stores.reconciler import ReconcilerStore
+from domain.audit import ActionRecord, Approval, AuditAction, SubjectKind, TwoPersonAction
 from domain.models import (
     AttemptEvent,
     CancellationOutcome,
@@ -32,7 +33,6 @@ from domain.models import (
     JobStatus,
 )
 from observability.metrics import CancellationSource, get_metrics
-from domain.audit import ActionRecord, Approval, AuditAction, SubjectKind, TwoPersonAction
 from rules.fingerprint import create_fingerprint
 from service.approvals import DEFAULT_TTL_SECONDS, Approvals, Subject
 from service.audit import Ledger, answered
