@@ -635,13 +635,15 @@ RETURNING id;
 
 -- name: reconcile_unknown
 -- OutcomeUnknown -> Completed or Failed (NotDelivered), for that attempt, once: the unique index allows one
--- Reconciled event per attempt. No lease condition: recovery cleared the lease.
+-- Reconciled event per attempt. No lease condition: recovery cleared the lease. Only by a reconciler: the one
+-- named holds the reconciler role in the tenant (0032), so an operator's reconcile matches nothing here too.
 WITH reconciled AS (
     UPDATE export_jobs
     SET status = %(resolution)s,
         failure_reason = CASE WHEN %(resolution)s = 'Failed' THEN 'NotDelivered' END
     WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
       AND status = 'OutcomeUnknown' AND %(resolution)s IN ('Completed', 'Failed')
+      AND principal_holds(%(tenant_id)s, %(reconciled_by)s, ARRAY['reconciler'])
     RETURNING id, attempt_id, status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evidence_summary)s, clock_timestamp()

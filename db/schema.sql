@@ -580,6 +580,15 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT EXISTS (SELECT 1 FROM principals p
+                   WHERE p.tenant_id = p_tenant_id AND p.name = p_principal AND p.revoked_at IS NULL
+                     AND p.role = ANY (p_roles))
+$$;
+
 CREATE FUNCTION public.principals_guard() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -1464,6 +1473,9 @@ GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
 
 REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
+
+REVOKE ALL ON FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) TO exports_reconciler;
 
 GRANT SELECT ON TABLE public.api_tokens TO exports_api;
 

@@ -400,6 +400,21 @@ BEGIN
     RETURN NEW;
 END $$;
 
+-- -- 4. an operator's reconcile, refused by the database ----------------------------------------------------
+
+-- Reconciliation runs over the reconciler's role only (the API's role cannot take that edge, 0002); and now the
+-- statement itself names who reconciles: reconcile_unknown matches only when reconciled_by is a principal of the
+-- tenant holding the reconciler role, not revoked, so a service that sent an operator's request over the
+-- reconciler's pool would still change nothing. SECURITY DEFINER: the reconciler's role reads no principals.
+CREATE FUNCTION principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM principals p
+                   WHERE p.tenant_id = p_tenant_id AND p.name = p_principal AND p.revoked_at IS NULL
+                     AND p.role = ANY (p_roles))
+$$;
+REVOKE ALL ON FUNCTION principal_holds(uuid, text, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION principal_holds(uuid, text, text[]) TO exports_reconciler;
+
 -- -- grants ------------------------------------------------------------------------------------------------
 
 -- The gate's readers: the worker (policy read, claim, cutoff 2, sweeper), recovery, the API (a resume's

@@ -92,7 +92,7 @@ class Factory:
         self, name: str = "acme", *, enabled: bool = True, principals: tuple[str, ...] = DEFAULT_PRINCIPALS
     ) -> UUID:
         """A tenant, created enabled (its delivery switch on) unless ``enabled=False``, whose
-        ``principals`` are operators."""
+        ``principals`` are operators (reconcilers, those whose name says so)."""
         tenant_id = uuid.uuid4()
         await self.admin(
             "INSERT INTO tenants (id, name) VALUES (%(id)s, %(n)s)", {"id": tenant_id, "n": name}
@@ -100,7 +100,10 @@ class Factory:
         if enabled:
             await self.switch(tenant_id, None, enabled=True)
         for principal in principals:
-            await self.principal(tenant_id, principal)
+            # a reconciler's name holds the reconciler role: only a reconciler reconciles (0032)
+            await self.principal(
+                tenant_id, principal, "reconciler" if "reconciler" in principal else "operator"
+            )
         return tenant_id
 
     async def principal(
