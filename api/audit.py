@@ -6,6 +6,7 @@ console's ``/console/audit`` and ``/console/approvals``. Another tenant's approv
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +16,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
-from pydantic import AwareDatetime
+from pydantic import AwareDatetime, BeforeValidator
 
 from api.auth import authenticate, console_caller
 from api.routes import BODY_ERRORS, ERRORS, respond
@@ -70,8 +71,20 @@ SubjectQuery = Annotated[
         pattern=r"^[!-~]{1,200}$",
     ),
 ]
-SinceQuery = Annotated[AwareDatetime | None, Query(description="at or after this time (with its UTC offset)")]
-UntilQuery = Annotated[AwareDatetime | None, Query(description="before this time (with its UTC offset)")]
+_ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})$")
+
+
+def _iso_time(value: object) -> object:
+    # A time is an RFC 3339 date-time with its offset, as the schema publishes; pydantic alone would also take
+    # a number as seconds since the epoch.
+    if isinstance(value, str) and not _ISO_TIME.match(value):
+        raise ValueError("an RFC 3339 date-time with its UTC offset, e.g. 2026-12-01T00:00:00+00:00")
+    return value
+
+
+Moment = Annotated[AwareDatetime, BeforeValidator(_iso_time)]
+SinceQuery = Annotated[Moment | None, Query(description="at or after this time (with its UTC offset)")]
+UntilQuery = Annotated[Moment | None, Query(description="before this time (with its UTC offset)")]
 
 
 def _filter(
