@@ -614,6 +614,13 @@ def cmd_switches(args: argparse.Namespace, settings: Settings) -> int:
             name = s["scope"] if s["scope"] != "destination" else f"destination {s['destination_name']}"
             since = f" since {s['changed_at']} by {s['changed_by']}: {s['reason']}" if s["changed_at"] else ""
             lines.append(f"{name:<32} {s['state']:<14}{since}")
+        if answer.body.get("pauses"):
+            lines.append("active pauses (a resume releases your own; --pause ID names another's):")
+        for p in answer.body.get("pauses", []):
+            where = p["destination_id"] or p["tenant_id"] or "every tenant"
+            until = f" until {p['expires_at']}" if p["expires_at"] else ""
+            kind = " [host key changed]" if p["kind"] == "host_key" else ""
+            lines.append(f"  {p['id']}  {p['scope']:<12} {where}  by {p['owner']}{kind}: {p['reason']}{until}")
         if answer.body["history"]:
             lines.append("latest changes:")
         for c in answer.body["history"]:

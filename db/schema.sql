@@ -146,6 +146,25 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.delivery_pauses_hold() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE delivery_switches s
+    SET held_until = delivery_scope_held_until(NEW.scope, NEW.tenant_id, NEW.destination_id)
+    WHERE s.scope = NEW.scope AND s.tenant_id IS NOT DISTINCT FROM NEW.tenant_id
+      AND s.destination_id IS NOT DISTINCT FROM NEW.destination_id;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.delivery_scope_held_until(p_scope text, p_tenant_id uuid, p_destination_id uuid) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT max(coalesce(p.expires_at, 'infinity'::timestamptz)) FROM delivery_pauses p
+    WHERE p.scope = p_scope AND p.tenant_id IS NOT DISTINCT FROM p_tenant_id
+      AND p.destination_id IS NOT DISTINCT FROM p_destination_id AND p.released_at IS NULL
+$$;
+
 CREATE FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) RETURNS text
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
@@ -166,24 +185,15 @@ $$;
 CREATE FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT coalesce((SELECT s.enabled FROM delivery_switches s WHERE s.scope = 'global'), false)
-           AND coalesce((SELECT s.enabled FROM delivery_switches s
+    SELECT coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                     FROM delivery_switches s WHERE s.scope = 'global'), false)
+           AND coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                         FROM delivery_switches s
                          WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id), false)
-           AND coalesce((SELECT s.enabled FROM delivery_switches s
+           AND coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                         FROM delivery_switches s
                          WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id
                            AND s.destination_id = p_destination_id), false)
-           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                           WHERE p.scope = 'global' AND p.tenant_id IS NULL AND p.destination_id IS NULL
-                             AND p.released_at IS NULL
-                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
-           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                           WHERE p.scope = 'tenant' AND p.tenant_id = p_tenant_id AND p.destination_id IS NULL
-                             AND p.released_at IS NULL
-                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
-           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                           WHERE p.scope = 'destination' AND p.tenant_id = p_tenant_id
-                             AND p.destination_id = p_destination_id AND p.released_at IS NULL
-                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
 $$;
 
 CREATE FUNCTION public.delivery_switch_changes_append_only() RETURNS trigger
@@ -223,6 +233,14 @@ BEGIN
         RAISE EXCEPTION 'a delivery switch never changes its scope'
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_switches_identity';
     END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.delivery_switches_hold() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.held_until := delivery_scope_held_until(NEW.scope, NEW.tenant_id, NEW.destination_id);
     RETURN NEW;
 END $$;
 
@@ -511,35 +529,21 @@ CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uu
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    global_enabled boolean;
-    tenant_enabled boolean;
-    destination_enabled boolean;
+    global_open boolean;
+    tenant_open boolean;
+    destination_open boolean;
 BEGIN
-    -- each found through uq_delivery_switches_scope; no row leaves its variable null
-    SELECT s.enabled INTO global_enabled FROM delivery_switches s WHERE s.scope = 'global' FOR SHARE;
-    SELECT s.enabled INTO tenant_enabled FROM delivery_switches s
-    WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id FOR SHARE;
-    SELECT s.enabled INTO destination_enabled FROM delivery_switches s
+    -- each found through uq_delivery_switches_scope; no row leaves its variable null (a paused scope); a row
+    -- held by a pause until a time still to come is paused
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO global_open
+    FROM delivery_switches s WHERE s.scope = 'global' FOR SHARE;
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO tenant_open
+    FROM delivery_switches s WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id FOR SHARE;
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO destination_open
+    FROM delivery_switches s
     WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id AND s.destination_id = p_destination_id
     FOR SHARE;
-    -- a missing row is a paused scope
-    IF NOT (coalesce(global_enabled, false) AND coalesce(tenant_enabled, false)
-            AND coalesce(destination_enabled, false)) THEN
-        RETURN false;
-    END IF;
-    -- one statement, one snapshot, one probe of uq_delivery_pauses_active per scope
-    RETURN NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                       WHERE p.scope = 'global' AND p.tenant_id IS NULL AND p.destination_id IS NULL
-                         AND p.released_at IS NULL
-                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()))
-       AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                       WHERE p.scope = 'tenant' AND p.tenant_id = p_tenant_id AND p.destination_id IS NULL
-                         AND p.released_at IS NULL
-                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()))
-       AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                       WHERE p.scope = 'destination' AND p.tenant_id = p_tenant_id
-                         AND p.destination_id = p_destination_id AND p.released_at IS NULL
-                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()));
+    RETURN coalesce(global_open, false) AND coalesce(tenant_open, false) AND coalesce(destination_open, false);
 END
 $$;
 
@@ -824,6 +828,7 @@ CREATE TABLE public.delivery_switches (
     reason text NOT NULL,
     changed_by text NOT NULL,
     changed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    held_until timestamp with time zone,
     CONSTRAINT ck_delivery_switches_scope CHECK ((((scope = 'global'::text) AND (tenant_id IS NULL) AND (destination_id IS NULL)) OR ((scope = 'tenant'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NULL)) OR ((scope = 'destination'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NOT NULL)))),
     CONSTRAINT delivery_switches_changed_by_check CHECK (((length(changed_by) >= 1) AND (length(changed_by) <= 200))),
     CONSTRAINT delivery_switches_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
@@ -1269,6 +1274,8 @@ CREATE TRIGGER tr_approvals_guard BEFORE INSERT OR DELETE OR UPDATE ON public.ap
 
 CREATE TRIGGER tr_delivery_pauses_guard BEFORE DELETE OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_pauses_guard();
 
+CREATE TRIGGER tr_delivery_pauses_hold AFTER INSERT OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_pauses_hold();
+
 CREATE TRIGGER tr_delivery_pauses_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
 
 CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_changes_append_only();
@@ -1276,6 +1283,8 @@ CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON
 CREATE TRIGGER tr_delivery_switch_changes_scope_owner BEFORE INSERT ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
 
 CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switches_guard();
+
+CREATE TRIGGER tr_delivery_switches_hold BEFORE INSERT ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switches_hold();
 
 CREATE TRIGGER tr_delivery_switches_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
 
@@ -1527,8 +1536,6 @@ GRANT SELECT,INSERT ON TABLE public.deliveries TO exports_api;
 GRANT SELECT ON TABLE public.deliveries TO exports_worker;
 GRANT SELECT ON TABLE public.deliveries TO exports_reconciler;
 
-GRANT SELECT ON TABLE public.delivery_pauses TO exports_worker;
-GRANT SELECT ON TABLE public.delivery_pauses TO exports_recovery;
 GRANT SELECT,INSERT ON TABLE public.delivery_pauses TO exports_api;
 GRANT SELECT,INSERT ON TABLE public.delivery_pauses TO exports_platform;
 
@@ -1565,6 +1572,9 @@ GRANT UPDATE(changed_by) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_api;
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_platform;
+
+GRANT UPDATE(held_until) ON TABLE public.delivery_switches TO exports_api;
+GRANT UPDATE(held_until) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT SELECT,INSERT ON TABLE public.destination_versions TO exports_api;
 GRANT SELECT ON TABLE public.destination_versions TO exports_worker;

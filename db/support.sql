@@ -187,11 +187,7 @@ SELECT name FROM tenants WHERE id = %(tenant_id)s;
 -- scope is open now (its row on and no active pause of its own). Taking the row lock waits for every claim and
 -- cutoff 2 that read it FOR SHARE, and they wait for this transaction: a pause committed here is seen by every
 -- later claim and cutoff 2 (they read the pauses after that lock, lock_delivery_scope).
-SELECT s.enabled AND NOT EXISTS (
-           SELECT 1 FROM delivery_pauses p
-           WHERE p.scope = s.scope AND p.tenant_id IS NOT DISTINCT FROM s.tenant_id
-             AND p.destination_id IS NOT DISTINCT FROM s.destination_id AND p.released_at IS NULL
-             AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp())) AS enabled
+SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) AS enabled
 FROM delivery_switches s
 WHERE s.scope = %(scope)s AND s.tenant_id IS NOT DISTINCT FROM %(tenant_id)s::uuid
   AND s.destination_id IS NOT DISTINCT FROM %(destination_id)s::uuid

@@ -6,10 +6,11 @@
 --    enabled, fail-closed, as before) and no pause of the three scopes is active (unreleased, unexpired). A
 --    resume releases only the pauses it names (by default, its own): an incident pause, a deploy pause and a
 --    contract pause do not undo each other. Pausing again with the same owner and reason re-arms that pause.
---    The two gate functions of 0014 read the pauses too; their callers (the claim, cutoff 2, the sweeper, a
---    resume's wake-up, recovery) are unchanged, and the claim and cutoff 2 still read the switch rows FOR
---    SHARE first, which every pause and release locks FOR UPDATE: a pause and those decisions serialize.
---    Every paused switch row becomes an open row with a pause owned by whoever paused it.
+--    The two gate functions of 0014 read the pauses through the switch row they already read (held_until, kept
+--    by a trigger on the pauses); their callers (the claim, cutoff 2, the sweeper, a resume's wake-up,
+--    recovery) are unchanged, and the claim and cutoff 2 still read the switch rows FOR SHARE, which every pause
+--    and release updates: a pause and those decisions serialize. Every paused switch row becomes an open row
+--    with a pause owned by whoever paused it.
 -- 2. approvals: a two-person action waiting for its second person. What (the action and its parameters, a
 --    secret only ever as a reference), who asked and with which role, when it expires; then who decided, with
 --    which role, when, and what came of it when it ran. The database refuses a decision by the requester
@@ -52,12 +53,48 @@ CREATE TABLE delivery_pauses (
     CONSTRAINT ck_delivery_pauses_expiry CHECK (expires_at IS NULL OR expires_at > paused_at)
 );
 
--- One unreleased pause per scope, owner and reason (pausing again re-arms it); the gate's lookup of a scope's
--- unreleased pauses is this index's prefix.
+-- One unreleased pause per scope, owner and reason (pausing again re-arms it); a scope's unreleased pauses
+-- (what held_until below is computed from) are this index's prefix.
 CREATE UNIQUE INDEX uq_delivery_pauses_active ON delivery_pauses (scope, tenant_id, destination_id, owner, reason)
     NULLS NOT DISTINCT WHERE released_at IS NULL;
 
 ALTER TABLE delivery_switch_changes ADD COLUMN pause_ids uuid[];
+
+-- What the gate reads of the pauses, kept on the scope's own switch row: until when its pauses hold it (the
+-- latest expiry of its unreleased pauses; 'infinity' when one has none; NULL when none is unreleased). The scope
+-- is held while now < held_until: an expired pause lifts itself, with no write. The claim and cutoff 2 already
+-- read the switch row FOR SHARE, so the pauses cost them one comparison, not a lookup; and every pause change
+-- updates that row, so it serializes with them whoever writes it.
+ALTER TABLE delivery_switches ADD COLUMN held_until timestamptz;
+
+CREATE FUNCTION delivery_scope_held_until(p_scope text, p_tenant_id uuid, p_destination_id uuid)
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT max(coalesce(p.expires_at, 'infinity'::timestamptz)) FROM delivery_pauses p
+    WHERE p.scope = p_scope AND p.tenant_id IS NOT DISTINCT FROM p_tenant_id
+      AND p.destination_id IS NOT DISTINCT FROM p_destination_id AND p.released_at IS NULL
+$$;
+
+-- held_until follows the pauses, for every writer: a pause, a re-armed expiry, a release (its row's lock,
+-- taken here if the writer has not taken it, orders it after every claim and cutoff 2 that read the row).
+CREATE FUNCTION delivery_pauses_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE delivery_switches s
+    SET held_until = delivery_scope_held_until(NEW.scope, NEW.tenant_id, NEW.destination_id)
+    WHERE s.scope = NEW.scope AND s.tenant_id IS NOT DISTINCT FROM NEW.tenant_id
+      AND s.destination_id IS NOT DISTINCT FROM NEW.destination_id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER tr_delivery_pauses_hold AFTER INSERT OR UPDATE ON delivery_pauses
+    FOR EACH ROW EXECUTE FUNCTION delivery_pauses_hold();
+
+-- a scope's switch row made after its pauses (a scope never enabled, then resumed) starts held by them
+CREATE FUNCTION delivery_switches_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.held_until := delivery_scope_held_until(NEW.scope, NEW.tenant_id, NEW.destination_id);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER tr_delivery_switches_hold BEFORE INSERT ON delivery_switches
+    FOR EACH ROW EXECUTE FUNCTION delivery_switches_hold();
 
 -- Every paused scope keeps its pause, now owned by whoever paused it: resuming it is theirs alone, or anyone's
 -- with a second person. Its switch row becomes open (the pause holds the scope).
@@ -66,68 +103,42 @@ SELECT scope, tenant_id, destination_id, 'manual', changed_by, reason, changed_a
 FROM delivery_switches WHERE NOT enabled;
 UPDATE delivery_switches SET enabled = true WHERE NOT enabled;
 
--- The three-scope gate of 0014, now with the pauses: every switch row of the job's scope exists and is on, and
--- no pause of those scopes is active. Each pause lookup is one probe of uq_delivery_pauses_active (no active
--- pause: no row), so the gate stays a per-row scalar lookup for the sweeper and a resume's wake-up.
--- statement_timestamp() is stable within the calling statement, as the function is.
+-- The three-scope gate of 0014, now with the pauses: every switch row of the job's scope exists, is on, and is
+-- not held by a pause. Still three scalar lookups by uq_delivery_switches_scope, a per-row filter for the sweeper
+-- and a resume's wake-up. statement_timestamp() is stable within the calling statement, as the function is.
 CREATE OR REPLACE FUNCTION delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce((SELECT s.enabled FROM delivery_switches s WHERE s.scope = 'global'), false)
-           AND coalesce((SELECT s.enabled FROM delivery_switches s
+    SELECT coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                     FROM delivery_switches s WHERE s.scope = 'global'), false)
+           AND coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                         FROM delivery_switches s
                          WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id), false)
-           AND coalesce((SELECT s.enabled FROM delivery_switches s
+           AND coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                         FROM delivery_switches s
                          WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id
                            AND s.destination_id = p_destination_id), false)
-           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                           WHERE p.scope = 'global' AND p.tenant_id IS NULL AND p.destination_id IS NULL
-                             AND p.released_at IS NULL
-                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
-           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                           WHERE p.scope = 'tenant' AND p.tenant_id = p_tenant_id AND p.destination_id IS NULL
-                             AND p.released_at IS NULL
-                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
-           AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                           WHERE p.scope = 'destination' AND p.tenant_id = p_tenant_id
-                             AND p.destination_id = p_destination_id AND p.released_at IS NULL
-                             AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp()))
 $$;
 
--- The claim's and cutoff 2's variant: the switch rows FOR SHARE first (a pause or a release holds the scope's
--- row FOR UPDATE until it commits, so these wait for it, and it for them), then the pauses, read by a later
--- statement of this function, whose snapshot is taken after those waits: a pause committed before the lock
--- was granted is seen.
+-- The claim's and cutoff 2's variant: the three switch rows FOR SHARE, as in 0014 (a pause or a release updates
+-- its scope's row, so these wait for it and it for them, and a locking read returns the row as last committed).
 CREATE OR REPLACE FUNCTION lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    global_enabled boolean;
-    tenant_enabled boolean;
-    destination_enabled boolean;
+    global_open boolean;
+    tenant_open boolean;
+    destination_open boolean;
 BEGIN
-    -- each found through uq_delivery_switches_scope; no row leaves its variable null
-    SELECT s.enabled INTO global_enabled FROM delivery_switches s WHERE s.scope = 'global' FOR SHARE;
-    SELECT s.enabled INTO tenant_enabled FROM delivery_switches s
-    WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id FOR SHARE;
-    SELECT s.enabled INTO destination_enabled FROM delivery_switches s
+    -- each found through uq_delivery_switches_scope; no row leaves its variable null (a paused scope); a row
+    -- held by a pause until a time still to come is paused
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO global_open
+    FROM delivery_switches s WHERE s.scope = 'global' FOR SHARE;
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO tenant_open
+    FROM delivery_switches s WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id FOR SHARE;
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO destination_open
+    FROM delivery_switches s
     WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id AND s.destination_id = p_destination_id
     FOR SHARE;
-    -- a missing row is a paused scope
-    IF NOT (coalesce(global_enabled, false) AND coalesce(tenant_enabled, false)
-            AND coalesce(destination_enabled, false)) THEN
-        RETURN false;
-    END IF;
-    -- one statement, one snapshot, one probe of uq_delivery_pauses_active per scope
-    RETURN NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                       WHERE p.scope = 'global' AND p.tenant_id IS NULL AND p.destination_id IS NULL
-                         AND p.released_at IS NULL
-                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()))
-       AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                       WHERE p.scope = 'tenant' AND p.tenant_id = p_tenant_id AND p.destination_id IS NULL
-                         AND p.released_at IS NULL
-                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()))
-       AND NOT EXISTS (SELECT 1 FROM delivery_pauses p
-                       WHERE p.scope = 'destination' AND p.tenant_id = p_tenant_id
-                         AND p.destination_id = p_destination_id AND p.released_at IS NULL
-                         AND (p.expires_at IS NULL OR p.expires_at > clock_timestamp()));
+    RETURN coalesce(global_open, false) AND coalesce(tenant_open, false) AND coalesce(destination_open, false);
 END
 $$;
 
@@ -417,12 +428,14 @@ GRANT EXECUTE ON FUNCTION principal_holds(uuid, text, text[]) TO exports_reconci
 
 -- -- grants ------------------------------------------------------------------------------------------------
 
--- The gate's readers: the worker (policy read, claim, cutoff 2, sweeper), recovery, the API (a resume's
--- wake-up, the switches page) and the platform.
-GRANT SELECT ON delivery_pauses TO exports_worker, exports_recovery, exports_api, exports_platform;
--- Pausing, re-arming and releasing (its identity is the trigger's to keep); nobody deletes a pause.
+-- The pauses are read by the roles that write them (the switches page, the trigger that keeps held_until); the
+-- worker and recovery read the gate through the switch rows alone.
+GRANT SELECT ON delivery_pauses TO exports_api, exports_platform;
+-- Pausing, re-arming and releasing (its identity is the trigger's to keep), and the scope's held_until that the
+-- trigger keeps; nobody deletes a pause.
 GRANT INSERT ON delivery_pauses TO exports_api, exports_platform;
 GRANT UPDATE (expires_at, released_at, released_by, release_reason) ON delivery_pauses TO exports_api, exports_platform;
+GRANT UPDATE (held_until) ON delivery_switches TO exports_api, exports_platform;
 
 -- The API requests, decides and runs approvals; the reconciler decides and runs the corrections it approves,
 -- in the transaction of the correction. Nobody deletes one. The platform's role reads none: a release of the
