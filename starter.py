@@ -620,7 +620,9 @@ def cmd_switches(args: argparse.Namespace, settings: Settings) -> int:
             where = p["destination_id"] or p["tenant_id"] or "every tenant"
             until = f" until {p['expires_at']}" if p["expires_at"] else ""
             kind = " [host key changed]" if p["kind"] == "host_key" else ""
-            lines.append(f"  {p['id']}  {p['scope']:<12} {where}  by {p['owner']}{kind}: {p['reason']}{until}")
+            lines.append(
+                f"  {p['id']}  {p['scope']:<12} {where}  by {p['owner']}{kind}: {p['reason']}{until}"
+            )
         if answer.body["history"]:
             lines.append("latest changes:")
         for c in answer.body["history"]:

@@ -435,3 +435,29 @@ async def test_a_host_key_trip_is_released_only_with_an_approval_even_by_whoever
         pause_ids=[pause],
     )
     assert released.pause_ids == [pause] and released.enabled is True
+
+
+async def test_an_operators_reconcile_matches_nothing_even_over_the_reconcilers_pool(
+    factory, reconciler_store
+):
+    # The edge is the reconciler role's (0002), and its statement names who reconciles (0032): an operator named
+    # there changes nothing, whatever pool a service sent it over; a reconciler of the tenant does.
+    job, attempt = await factory.in_status(JobStatus.OUTCOME_UNKNOWN)
+    reconcile = {
+        "tenant_id": job.tenant_id,
+        "job_id": job.id,
+        "attempt_id": attempt,
+        "resolution": JobStatus.COMPLETED,
+        "evidence_summary": "looked fine to me",
+    }
+    assert await reconciler_store.reconcile_unknown(reconciled_by="sam.ops", **reconcile) is False
+    assert await reconciler_store.reconcile_unknown(reconciled_by="nobody@else", **reconcile) is False
+    assert await factory.job(job.id) == job
+    await factory.admin(
+        "UPDATE principals SET revoked_at = clock_timestamp(), revoked_by = 'x'"
+        " WHERE tenant_id = %(t)s AND name = 'lee.reconciler'",
+        {"t": job.tenant_id},
+    )
+    assert await reconciler_store.reconcile_unknown(reconciled_by="lee.reconciler", **reconcile) is False
+    assert await reconciler_store.reconcile_unknown(reconciled_by="kim.reconciler", **reconcile) is True
+    assert (await factory.job(job.id)).status == JobStatus.COMPLETED
