@@ -19,6 +19,8 @@ gpg --encrypt`` and ``sftp`` of the same rows, wall and CPU ratios; ``python -m 
 ``recurring`` (1,000 recurring exports due in the same minute on the dev server: when the last firing
 starts, when every firing's export exists, and that duplicate firings created nothing twice;
 ``python -m bench.recurring -h``).
+``gate`` (the hot path's statements with the pause-aware delivery gate of issue #26 against migration 0014's,
+in alternating rounds on one database; ``python -m bench.gate -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, dispatch, e2e, obs, pgp, recurring, scale, upload
+from bench import builder, bulk_cancel, claims, dispatch, e2e, gate, obs, pgp, recurring, scale, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
@@ -41,6 +43,7 @@ BENCHMARKS = {
     "scale_db": scale.db_with_defaults,
     "pgp": pgp.run_with_defaults,
     "recurring": recurring.run_with_defaults,
+    "gate": gate.run_with_defaults,
 }
 
 if __name__ == "__main__":

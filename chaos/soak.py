@@ -24,10 +24,10 @@ from chaos.driver import Driver
 from chaos.faults import FaultInjector
 from chaos.plan import make_plan
 from chaos.recurring import ADMIN, RecurringLoad
-
-APPROVER = "olga.ops"  # the soak's second operator
 from chaos.report import build_report
 from chaos.stack import Stack
+
+APPROVER = "olga.ops"  # the soak's second operator: an overwrite replacement takes two people
 
 
 class Progress:
