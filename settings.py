@@ -160,6 +160,36 @@ class Settings(BaseSettings):
         default=2.0, description="how long a cancellation waits for the job's row lock before Busy"
     )
 
+    # -- outcome notifications: the webhook dispatcher (issue 26) -----------------------------------------
+    webhooks_enabled: bool = Field(
+        default=True, description="run the webhook dispatcher in this worker (events are written regardless)"
+    )
+    webhook_poll_seconds: float = Field(
+        default=1.0, gt=0, description="how often the webhook dispatcher looks for new events and due retries"
+    )
+    webhook_batch: int = Field(
+        default=50, ge=1, description="events fanned out, and attempts leased, per pass"
+    )
+    webhook_concurrency: int = Field(
+        default=16, ge=1, description="webhook POSTs in flight in one dispatcher"
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="one POST to an endpoint, connect to last byte"
+    )
+    webhook_lease_seconds: float = Field(
+        default=60.0, gt=0, description="a leased attempt's lease (above the POST's timeout)"
+    )
+    webhook_retry_base_seconds: float = Field(
+        default=10.0, gt=0, description="first retry after a failed attempt; doubles per attempt, with jitter"
+    )
+    webhook_retry_cap_seconds: float = Field(default=3600.0, gt=0, description="longest wait between retries")
+    webhook_retry_window_seconds: float = Field(
+        default=86400.0, gt=0, description="how long a delivery is retried before it is given up (failed)"
+    )
+    webhook_max_endpoints: int = Field(
+        default=20, ge=1, description="webhook endpoints one tenant may register"
+    )
+
     # -- secure connections (Temporal TLS, mutual TLS, API key; SFTP key passphrase) ---------------------
     # PostgreSQL TLS needs no setting: libpq reads sslmode, sslrootcert, sslcert and sslkey from
     # EXPORTS_DATABASE_URL (or the PGSSLMODE/PGSSLROOTCERT environment), for every connection we open.

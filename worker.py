@@ -8,7 +8,7 @@ recurring export's Schedule to its PostgreSQL row (service/recurring_schedules.p
   RecurringFireWorkflow (recurring exports' Schedules), the claim, recovery, sweeper and firing activities;
 - a Temporal worker on this host's own queue (``{task_queue}-{worker_id}``): the build, cutoff 2 and
   delivery activities of the attempts this host claimed, so the local file never leaves the host;
-- the outbox dispatcher and the scavenger of local files.
+- the outbox dispatcher, the webhook dispatcher (outcome notifications) and the scavenger of local files.
 
 On SIGTERM or SIGINT it stops taking work, gives running activities ``shutdown_grace_seconds`` to reach
 their outcome writes, then cancels what is left; the leases of attempts it abandoned expire and recovery
@@ -42,6 +42,7 @@ from db.errors import StoreError
 from db.pool import START_RETRY_SECONDS, open_pool, wait_for_postgres
 from db.stores.api import ApiStore
 from db.stores.base import REREAD_TIMEOUT_SECONDS
+from db.stores.notifications import NotificationStore
 from db.stores.outbox import DispatcherStore
 from db.stores.protocol import WorkerStore
 from db.stores.recovery import RecoveryStore
@@ -58,6 +59,7 @@ from runtime.scavenger import scavenge_periodically
 from runtime.schedules import ensure_schedules
 from runtime.search_attributes import register_search_attributes
 from runtime.temporal_calls import until_temporal_answers
+from runtime.webhooks import WebhookDispatcher
 from service.recurring_schedules import ScheduleSync
 from service.temporal import ADDRESS as TEMPORAL_ADDRESS
 from service.temporal import NAMESPACE as TEMPORAL_NAMESPACE
@@ -249,7 +251,9 @@ async def run_worker(
         await wait_for_postgres(settings.database_url, START_RETRY_SECONDS, what="the worker")
     except StoreError as exc:
         raise PostgresUnreachable(str(exc)) from exc
-    within = settings.temporal_connect_timeout_seconds
+    # Temporal answered the connect; a restart or an overload after it is waited out as long as PostgreSQL's
+    # (the soak's dev server took over 10 s to come back under load, and a worker exited on it).
+    within = max(settings.temporal_connect_timeout_seconds, START_RETRY_SECONDS)
     search_attributes = await until_temporal_answers(
         lambda: register_search_attributes(client, client.namespace), "search attributes", within=within
     )
@@ -265,7 +269,7 @@ async def run_worker(
         if export_hooks is not None:
             export_hooks(export)
         dispatcher_pool = await open_pool(
-            settings.database_url, "exports_dispatcher", max_size=2, name=f"dispatcher-{worker_id}"
+            settings.database_url, "exports_dispatcher", max_size=3, name=f"dispatcher-{worker_id}"
         )
         resources.push_async_callback(dispatcher_pool.close)
         # Takeovers run as their own role: the trigger lets exports_recovery take only recovery's edges.
@@ -313,12 +317,25 @@ async def run_worker(
             scavenge_periodically(export.store, settings.work_dir, settings.recovery_every_seconds),
             name="scavenger",
         )
+        # Outcome notifications: POSTs to the tenants' endpoints, over the dispatcher's pool; an attempt cut
+        # by the shutdown is sent again once its lease passes (at least once, by event ID).
+        webhooks = (
+            asyncio.create_task(
+                WebhookDispatcher(NotificationStore(dispatcher_pool), settings).run(stop), name="webhooks"
+            )
+            if settings.webhooks_enabled
+            else None
+        )
         try:
             clean = await serve_then_drain(
                 workers, dispatcher, export.attempts, settings.shutdown_grace_seconds, stop=stop, ready=ready
             )
         finally:
             scavenger.cancel()
+            if webhooks is not None:
+                webhooks.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await webhooks
         if not clean:
             # Workers whose polls Temporal never released must never be finalized: their core's drop
             # waits for those polls, so a garbage collection before main()'s os._exit would hang there.

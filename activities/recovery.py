@@ -20,7 +20,10 @@ commits after the scan makes it match nothing, and the job is left to its worker
 
 After its takeovers a run settles the OutcomeUnknowns whose own fences prove the attempt never sent its
 rename (issue 23: upload fenced, no rename fence) as Failed NotDelivered with ``settle_unknown_by_fences``,
-asking no partner. Then it re-checks OutcomeUnknowns whose partner did not answer (0013: recovery never
+asking no partner. Then it answers the reconcilers' requests for today's listing of a final name (0033: the
+API records them and holds no partner credentials): one listing each, unless the partner's deliveries are
+paused, appended as the attempt's DeliveryEvidence observed by ``reconciler-request:<request id>``, with how
+recovery's rules read it; it settles nothing, a person does. Then it re-checks OutcomeUnknowns whose partner did not answer (0013: recovery never
 listed it, or its last listing or move got no answer), at most every ``recovery_recheck_minutes`` each, for
 ``recovery_recheck_hours`` after they were recorded: the same listing, set-aside and rules as a Delivering
 takeover, and when they now settle it, ``settle_unknown_by_evidence`` records that as the attempt's one
@@ -42,6 +45,7 @@ from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating
 from db.errors import StoreError
+from db.rows import ListingToAnswer
 from db.stores.recovery import RecoveryStore
 from domain.destination import Destination
 from domain.evidence import Observation, SetAside
@@ -50,14 +54,18 @@ from observability import logs
 from partner.protocol import PartnerFor
 from rules.ownership import held_by
 from rules.recovery import (
+    LISTING_REQUEST_OBSERVER_PREFIX,
+    LISTING_REQUEST_WINDOW_SECONDS,
     RECOVERY_OBSERVER_PREFIX,
     Verdict,
     attempt_evidence,
     decide_after_set_aside,
     decide_delivery,
     fences_prove_never_renamed,
+    listing_request_observer,
     may_set_aside,
     observation_evidence,
+    requested_listing_evidence,
     set_aside_evidence,
 )
 from settings import Settings
@@ -71,7 +79,7 @@ OBSERVE_RETRY_SECONDS = 2.0  # the pause before the next listing, times the trie
 
 # -- the activities --------------------------------------------------------------------------------
 
-_Decided = TypeVar("_Decided", Takeover, Recheck)
+_Decided = TypeVar("_Decided", Takeover, Recheck, bool)
 
 
 async def _alone(
@@ -285,6 +293,7 @@ class RecoveryActivities:
         )
         try:
             await self._settle_by_fences(inp, result)
+            await self._answer_listing_requests(inp, result)
             if self.settings.recovery_recheck_hours > 0:
                 await self._recheck_wave(inp, result)
         finally:
@@ -321,6 +330,74 @@ class RecoveryActivities:
             return Recheck.MATCHED_NOTHING  # a person reconciled it first, or the nomination was stale
         await self._clean_up(job_id, attempt_id, run_id)
         return Recheck.NOT_DELIVERED
+
+    async def _answer_listing_requests(self, inp: RecheckInput, result: RecoveryBatchResult) -> None:
+        """Answer the reconcilers' listing requests (0033), oldest first, at most ``recovery_concurrency`` a
+        run, listed at once and once each: a partner that hangs adds at most a listing's timeout."""
+        requests = await self.store.find_listing_requests(
+            observer_prefix=f"{LISTING_REQUEST_OBSERVER_PREFIX}:",
+            window_seconds=LISTING_REQUEST_WINDOW_SECONDS,
+            limit=min(inp.limit, max(1, self.settings.recovery_concurrency)),
+        )
+
+        async def answer(request: ListingToAnswer) -> None:
+            answered = await self.answer_listing_request(request, inp.recovery_run_id)
+            log.info(
+                "recovery %s: job %s listing request %s answered: %s",
+                inp.recovery_run_id,
+                request.job_id,
+                request.request_id,
+                answered,
+            )
+            if answered:
+                result.listings_answered += 1
+
+        await asyncio.gather(*(answer(request) for request in requests))
+
+    async def answer_listing_request(self, request: ListingToAnswer, run_id: str) -> bool:
+        """List one export's final name for a reconciler's request and append what was seen; ``False`` when
+        the row moved on (reconciled, or settled meanwhile) or on an error (this request's alone: a later run
+        answers it while it is within its window)."""
+        return await _alone(
+            "listing request",
+            request.job_id,
+            request.attempt_id,
+            self._answer_listing_request(request, run_id),
+            False,
+        )
+
+    async def _answer_listing_request(self, request: ListingToAnswer, run_id: str) -> bool:
+        job = await self.store.get_job(request.job_id)
+        if not held_by(job, request.attempt_id, JobStatus.OUTCOME_UNKNOWN):
+            return False
+        # The partner the attempt was authorized to deliver to, whatever the destination says since (#24.2).
+        destination = await self.store.load_destination(
+            job.tenant_id, job.destination_id, job.destination_version
+        )
+        observation: Observation | None = None
+        reading: Verdict | None = None
+        if not await self.store.delivery_scope_open(job.tenant_id, job.destination_id):
+            # No session with a paused partner, not even to list (23.5): the answer says it was not asked.
+            error: str | None = "not asked: deliveries to this partner are paused"
+        else:
+            observation, error = await self._observe_final_name(destination, job, tries=1)
+            evidence = attempt_evidence(await self.store.job_events(job.id), request.attempt_id)
+            reading = decide_delivery(job, evidence, observation, destination, observe_error=error)
+        await self.store.append_delivery_evidence(
+            job.id,
+            request.attempt_id,
+            listing_request_observer(request.request_id),
+            requested_listing_evidence(
+                observation,
+                job,
+                destination,
+                request_id=request.request_id,
+                answered_by=run_id,
+                error=error,
+                reading=reading,
+            ),
+        )
+        return True
 
     async def _recheck_wave(self, inp: RecheckInput, result: RecoveryBatchResult) -> None:
         """The listing wave of the re-check (0013), described in ``recheck_unknown_outcomes``."""

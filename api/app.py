@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from api import audit, console, destinations, recurring, routes, switches
+from api import audit, console, destinations, reconciliation, recurring, routes, switches, webhooks
 from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError, translate
 from observability.health import health_router, instrument_fastapi, standard_readiness
@@ -182,6 +182,10 @@ def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync 
     app.include_router(switches.console_router)
     app.include_router(recurring.router)
     app.include_router(recurring.console_router)
+    app.include_router(webhooks.router)
+    app.include_router(webhooks.console_router)
+    app.include_router(reconciliation.router)
+    app.include_router(reconciliation.console_router)
     app.include_router(audit.router)
     app.include_router(audit.approvals_router)
     app.include_router(audit.console_router)

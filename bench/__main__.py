@@ -4,6 +4,8 @@ Names: ``builder`` (the builder against ``psql \\copy``), ``upload`` (``deliver(
 ``sftp``), ``claims`` (claims against cancellations on one set of jobs; its options:
 ``python -m bench.claims -h``), ``e2e`` (fenced exports end to end on the Temporal dev server against
 the same workflow without its database writes, and stop-request latency; ``python -m bench.e2e -h``),
+``notify`` (the terminal write with the outcome-notification trigger on against off, and the webhook
+dispatcher's statements per event; ``python -m bench.notify -h``),
 ``bulk_cancel`` (10,000 queued exports cancelled in one batch against as many single-row UPDATEs on one
 connection; ``python -m bench.bulk_cancel -h``),
 ``dispatch`` (the outbox dispatcher publishing 10,000 queued wake-ups against the SDK's own
@@ -29,13 +31,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, dispatch, e2e, gate, obs, pgp, recurring, scale, upload
+from bench import builder, bulk_cancel, claims, dispatch, e2e, gate, notify, obs, pgp, recurring, scale, upload
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),
     "upload": lambda: upload.main(megabytes=200, runs=3),
     "claims": claims.run_with_defaults,
     "e2e": e2e.run_with_defaults,
+    "notify": notify.run_with_defaults,
     "bulk_cancel": bulk_cancel.run_with_defaults,
     "dispatch": dispatch.run_with_defaults,
     "obs": obs.run_with_defaults,

@@ -30,9 +30,11 @@ from chaos.faults import FaultRecord
 from chaos.histories import connect, delivery_fate, job_of_workflow, open_export_jobs, recovery_run, timeline
 from chaos.stack import PRINCIPAL, Exit
 from chaos.textual import normalize
+from chaos.webhooks import audit_webhooks
 from domain.recurring import firing_key
 from testbed.gpg import GpgIdentity
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
+from testbed.webhook_receiver import Received
 
 DRAIN_MARGIN_SECONDS = 10.0
 SLOW_SETTLE_SECONDS = 20.0  # a job still moving this long after the faults stopped is listed
@@ -93,6 +95,8 @@ class AuditInput:
     load_ended_at: float = 0.0
     shutdown_grace_seconds: float = 15.0
     recovery_every_seconds: float = 30.0
+    webhooks: list[Received] = field(default_factory=list)  # what the soak's receiver got
+    webhook_endpoint_id: str | None = None  # the receiver's endpoint (None: no webhook check)
     max_transient_releases: int = 6  # the workers' EXPORTS_MAX_TRANSIENT_RELEASES
     # What each destination receives, by ID, when it is not the plain ".csv" (issue #24 item 5), and the
     # partner's key to decrypt it with (its own GNUPGHOME) and the tenant key's fingerprint it must be signed by.
@@ -132,6 +136,7 @@ class Auditor:
         self.attempt_job: dict[str, str] = {}
         self.open_workflow_jobs: set[str] = set()
         self.db_now: float = 0.0
+        self.webhook_deliveries: list[dict[str, Any]] = []
         self.firings: list[dict[str, Any]] = []  # recurring exports' firings
         self.recurring_keys: dict[str, list[str]] = defaultdict(
             list
@@ -164,6 +169,7 @@ class Auditor:
             self._process_exits,
             self._drains,
             self._logs_free_of_contacts,
+            self._webhooks,
         ]
         for step in steps:
             try:
@@ -230,6 +236,13 @@ class Auditor:
                     or {}
                 ).get("s"),
             }
+            if self.inp.webhook_endpoint_id is not None:
+                self.webhook_deliveries = list(
+                    conn.execute(
+                        "SELECT id, state, attempts, last_error FROM webhook_deliveries WHERE endpoint_id = %(e)s",
+                        {"e": self.inp.webhook_endpoint_id},
+                    )
+                )
             self.firings = list(
                 conn.execute(
                     "SELECT * FROM recurring_export_firings WHERE tenant_id = %(t)s ORDER BY id", tenant
@@ -1052,6 +1065,24 @@ class Auditor:
                 )
                 self.violate("contact_data_in_logs", None, f"{name}'s log holds contact data",
                              line=line.decode(errors="replace")[:300])  # fmt: skip
+
+    def _webhooks(self) -> None:
+        """Outcome notifications (issue 26): one event per (export, outcome) and per lost cancellation after
+        de-duplicating by event ID, none missing, every signature verified (chaos/webhooks.py)."""
+        if self.inp.webhook_endpoint_id is None:
+            return
+        found, counts = audit_webhooks(
+            jobs={k: v for k, v in self.jobs.items()},
+            events=self.events,
+            requests=self.requests,
+            received=self.inp.webhooks,
+            deliveries=self.webhook_deliveries,
+            marker=self.inp.marker,
+            firings=self.firings,
+        )
+        for finding in found:
+            self.violate(finding.invariant, finding.job_id, finding.detail)
+        self.result.counts["webhooks"] = counts
 
     async def _histories(self, client: Client | None) -> None:
         if client is None:

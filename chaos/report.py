@@ -87,6 +87,8 @@ def render(report: dict[str, Any]) -> str:
         f"temporary files created, {c.get('partner_temporary_files_left', 0)} left behind "
         f"({c.get('partner_temporary_files_left_by_failed', 0)} of Failed attempts); writes by "
         f"{c.get('final_name_writes_by', {})}, {c.get('final_name_writes_unattributed', 0)} not attributable")  # fmt: skip
+    if c.get("webhooks"):
+        add(f"webhooks: {c['webhooks']}")
     add(f"workflow histories checked: {c.get('histories_checked', 0)}; export workflow results: "
         f"{c.get('export_workflow_results', {})}")  # fmt: skip
     add("")

@@ -104,9 +104,11 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         reporter = asyncio.create_task(
             _report_progress(say, driver, board, injector, api, len(plan.exports), loads)
         )
+        outage = asyncio.create_task(_receiver_outage(stack, t0, load, say), name="receiver-outage")
         duplicates = asyncio.create_task(recurring.duplicates(until=t0 + load), name="recurring-duplicates")
         await injector.run()
         await asyncio.sleep(max(0.0, t0 + load - time.monotonic()))
+        await outage
         duplicates.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await duplicates
@@ -122,6 +124,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
         settled = await _wait_settled(stack, drive, hard_deadline, say)
         # Late writes on the partner (a resumed worker finishing an upload) land within a lease or two.
         await asyncio.sleep(2 * config.lease_seconds)
+        await _wait_webhooks_delivered(stack, say)
         timings["settle"] = time.monotonic() - settle_started
         reporter.cancel()
         await board.stop()
@@ -165,6 +168,8 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                 recovery_every_seconds=config.recovery_every_seconds,
                 max_transient_releases=config.max_transient_releases,
                 load_ended_at=load_ended_at,
+                webhooks=stack.receiver.received() if stack.receiver is not None else [],
+                webhook_endpoint_id=stack.webhook_endpoint_id,
                 file_suffixes={str(stack.encrypted_destination_id): ".csv.gz.pgp"}
                 if stack.encrypted_destination_id
                 else {},
@@ -229,6 +234,45 @@ async def _wait_settled(stack: Stack, drive: asyncio.Task[None], deadline: float
             last_report = time.monotonic()
         await asyncio.sleep(1.0)
     say(f"not settled at the bound: {open_jobs} open jobs")
+    return False
+
+
+async def _receiver_outage(stack: Stack, t0: float, load: float, say: Progress) -> None:
+    """The webhook receiver is down (its port closed) for a tenth of the load, from its middle: every POST
+    meanwhile fails to connect and is retried once it is back. Not part of the plan: its schedule stays."""
+    if stack.receiver is None:
+        return
+    await asyncio.sleep(max(0.0, t0 + load * 0.5 - time.monotonic()))
+    say("webhook receiver down")
+    stack.receiver.stop()
+    try:
+        await asyncio.sleep(max(1.0, load * 0.1))
+    finally:
+        stack.receiver.start()
+        say("webhook receiver back")
+
+
+async def _wait_webhooks_delivered(stack: Stack, say: Progress, bound: float = 60.0) -> bool:
+    """Until every event is fanned out and no delivery is pending (retries land within seconds), or
+    ``bound``: the auditor reports what is still pending."""
+    deadline = time.monotonic() + bound
+    left = -1
+    while time.monotonic() < deadline:
+        try:
+            async with await psycopg.AsyncConnection.connect(stack.admin_url, connect_timeout=3) as conn:
+                cur = await conn.execute(
+                    "SELECT (SELECT count(*) FROM notification_events WHERE fanned_out_at IS NULL)"
+                    " + (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending')"
+                )
+                row = await cur.fetchone()
+                left = row[0] if row else -1
+        except psycopg.Error:
+            left = -1
+        if left == 0:
+            say("webhooks: every event delivered")
+            return True
+        await asyncio.sleep(0.5)
+    say(f"webhooks: {left} events or deliveries still pending at the bound")
     return False
 
 

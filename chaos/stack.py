@@ -29,6 +29,7 @@ import httpx
 import psycopg
 from psycopg import sql
 
+from chaos import webhooks
 from chaos.config import SoakConfig
 from db.embedded import EmbeddedPostgres, free_port
 from db.migrate import ensure_app_login, migrate
@@ -39,12 +40,14 @@ from testbed.processes import Child
 from testbed.sftp import Sshd
 from testbed.tcp_proxy import TcpProxy
 from testbed.temporal_dev import TemporalDevServer
+from testbed.webhook_receiver import WebhookReceiver
 from workflows.models import SEARCH_ATTRIBUTE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_LOGIN = "exports_app"
 DATABASE = "fenced"
 PRINCIPAL = "chaos.client"
+ADMIN_PRINCIPAL = "chaos.admin"  # registers the webhook endpoint
 WORKER_READY_LINE = ": shared queue "
 
 
@@ -96,6 +99,9 @@ class Stack:
         self.partner_key: GpgIdentity | None = None
         self.tenant_key: GpgIdentity | None = None
         self.token: str | None = None
+        self.admin_token: str | None = None  # registers the soak's webhook endpoint
+        self.receiver: WebhookReceiver | None = None
+        self.webhook_endpoint_id: str | None = None
         self.timings: dict[str, float] = {}
         self.pg_lock = asyncio.Lock()  # one restart at a time; the supervisor waits while it runs
         self._supervisor: asyncio.Task[None] | None = None
@@ -160,6 +166,8 @@ class Stack:
         self.api = Managed("api", self._api_child())
         self.api.child.start()
         await asyncio.gather(*(self.wait_worker_ready(m) for m in self.workers), self.wait_api_ready())
+        say("starting the webhook receiver and registering it for every event of the tenant")
+        await self._register_webhook()
         self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
         self.timings["start"] = time.monotonic() - began
 
@@ -182,6 +190,8 @@ class Stack:
                     proxy.stop()
         if self.watch is not None:
             self.watch.stop()
+        if self.receiver is not None:
+            self.receiver.stop()
         for identity in (self.partner_key, self.tenant_key):
             if identity is not None:
                 identity.close()
@@ -245,6 +255,24 @@ class Stack:
         self.token = await mint_token(
             self.admin_url, tenant_id=self.tenant_id, principal=PRINCIPAL, role="operator"
         )
+        self.admin_token = await mint_token(
+            self.admin_url, tenant_id=self.tenant_id, principal=ADMIN_PRINCIPAL, role="admin"
+        )
+
+    async def _register_webhook(self) -> None:
+        """A real receiver on loopback, registered through the API for every event type, before any export."""
+        self.receiver = WebhookReceiver(fail_every=webhooks.FAIL_EVERY).start()
+        async with httpx.AsyncClient(base_url=self.api_url, timeout=10.0) as http:
+            answer = await http.post(
+                "/webhook-endpoints",
+                json={"url": self.receiver.url(webhooks.PATH), "events": list(webhooks.OUTCOME_KIND.values())
+                      + ["export.cancellation_lost", "recurring_export.firing_skipped"],
+                      "description": "chaos receiver"},
+                headers={"Authorization": f"Bearer {self.admin_token}"},
+            )  # fmt: skip
+        answer.raise_for_status()
+        self.webhook_endpoint_id = answer.json()["endpoint"]["id"]
+        self.receiver.expect(webhooks.PATH, answer.json()["secret"])
 
     async def _seed_encrypted_destination(self, destination: dict[str, Any]) -> None:
         """The partner's second destination: gzip, encrypted to the partner's key, signed with the tenant's
@@ -325,6 +353,7 @@ class Stack:
             # Every worker of this host its own metrics ports (the defaults would clash), new per generation.
             "EXPORTS_METRICS_PORT": str(free_port()),
             "EXPORTS_TEMPORAL_METRICS_PORT": str(free_port()),
+            **webhooks.WORKER_ENV,
         }
 
     def _start_worker(self, managed: Managed) -> None:

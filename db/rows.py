@@ -6,6 +6,8 @@ from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
+from pydantic import Field
+
 from domain.models import CancellationOutcome, ExportJob, JobStatus, Row
 
 
@@ -296,3 +298,54 @@ class PrincipalRow(Row):
     name: str
     role: str
     revoked_at: datetime | None
+
+
+# -- the reconciler's console (issue 26 item 4) --------------------------------------------------------
+
+
+class CountedRow(Row):
+    """A capped count (``count_outcome_unknown_queue``: ``cap + 1`` means more than ``cap``)."""
+
+    counted: int
+
+
+class QueryPlanRow(Row):
+    """What ``EXPLAIN (FORMAT JSON)`` answers: one row, its one column the plan as JSON."""
+
+    plan: list[dict[str, Any]] = Field(alias="QUERY PLAN")
+
+    @property
+    def estimated_rows(self) -> int:
+        """The planner's estimate of the rows the top node returns."""
+        return round(float(self.plan[0]["Plan"]["Plan Rows"]))
+
+
+class QueueSummaryRow(Row):
+    """One queued OutcomeUnknown's line of why (``outcome_unknown_summaries``)."""
+
+    job_id: UUID
+    reason: str | None  # the Finished / ResolvedByRecovery detail that recorded OutcomeUnknown
+    recorded_by: str | None
+    recorded_at: datetime | None
+    recovery_listings: int
+    last_listed_at: datetime | None
+    listing_requested: bool
+
+
+class ListingRequestRow(Row):
+    """A reconciler's request for today's listing of an export's final name (``listing_requests``)."""
+
+    id: UUID
+    job_id: UUID
+    attempt_id: UUID
+    requested_by: str
+    requested_at: datetime
+    answerable: bool = True  # still within the window in which recovery answers it
+
+
+class ListingToAnswer(Row):
+    """A listing request recovery answers (``find_listing_requests``)."""
+
+    request_id: UUID
+    job_id: UUID
+    attempt_id: UUID

@@ -493,6 +493,14 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE FUNCTION public.export_jobs_mark_outcome_unknown() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.outcome_unknown_at := clock_timestamp();
+    RETURN NEW;
+END $$;
+
 CREATE FUNCTION public.export_jobs_no_delete() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -525,6 +533,14 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.listing_requests_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'listing requests are history: append-only'
+        USING ERRCODE = 'insufficient_privilege';
+END $$;
+
 CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
@@ -546,6 +562,157 @@ BEGIN
     RETURN coalesce(global_open, false) AND coalesce(tenant_open, false) AND coalesce(destination_open, false);
 END
 $$;
+
+CREATE FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by text, requested_at timestamp with time zone, authorized_at timestamp with time zone, job_id uuid, outcome text, failure_reason text, file_name text, file_bytes bigint, file_rows bigint, file_sha256 bytea, outcome_at timestamp with time zone) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_strip_nulls(jsonb_build_object(
+        'cancellation_request_id', request_id,
+        'export_id', job_id,
+        'requested_by', requested_by,
+        'requested_at', notification_time(requested_at),
+        'delivery_authorized_at', notification_time(authorized_at),
+        'outcome', outcome,
+        'outcome_at', notification_time(outcome_at),
+        'failure_reason', failure_reason,
+        'file', CASE WHEN file_sha256 IS NOT NULL THEN jsonb_build_object(
+            'name', file_name, 'bytes', file_bytes, 'rows', file_rows, 'sha256', encode(file_sha256, 'hex')) END,
+        'message', 'Your cancel of export ' || job_id || ' lost: delivery had been authorized at '
+            || coalesce(notification_time(authorized_at), 'an earlier time') || '; '
+            || CASE outcome
+                   WHEN 'Completed' THEN 'delivered at ' || notification_time(outcome_at)
+                       || coalesce(', sha256 ' || encode(file_sha256, 'hex'), '')
+                   WHEN 'Failed' THEN 'it then failed (' || failure_reason || ') at ' || notification_time(outcome_at)
+                   ELSE 'its outcome is unknown since ' || notification_time(outcome_at)
+                       || ' (reconciliation needed)'
+               END || '.'))
+$$;
+
+CREATE FUNCTION public.notification_time(t timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+
+CREATE FUNCTION public.notify_export_outcome() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+DECLARE
+    at timestamptz := clock_timestamp();
+BEGIN
+    INSERT INTO notification_events (tenant_id, kind, job_id, subject_key, payload, created_at)
+    VALUES (NEW.tenant_id,
+            CASE NEW.status
+                WHEN 'Completed' THEN 'export.completed' WHEN 'Failed' THEN 'export.failed'
+                WHEN 'Stopped' THEN 'export.stopped' WHEN 'Canceled' THEN 'export.canceled'
+                WHEN 'Rejected' THEN 'export.rejected' ELSE 'export.outcome_unknown' END,
+            NEW.id, NEW.id::text,
+            jsonb_strip_nulls(jsonb_build_object(
+                'export_id', NEW.id,
+                'status', NEW.status,
+                'previous_status', OLD.status,
+                'outcome_at', notification_time(at),
+                'destination_id', NEW.destination_id,
+                'destination_name', (SELECT d.name FROM destinations d WHERE d.id = NEW.destination_id),
+                'list_name', NEW.list_name,
+                'created_by', NEW.created_by,
+                'attempt_id', NEW.attempt_id,
+                'replaces_export_id', NEW.replaces_job_id,
+                'failure_reason', NEW.failure_reason,
+                'rejection_code', NEW.rejection_code,
+                'rejection_reason', NEW.rejection_reason,   -- the policy's sentence: names and dates only
+                'stop_request_id', CASE WHEN NEW.status = 'Stopped' THEN NEW.stop_request_id END,
+                'cancellation_request_id', NEW.cancellation_request_id,
+                'delivery_authorized_at', notification_time(NEW.delivery_authorized_at),
+                'reconciliation_needed', CASE WHEN NEW.status = 'OutcomeUnknown' THEN true END,
+                'file', CASE WHEN NEW.expected_file_sha256 IS NOT NULL
+                                  AND NEW.status IN ('Completed', 'Failed', 'OutcomeUnknown')
+                             THEN jsonb_build_object(
+                                 'name', NEW.expected_file_name, 'bytes', NEW.expected_file_bytes,
+                                 'rows', NEW.expected_file_rows, 'sha256', encode(NEW.expected_file_sha256, 'hex'))
+                        END)),
+            at)
+    ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING;
+
+    IF OLD.status = 'Delivering' THEN
+        INSERT INTO notification_events (tenant_id, kind, job_id, subject_key, payload, created_at)
+        SELECT r.tenant_id, 'export.cancellation_lost', NEW.id, r.id::text,
+               lost_cancellation_payload(
+                   r.id, r.requested_by, r.recorded_at, r.found_delivery_authorized_at, NEW.id, NEW.status,
+                   NEW.failure_reason, NEW.expected_file_name, NEW.expected_file_bytes, NEW.expected_file_rows,
+                   NEW.expected_file_sha256, at), at
+        FROM cancellation_requests r
+        WHERE r.job_id = NEW.id AND r.tenant_id = NEW.tenant_id AND r.outcome = 'TooLate'
+          AND r.found_status = 'Delivering' AND r.found_attempt_id IS NOT DISTINCT FROM OLD.attempt_id
+        ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.notify_lost_cancellation() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+DECLARE
+    j record;
+    ended_at timestamptz;
+BEGIN
+    SELECT status, failure_reason, expected_file_name, expected_file_bytes, expected_file_rows, expected_file_sha256
+    INTO j FROM export_jobs WHERE id = NEW.job_id AND tenant_id = NEW.tenant_id;
+    SELECT e.created_at INTO ended_at FROM notification_events e
+    WHERE e.tenant_id = NEW.tenant_id AND e.subject_key = NEW.job_id::text
+      AND e.kind IN ('export.completed', 'export.failed', 'export.outcome_unknown')
+    ORDER BY e.created_at
+    LIMIT 1;
+    INSERT INTO notification_events (tenant_id, kind, job_id, subject_key, payload)
+    VALUES (NEW.tenant_id, 'export.cancellation_lost', NEW.job_id, NEW.id::text,
+            lost_cancellation_payload(
+                NEW.id, NEW.requested_by, NEW.recorded_at, NEW.found_delivery_authorized_at, NEW.job_id, j.status,
+                j.failure_reason, j.expected_file_name, j.expected_file_bytes, j.expected_file_rows,
+                j.expected_file_sha256, coalesce(ended_at, NEW.recorded_at)))
+    ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.notify_recurring_firing_row() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+BEGIN
+    PERFORM notify_recurring_firing_skipped(
+        NEW.tenant_id, NEW.recurring_export_id,
+        (SELECT r.list_name || ' to ' || coalesce(d.name, r.destination_id::text)
+         FROM recurring_exports r
+         LEFT JOIN destinations d ON d.tenant_id = r.tenant_id AND d.id = r.destination_id
+         WHERE r.tenant_id = NEW.tenant_id AND r.id = NEW.recurring_export_id),
+        NEW.nominal_time, NEW.reason);
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) RETURNS uuid
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $_$
+DECLARE
+    new_id uuid;
+BEGIN
+    IF p_reason IS NULL OR p_reason !~ '^[a-z][a-z0-9_]{0,63}$' THEN
+        RAISE EXCEPTION 'a skipped firing''s reason is a short code (lower case, digits, _), not %', p_reason
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_notification_events_skip_reason';
+    END IF;
+    INSERT INTO notification_events (tenant_id, kind, subject_key, payload)
+    VALUES (p_tenant_id, 'recurring_export.firing_skipped',
+            p_recurring_export_id::text || '@' || notification_time(p_scheduled_for),
+            jsonb_strip_nulls(jsonb_build_object(
+                'recurring_export_id', p_recurring_export_id,
+                'recurring_export_name', p_recurring_name,
+                'scheduled_for', notification_time(p_scheduled_for),
+                'reason', p_reason)))
+    ON CONFLICT ON CONSTRAINT uq_notification_events_subject DO NOTHING
+    RETURNING id INTO new_id;
+    RETURN new_id;
+END $_$;
 
 CREATE FUNCTION public.operator_action_json_ok(j jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -920,8 +1087,10 @@ CREATE TABLE public.export_jobs (
     available_at timestamp with time zone,
     transient_releases integer DEFAULT 0 NOT NULL,
     destination_version integer,
+    outcome_unknown_at timestamp with time zone,
     CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
     CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_outcome_unknown_at CHECK (((status <> 'OutcomeUnknown'::text) OR (outcome_unknown_at IS NOT NULL))),
     CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
     CONSTRAINT ck_export_jobs_rejection CHECK ((((status = 'Rejected'::text) = (rejection_code IS NOT NULL)) AND ((rejection_code IS NULL) OR (rejection_reason IS NOT NULL)))),
     CONSTRAINT ck_export_jobs_rejection_code CHECK ((rejection_code = ANY (ARRAY['list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text, 'list_missing'::text]))),
@@ -947,6 +1116,29 @@ CREATE TABLE public.idempotency_keys (
     job_id uuid NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT idempotency_keys_key_check CHECK (((length(key) >= 1) AND (length(key) <= 200)))
+);
+
+CREATE TABLE public.listing_requests (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    attempt_id uuid NOT NULL,
+    requested_by text NOT NULL,
+    requested_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT listing_requests_requested_by_check CHECK (((length(requested_by) >= 1) AND (length(requested_by) <= 200)))
+);
+
+CREATE TABLE public.notification_events (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    kind text NOT NULL,
+    job_id uuid,
+    subject_key text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    fanned_out_at timestamp with time zone,
+    CONSTRAINT notification_events_kind_check CHECK ((kind = ANY (ARRAY['export.completed'::text, 'export.failed'::text, 'export.stopped'::text, 'export.canceled'::text, 'export.rejected'::text, 'export.outcome_unknown'::text, 'export.cancellation_lost'::text, 'recurring_export.firing_skipped'::text]))),
+    CONSTRAINT notification_events_subject_key_check CHECK (((length(subject_key) >= 1) AND (length(subject_key) <= 200)))
 );
 
 CREATE TABLE public.operator_actions (
@@ -1101,6 +1293,51 @@ CREATE TABLE public.tenants (
     CONSTRAINT tenants_name_check CHECK (((length(name) >= 1) AND (length(name) <= 200)))
 );
 
+CREATE TABLE public.webhook_deliveries (
+    tenant_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    event_id uuid NOT NULL,
+    endpoint_id uuid NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone NOT NULL,
+    give_up_at timestamp with time zone NOT NULL,
+    leased_until timestamp with time zone,
+    last_attempt_at timestamp with time zone,
+    last_status_code integer,
+    last_error text,
+    delivered_at timestamp with time zone,
+    redeliveries integer DEFAULT 0 NOT NULL,
+    redelivered_by text,
+    redelivered_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT ck_webhook_deliveries_delivered CHECK (((state = 'delivered'::text) <= (delivered_at IS NOT NULL))),
+    CONSTRAINT webhook_deliveries_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT webhook_deliveries_last_error_check CHECK (((last_error IS NULL) OR (length(last_error) <= 200))),
+    CONSTRAINT webhook_deliveries_redeliveries_check CHECK ((redeliveries >= 0)),
+    CONSTRAINT webhook_deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
+);
+
+CREATE TABLE public.webhook_endpoints (
+    tenant_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    url text NOT NULL,
+    secret text NOT NULL,
+    events text[] NOT NULL,
+    description text,
+    enabled boolean DEFAULT true NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    created_by text NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_by text,
+    updated_at timestamp with time zone,
+    CONSTRAINT webhook_endpoints_description_check CHECK (((description IS NULL) OR ((length(description) >= 1) AND (length(description) <= 200)))),
+    CONSTRAINT webhook_endpoints_events_check CHECK ((((cardinality(events) >= 1) AND (cardinality(events) <= 8)) AND (events <@ ARRAY['export.completed'::text, 'export.failed'::text, 'export.stopped'::text, 'export.canceled'::text, 'export.rejected'::text, 'export.outcome_unknown'::text, 'export.cancellation_lost'::text, 'recurring_export.firing_skipped'::text]))),
+    CONSTRAINT webhook_endpoints_secret_check CHECK ((secret ~ '^whsec_[A-Za-z0-9+/]{32,88}={0,2}$'::text)),
+    CONSTRAINT webhook_endpoints_url_check CHECK (((length(url) >= 8) AND (length(url) <= 2000))),
+    CONSTRAINT webhook_endpoints_version_check CHECK ((version >= 1))
+);
+
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_pkey PRIMARY KEY (token_sha256);
 
@@ -1118,6 +1355,12 @@ ALTER TABLE ONLY public.export_jobs
 
 ALTER TABLE ONLY public.export_status_edges
     ADD CONSTRAINT export_status_edges_pkey PRIMARY KEY (from_status, to_status);
+
+ALTER TABLE ONLY public.listing_requests
+    ADD CONSTRAINT listing_requests_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.notification_events
+    ADD CONSTRAINT notification_events_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (message_id);
@@ -1173,6 +1416,12 @@ ALTER TABLE ONLY public.recurring_export_firings
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT pk_recurring_exports PRIMARY KEY (tenant_id, id);
 
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT pk_webhook_deliveries PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT pk_webhook_endpoints PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (name);
 
@@ -1194,11 +1443,20 @@ ALTER TABLE ONLY public.destinations
 ALTER TABLE ONLY public.export_jobs
     ADD CONSTRAINT uq_export_jobs_tenant UNIQUE (tenant_id, id);
 
+ALTER TABLE ONLY public.notification_events
+    ADD CONSTRAINT uq_notification_events_subject UNIQUE (tenant_id, kind, subject_key);
+
 ALTER TABLE ONLY public.recurring_export_firings
     ADD CONSTRAINT uq_recurring_export_firings_id UNIQUE (id);
 
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT uq_recurring_exports_id UNIQUE (id);
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT uq_webhook_deliveries_event_endpoint UNIQUE (event_id, endpoint_id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT uq_webhook_endpoints_tenant UNIQUE (tenant_id, id);
 
 CREATE INDEX ix_approvals_subject ON public.approvals USING btree (tenant_id, subject_id, action) WHERE (executed_at IS NULL);
 
@@ -1234,9 +1492,17 @@ CREATE INDEX ix_export_jobs_tenant_created_id ON public.export_jobs USING btree 
 
 CREATE INDEX ix_export_jobs_tenant_destination_live ON public.export_jobs USING btree (tenant_id, destination_id) WHERE (status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text]));
 
+CREATE INDEX ix_export_jobs_tenant_outcome_unknown ON public.export_jobs USING btree (tenant_id, outcome_unknown_at, id) WHERE (status = 'OutcomeUnknown'::text);
+
 CREATE INDEX ix_export_jobs_transient_releases ON public.export_jobs USING btree (transient_releases) WHERE ((status = ANY (ARRAY['Queued'::text, 'Running'::text])) AND (transient_releases > 0));
 
 CREATE INDEX ix_export_jobs_woken ON public.export_jobs USING btree (woken_at) WHERE (status = 'Queued'::text);
+
+CREATE INDEX ix_listing_requests_job ON public.listing_requests USING btree (job_id, requested_at);
+
+CREATE INDEX ix_listing_requests_requested ON public.listing_requests USING btree (requested_at);
+
+CREATE INDEX ix_notification_events_unfanned ON public.notification_events USING btree (created_at) WHERE (fanned_out_at IS NULL);
 
 CREATE INDEX ix_operator_actions_action ON public.operator_actions USING btree (tenant_id, action, id);
 
@@ -1258,6 +1524,10 @@ CREATE INDEX ix_recurring_export_firings_recent ON public.recurring_export_firin
 
 CREATE INDEX ix_recurring_exports_tenant_created ON public.recurring_exports USING btree (tenant_id, created_at DESC, id);
 
+CREATE INDEX ix_webhook_deliveries_due ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+
+CREATE INDEX ix_webhook_deliveries_endpoint ON public.webhook_deliveries USING btree (endpoint_id, created_at DESC, id DESC);
+
 CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING btree (job_id, attempt_id, kind) WHERE (kind <> 'DeliveryEvidence'::text);
 
 CREATE UNIQUE INDEX uq_delivery_pauses_active ON public.delivery_pauses USING btree (scope, tenant_id, destination_id, owner, reason) NULLS NOT DISTINCT WHERE (released_at IS NULL);
@@ -1271,6 +1541,8 @@ CREATE UNIQUE INDEX uq_export_jobs_original_key ON public.export_jobs USING btre
 CREATE UNIQUE INDEX uq_recurring_export_firings_job ON public.recurring_export_firings USING btree (job_id) WHERE (outcome = 'created'::text);
 
 CREATE TRIGGER tr_approvals_guard BEFORE INSERT OR DELETE OR UPDATE ON public.approvals FOR EACH ROW EXECUTE FUNCTION public.approvals_guard();
+
+CREATE TRIGGER tr_cancellation_requests_notify_lost AFTER INSERT ON public.cancellation_requests FOR EACH ROW WHEN (((new.outcome = 'TooLate'::text) AND (new.found_status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_lost_cancellation();
 
 CREATE TRIGGER tr_delivery_pauses_guard BEFORE DELETE OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_pauses_guard();
 
@@ -1306,9 +1578,15 @@ CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs F
 
 CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_no_delete();
 
+CREATE TRIGGER tr_export_jobs_notify_outcome AFTER UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((new.status IS DISTINCT FROM old.status) AND (new.status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'Stopped'::text, 'Canceled'::text, 'Rejected'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_export_outcome();
+
+CREATE TRIGGER tr_export_jobs_outcome_unknown_at BEFORE UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((new.status = 'OutcomeUnknown'::text) AND (old.status IS DISTINCT FROM 'OutcomeUnknown'::text))) EXECUTE FUNCTION public.export_jobs_mark_outcome_unknown();
+
 CREATE TRIGGER tr_export_jobs_replacement_terms BEFORE UPDATE OF destination_id, list_name ON public.export_jobs FOR EACH ROW WHEN (((old.replaces_job_id IS NOT NULL) AND ((new.destination_id IS DISTINCT FROM old.destination_id) OR (new.list_name IS DISTINCT FROM old.list_name)))) EXECUTE FUNCTION public.export_jobs_replacement_terms_guard();
 
 CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status ON public.export_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.status = ANY (ARRAY['OutcomeUnknown'::text, 'Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_transition_event_guard();
+
+CREATE TRIGGER tr_listing_requests_append_only BEFORE DELETE OR UPDATE ON public.listing_requests FOR EACH ROW EXECUTE FUNCTION public.listing_requests_append_only();
 
 CREATE TRIGGER tr_operator_actions_append_only BEFORE DELETE OR UPDATE ON public.operator_actions FOR EACH ROW EXECUTE FUNCTION public.operator_actions_append_only();
 
@@ -1321,6 +1599,8 @@ CREATE TRIGGER tr_outcome_corrections_approved BEFORE INSERT ON public.outcome_c
 CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH ROW EXECUTE FUNCTION public.principals_guard();
 
 CREATE TRIGGER tr_recurring_export_firings_append_only BEFORE DELETE OR UPDATE ON public.recurring_export_firings FOR EACH ROW EXECUTE FUNCTION public.recurring_export_firings_append_only();
+
+CREATE TRIGGER tr_recurring_export_firings_notify_skipped AFTER INSERT ON public.recurring_export_firings FOR EACH ROW WHEN ((new.outcome = 'skipped'::text)) EXECUTE FUNCTION public.notify_recurring_firing_row();
 
 CREATE TRIGGER tr_recurring_exports_guard BEFORE DELETE OR UPDATE ON public.recurring_exports FOR EACH ROW EXECUTE FUNCTION public.recurring_exports_guard();
 
@@ -1402,6 +1682,9 @@ ALTER TABLE ONLY public.export_jobs
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT fk_idempotency_keys_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
 
+ALTER TABLE ONLY public.listing_requests
+    ADD CONSTRAINT fk_listing_requests_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
+
 ALTER TABLE ONLY public.outcome_corrections
     ADD CONSTRAINT fk_outcome_corrections_job FOREIGN KEY (tenant_id, job_id) REFERENCES public.export_jobs(tenant_id, id);
 
@@ -1417,6 +1700,12 @@ ALTER TABLE ONLY public.recurring_exports
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT fk_recurring_exports_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT fk_webhook_deliveries_endpoint FOREIGN KEY (tenant_id, endpoint_id) REFERENCES public.webhook_endpoints(tenant_id, id) ON DELETE CASCADE;
+
+ALTER TABLE ONLY public.notification_events
+    ADD CONSTRAINT notification_events_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
 ALTER TABLE ONLY public.operator_actions
     ADD CONSTRAINT operator_actions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
@@ -1425,6 +1714,12 @@ ALTER TABLE ONLY public.principals
 
 ALTER TABLE ONLY public.recurring_exports
     ADD CONSTRAINT recurring_exports_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_event_id_fkey FOREIGN KEY (event_id) REFERENCES public.notification_events(id);
+
+ALTER TABLE ONLY public.webhook_endpoints
+    ADD CONSTRAINT webhook_endpoints_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 REVOKE ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) TO exports_api;
@@ -1480,8 +1775,22 @@ GRANT UPDATE(temporary_files) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
 
+REVOKE ALL ON FUNCTION public.export_jobs_mark_outcome_unknown() FROM PUBLIC;
+
 REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
+
+REVOKE ALL ON FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by text, requested_at timestamp with time zone, authorized_at timestamp with time zone, job_id uuid, outcome text, failure_reason text, file_name text, file_bytes bigint, file_rows bigint, file_sha256 bytea, outcome_at timestamp with time zone) FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_export_outcome() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_lost_cancellation() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_recurring_firing_row() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) TO exports_worker;
+GRANT ALL ON FUNCTION public.notify_recurring_firing_skipped(p_tenant_id uuid, p_recurring_export_id uuid, p_recurring_name text, p_scheduled_for timestamp with time zone, p_reason text) TO exports_api;
 
 REVOKE ALL ON FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) TO exports_reconciler;
@@ -1663,6 +1972,14 @@ GRANT SELECT ON TABLE public.export_status_edges TO exports_recovery;
 
 GRANT SELECT,INSERT ON TABLE public.idempotency_keys TO exports_api;
 
+GRANT SELECT,INSERT ON TABLE public.listing_requests TO exports_api;
+GRANT SELECT ON TABLE public.listing_requests TO exports_recovery;
+
+GRANT SELECT ON TABLE public.notification_events TO exports_api;
+GRANT SELECT ON TABLE public.notification_events TO exports_dispatcher;
+
+GRANT UPDATE(fanned_out_at) ON TABLE public.notification_events TO exports_dispatcher;
+
 GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_api;
 GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_reconciler;
 GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_platform;
@@ -1730,6 +2047,62 @@ GRANT SELECT ON TABLE public.tenants TO exports_api;
 GRANT SELECT ON TABLE public.tenants TO exports_worker;
 GRANT SELECT ON TABLE public.tenants TO exports_reconciler;
 GRANT SELECT ON TABLE public.tenants TO exports_recovery;
+
+GRANT SELECT ON TABLE public.webhook_deliveries TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(state) ON TABLE public.webhook_deliveries TO exports_api;
+GRANT UPDATE(state) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(attempts) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(next_attempt_at) ON TABLE public.webhook_deliveries TO exports_api;
+GRANT UPDATE(next_attempt_at) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(give_up_at) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT UPDATE(leased_until) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(last_attempt_at) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(last_status_code) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(last_error) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(delivered_at) ON TABLE public.webhook_deliveries TO exports_dispatcher;
+
+GRANT UPDATE(redeliveries) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT UPDATE(redelivered_by) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT UPDATE(redelivered_at) ON TABLE public.webhook_deliveries TO exports_api;
+
+GRANT DELETE ON TABLE public.webhook_endpoints TO exports_api;
+GRANT SELECT ON TABLE public.webhook_endpoints TO exports_dispatcher;
+
+GRANT SELECT(tenant_id),INSERT(tenant_id) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(id),INSERT(id) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(url),INSERT(url),UPDATE(url) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT INSERT(secret),UPDATE(secret) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(events),INSERT(events),UPDATE(events) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(description),INSERT(description),UPDATE(description) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(enabled),INSERT(enabled),UPDATE(enabled) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(version),UPDATE(version) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(created_by),INSERT(created_by) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(created_at) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(updated_by),UPDATE(updated_by) ON TABLE public.webhook_endpoints TO exports_api;
+
+GRANT SELECT(updated_at),UPDATE(updated_at) ON TABLE public.webhook_endpoints TO exports_api;
 
 -- The roles 0003, 0005 and 0019 create (cluster objects, checked by the same test):
 -- ALTER ROLE exports_api WITH NOSUPERUSER INHERIT NOCREATEROLE NOCREATEDB NOLOGIN NOREPLICATION NOBYPASSRLS;

@@ -713,6 +713,13 @@ JOIN export_jobs j ON j.tenant_id = f.tenant_id AND j.id = f.job_id
 WHERE f.tenant_id = %(tenant_id)s AND f.recurring_export_id = %(id)s AND f.outcome = 'created'
 GROUP BY j.status;
 
+-- name: lock_recurring_export
+-- The firing transaction's locking read, its own statement: under READ COMMITTED a statement that waited for
+-- this lock would still read the other rows (a firing recorded by the transaction it waited for) as they were
+-- before the wait, so the facts are read by the next statement, whose snapshot is taken after it (as the
+-- cancellation transaction's lock_job_for_cancel does).
+SELECT id FROM recurring_exports WHERE tenant_id = %(tenant_id)s AND id = %(id)s FOR UPDATE;
+
 -- name: lock_recurring_export_for_firing
 -- A firing's facts, read under a lock on its recurring export's row (FOR UPDATE: the firings of one
 -- recurring export, and its pause, edit and deletion, serialize on it): the definition now, the claim's
@@ -888,3 +895,265 @@ WITH revoked AS (
     DELETE FROM api_tokens WHERE tenant_id = %(tenant_id)s AND principal = %(principal)s
     RETURNING token_sha256)
 SELECT count(*)::int AS n FROM revoked;
+
+-- -- outcome notifications (0025): webhook endpoints, the events' fan-out and their deliveries -------------
+
+-- name: create_webhook_endpoint
+-- Registers a tenant's webhook endpoint (an admin's), enabled, at version 1, unless the tenant already has
+-- max_endpoints. Returns the endpoint without its secret: exports_api may write the secret, never read it.
+INSERT INTO webhook_endpoints (tenant_id, id, url, secret, events, description, enabled, created_by)
+SELECT %(tenant_id)s, %(endpoint_id)s, %(url)s, %(secret)s, %(events)s::text[], %(description)s::text, true,
+       %(created_by)s
+WHERE (SELECT count(*) FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s) < %(max_endpoints)s
+RETURNING tenant_id, id, url, events, description, enabled, version, created_by, created_at, updated_by,
+          updated_at;
+
+-- name: tenant_webhook_endpoints
+-- A tenant's endpoints (never their secrets) with how their deliveries stand, oldest first; or the one named.
+SELECT w.tenant_id, w.id, w.url, w.events, w.description, w.enabled, w.version, w.created_by, w.created_at,
+       w.updated_by, w.updated_at,
+       coalesce(c.pending, 0) AS pending, coalesce(c.failed, 0) AS failed, coalesce(c.delivered, 0) AS delivered,
+       c.last_failure_at
+FROM webhook_endpoints w
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE d.state = 'pending')::int AS pending,
+           count(*) FILTER (WHERE d.state = 'failed')::int AS failed,
+           count(*) FILTER (WHERE d.state = 'delivered')::int AS delivered,
+           max(d.last_attempt_at) FILTER (WHERE d.state <> 'delivered' AND d.last_error IS NOT NULL)
+               AS last_failure_at
+    FROM webhook_deliveries d WHERE d.endpoint_id = w.id) c ON true
+WHERE w.tenant_id = %(tenant_id)s AND (%(endpoint_id)s::uuid IS NULL OR w.id = %(endpoint_id)s::uuid)
+ORDER BY w.created_at, w.id;
+
+-- name: update_webhook_endpoint
+-- Changes an endpoint of the tenant for the version its editor read (If-Match): a field given NULL keeps its
+-- value. Matches nothing for another version or another tenant's endpoint (the caller re-reads to tell
+-- which). The secret is rotate_webhook_secret's: this role may not read it, so not even keep it by name.
+UPDATE webhook_endpoints
+SET url = coalesce(%(url)s::text, url), events = coalesce(%(events)s::text[], events),
+    description = CASE WHEN %(clear_description)s THEN NULL ELSE coalesce(%(description)s::text, description) END,
+    enabled = coalesce(%(enabled)s::boolean, enabled),
+    version = version + 1, updated_by = %(updated_by)s, updated_at = clock_timestamp()
+WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s AND version = %(expected_version)s
+RETURNING tenant_id, id, url, events, description, enabled, version, created_by, created_at, updated_by,
+          updated_at;
+
+-- name: rotate_webhook_secret
+-- A new signing secret for an endpoint, in update_webhook_endpoint's transaction, for the version that
+-- statement just wrote; effective for the next attempt.
+UPDATE webhook_endpoints SET secret = %(secret)s
+WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s AND version = %(version)s
+RETURNING id;
+
+-- name: delete_webhook_endpoint
+-- Removes an endpoint of the tenant and its deliveries (ON DELETE CASCADE); the events stay.
+DELETE FROM webhook_endpoints WHERE tenant_id = %(tenant_id)s AND id = %(endpoint_id)s
+RETURNING id;
+
+-- name: endpoint_deliveries
+-- An endpoint's deliveries, newest first, with their event's type and export; optionally only one state.
+-- Nothing for another tenant's endpoint.
+SELECT d.id, d.tenant_id, d.event_id, d.endpoint_id, e.kind, e.job_id, d.state, d.attempts, d.next_attempt_at,
+       d.give_up_at, d.last_attempt_at, d.last_status_code, d.last_error, d.delivered_at, d.redeliveries,
+       d.redelivered_by, d.redelivered_at, d.created_at, e.created_at AS event_created_at
+FROM webhook_deliveries d
+JOIN notification_events e ON e.id = d.event_id
+WHERE d.tenant_id = %(tenant_id)s AND d.endpoint_id = %(endpoint_id)s
+  AND (%(state)s::text IS NULL OR d.state = %(state)s::text)
+ORDER BY d.created_at DESC, d.id DESC
+LIMIT %(limit)s;
+
+-- name: redeliver_webhook
+-- A person's redelivery of one delivery of the tenant's endpoint, whatever its state: due now, with a fresh
+-- retry window, the same event (the same webhook-id). An attempt in flight keeps its lease and records its
+-- answer as usual.
+UPDATE webhook_deliveries
+SET state = 'pending', next_attempt_at = clock_timestamp(),
+    give_up_at = clock_timestamp() + make_interval(secs => %(window_seconds)s),
+    redeliveries = redeliveries + 1, redelivered_by = %(redelivered_by)s, redelivered_at = clock_timestamp()
+WHERE tenant_id = %(tenant_id)s AND endpoint_id = %(endpoint_id)s AND id = %(delivery_id)s
+RETURNING id;
+
+-- name: fan_out_notification_events
+-- The dispatcher's fan-out: a batch of events not yet fanned out, oldest first, each marked and given one
+-- delivery per endpoint of its tenant that is enabled and subscribed to its type now, due at once, retried
+-- until window_seconds from now. SKIP LOCKED: two dispatchers take different events; the unique
+-- (event, endpoint) makes a repeat harmless.
+WITH due AS (
+    SELECT id FROM notification_events
+    WHERE fanned_out_at IS NULL
+    ORDER BY created_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED),
+marked AS (
+    UPDATE notification_events e SET fanned_out_at = clock_timestamp()
+    FROM due
+    WHERE e.id = due.id AND e.fanned_out_at IS NULL
+    RETURNING e.id, e.tenant_id, e.kind),
+made AS (
+    INSERT INTO webhook_deliveries (tenant_id, event_id, endpoint_id, next_attempt_at, give_up_at)
+    SELECT m.tenant_id, m.id, w.id, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => %(window_seconds)s)
+    FROM marked m
+    JOIN webhook_endpoints w ON w.tenant_id = m.tenant_id AND w.enabled AND m.kind = ANY (w.events)
+    ON CONFLICT ON CONSTRAINT uq_webhook_deliveries_event_endpoint DO NOTHING
+    RETURNING id)
+SELECT (SELECT count(*) FROM marked)::int AS events, (SELECT count(*) FROM made)::int AS deliveries;
+
+-- name: take_due_webhook_deliveries
+-- The dispatcher's batch of attempts, leased in one short committed statement (no lock is held across the
+-- POST): pending deliveries due now, to enabled endpoints, that no other dispatcher holds a current lease
+-- on, each leased until now + lease_seconds; with what it takes to send and sign them. The lease is the
+-- token record_webhook_attempts must match; a lease that passed (its dispatcher died) lets any take it again.
+WITH due AS (
+    SELECT d.id FROM webhook_deliveries d
+    JOIN webhook_endpoints w ON w.tenant_id = d.tenant_id AND w.id = d.endpoint_id
+    WHERE d.state = 'pending' AND d.next_attempt_at <= clock_timestamp()
+      AND (d.leased_until IS NULL OR d.leased_until < clock_timestamp())
+      AND w.enabled
+    ORDER BY d.next_attempt_at
+    LIMIT %(batch)s
+    FOR UPDATE OF d SKIP LOCKED),
+lease AS (   -- volatile, so evaluated once: one lease value for the whole batch
+    SELECT clock_timestamp() AS taken_at, clock_timestamp() + make_interval(secs => %(lease_seconds)s) AS until),
+leased AS (
+    UPDATE webhook_deliveries d SET leased_until = lease.until
+    FROM due, lease
+    WHERE d.id = due.id AND d.state = 'pending'
+      AND (d.leased_until IS NULL OR d.leased_until < lease.taken_at)
+    RETURNING d.id, d.tenant_id, d.event_id, d.endpoint_id, d.attempts, d.leased_until)
+SELECT l.id, l.tenant_id, l.event_id, l.endpoint_id, e.kind, e.created_at AS event_created_at, e.payload,
+       w.url, w.secret, l.attempts, l.leased_until
+FROM leased l
+JOIN notification_events e ON e.id = l.event_id
+JOIN webhook_endpoints w ON w.tenant_id = l.tenant_id AND w.id = l.endpoint_id;
+
+-- name: record_webhook_attempts
+-- How a batch of attempts ended, in one statement: a 2xx is delivered; any other answer or none waits
+-- min(cap, base * 2^n) scaled by its jitter (0.5 to 1; n the delivery's earlier attempts) on the database
+-- clock, and gives up (failed) when that would pass the delivery's give_up_at. Only while the delivery still
+-- carries the lease its attempt was sent under (a later lease's attempt records its own answer).
+WITH answer AS (
+    SELECT * FROM unnest(%(delivery_ids)s::uuid[], %(leases)s::timestamptz[], %(status_codes)s::int[],
+                         %(errors)s::text[], %(jitters)s::float8[])
+        AS a (id, leased_until, status_code, error, jitter)),
+waited AS (
+    SELECT d.id, a.status_code, a.error, a.status_code BETWEEN 200 AND 299 AS delivered,
+           clock_timestamp() + make_interval(
+               secs => least(%(cap_seconds)s::float8, %(base_seconds)s::float8 * 2 ^ least(d.attempts, 30))
+                       * (0.5 + 0.5 * a.jitter)) AS next_at,
+           d.give_up_at, a.leased_until
+    FROM answer a
+    JOIN webhook_deliveries d ON d.id = a.id AND d.leased_until = a.leased_until AND d.state = 'pending')
+UPDATE webhook_deliveries d
+SET attempts = d.attempts + 1, leased_until = NULL, last_attempt_at = clock_timestamp(),
+    last_status_code = w.status_code, last_error = left(w.error, 200),
+    state = CASE WHEN w.delivered THEN 'delivered' WHEN w.next_at > w.give_up_at THEN 'failed' ELSE 'pending' END,
+    delivered_at = CASE WHEN w.delivered THEN clock_timestamp() ELSE d.delivered_at END,
+    next_attempt_at = CASE WHEN w.delivered OR w.next_at > w.give_up_at THEN d.next_attempt_at ELSE w.next_at END
+FROM waited w
+WHERE d.id = w.id AND d.state = 'pending' AND d.leased_until = w.leased_until
+RETURNING d.id, d.state, d.attempts, d.next_attempt_at;
+
+-- name: page_outcome_unknown_queue
+-- The reconciler's queue (issue 26 item 4): one page of a tenant's OutcomeUnknown exports, oldest first by when
+-- each became OutcomeUnknown, after a keyset bound (outcome_unknown_at, id): an ordered walk of
+-- ix_export_jobs_tenant_outcome_unknown (0033), as many entries as the page shows, never a sort.
+SELECT * FROM export_jobs
+WHERE tenant_id = %(tenant_id)s AND status = 'OutcomeUnknown'
+  AND (outcome_unknown_at, id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ORDER BY outcome_unknown_at, id
+LIMIT %(limit)s;
+
+-- name: count_outcome_unknown_queue
+-- How many of a tenant's exports wait for a reconciler, counted only up to %(cap)s + 1: an answer of cap + 1
+-- means "more than cap", never a number. Reads one of the OutcomeUnknown partial indexes, the planner's pick:
+-- the tenant's entries of the queue's (at most cap + 1), or, while every tenant's unknowns together are few,
+-- all of ix_export_jobs_outcome_unknown; never the table.
+SELECT count(*) AS counted FROM (
+    SELECT 1 FROM export_jobs
+    WHERE tenant_id = %(tenant_id)s AND status = 'OutcomeUnknown'
+    LIMIT %(cap)s + 1) capped;
+
+-- name: estimate_outcome_unknown_queue
+-- The planner's estimate of a tenant's OutcomeUnknown exports (the plan as JSON; its top node's "Plan Rows"):
+-- what the queue's count shows, labelled "about", past the cap it counts to. Reads only the statistics.
+EXPLAIN (FORMAT JSON)
+SELECT 1 FROM export_jobs WHERE tenant_id = %(tenant_id)s AND status = 'OutcomeUnknown';
+
+-- name: outcome_unknown_summaries
+-- For one page of the queue, each export's one line of why: the attempt's write that recorded OutcomeUnknown
+-- (the worker's Finished or recovery's ResolvedByRecovery, with its summary of codes and sizes), how many
+-- times recovery listed its final name since (observed_by starting with %(recovery_prefix)s) and when last,
+-- and whether a reconciler's listing request waits for its answer (record_listing_request). Only the tenant's
+-- exports; each read by ix_attempt_events_job.
+SELECT j.id AS job_id, why.detail AS reason, why.recorded_by, why.recorded_at,
+       coalesce(checks.listings, 0) AS recovery_listings, checks.last_at AS last_listed_at,
+       EXISTS (
+           SELECT 1 FROM listing_requests r
+           WHERE r.job_id = j.id
+             AND r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+             AND NOT EXISTS (
+                 SELECT 1 FROM export_attempt_events e
+                 WHERE e.job_id = r.job_id AND e.kind = 'DeliveryEvidence'
+                   AND e.observed_by = %(observer_prefix)s || r.id::text)) AS listing_requested
+FROM export_jobs j
+LEFT JOIN LATERAL (
+    SELECT e.detail, coalesce(e.worker_id, e.observed_by) AS recorded_by, e.recorded_at
+    FROM export_attempt_events e
+    WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id AND e.kind IN ('Finished', 'ResolvedByRecovery')
+    ORDER BY e.id DESC
+    LIMIT 1) why ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS listings, max(e.recorded_at) AS last_at
+    FROM export_attempt_events e
+    WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id
+      -- the JSON is read only once the row is recovery's evidence (an AND does not order its operands)
+      AND CASE WHEN e.kind = 'DeliveryEvidence' AND starts_with(e.observed_by, %(recovery_prefix)s)
+               THEN e.detail::jsonb ->> 'observation' = 'recovery_listing' ELSE false END) checks ON true
+WHERE j.tenant_id = %(tenant_id)s AND j.id = ANY(%(job_ids)s::uuid[]);
+
+-- name: record_listing_request
+-- A reconciler asks for today's listing of an OutcomeUnknown export's final name (0033): recorded for the
+-- export's attempt, only while it is OutcomeUnknown, its partner's deliveries are not paused (no session is
+-- opened to a paused partner) and no earlier request of it still waits for its answer (an answer is the
+-- attempt's DeliveryEvidence observed by %(observer_prefix)s || the request's ID; a request unanswered after
+-- %(window_seconds)s no longer waits). Nothing is inserted otherwise; the service re-reads to say why.
+INSERT INTO listing_requests (tenant_id, job_id, attempt_id, requested_by)
+SELECT j.tenant_id, j.id, j.attempt_id, %(requested_by)s
+FROM export_jobs j
+WHERE j.tenant_id = %(tenant_id)s AND j.id = %(job_id)s AND j.status = 'OutcomeUnknown'
+  AND delivery_scope_open(j.tenant_id, j.destination_id)
+  AND NOT EXISTS (
+      SELECT 1 FROM listing_requests r
+      WHERE r.job_id = j.id
+        AND r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+        AND NOT EXISTS (
+            SELECT 1 FROM export_attempt_events e
+            WHERE e.job_id = r.job_id AND e.kind = 'DeliveryEvidence'
+              AND e.observed_by = %(observer_prefix)s || r.id::text))
+RETURNING id, job_id, attempt_id, requested_by, requested_at;
+
+-- name: listing_requests_of_job
+-- Every listing request of one of the tenant's exports, oldest first, with whether it may still be answered
+-- (made within %(window_seconds)s); its answer, if any, is among the export's events.
+SELECT r.id, r.job_id, r.attempt_id, r.requested_by, r.requested_at,
+       r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s) AS answerable
+FROM listing_requests r
+WHERE r.tenant_id = %(tenant_id)s AND r.job_id = %(job_id)s
+ORDER BY r.requested_at, r.id;
+
+-- name: find_listing_requests
+-- Recovery's nomination of the reconcilers' listing requests to answer, oldest first: made within
+-- %(window_seconds)s, for an attempt still OutcomeUnknown, not answered yet (no DeliveryEvidence observed by
+-- %(observer_prefix)s || its ID). Answering re-reads the row and lists the name once.
+SELECT r.id AS request_id, r.job_id, r.attempt_id
+FROM listing_requests r
+JOIN export_jobs j ON j.id = r.job_id AND j.attempt_id = r.attempt_id AND j.status = 'OutcomeUnknown'
+WHERE r.requested_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM export_attempt_events e
+      WHERE e.job_id = r.job_id AND e.kind = 'DeliveryEvidence'
+        AND e.observed_by = %(observer_prefix)s || r.id::text)
+ORDER BY r.requested_at
+LIMIT %(limit)s;

@@ -249,6 +249,7 @@ class ExportJob(Row):
     available_at: datetime | None = None  # not claimable before this (database clock), after a give-back
     transient_releases: int = 0  # give-backs for a failure: each makes the next claim wait longer
     destination_version: int | None = None  # the destination version cutoff 2 authorized (issue #24.2)
+    outcome_unknown_at: datetime | None = None  # when it became OutcomeUnknown (database clock; 0033)
 
     @property
     def final_name(self) -> str:

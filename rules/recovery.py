@@ -33,6 +33,11 @@ class Verdict(BaseModel):
 
 
 RECOVERY_OBSERVER_PREFIX = "recovery"
+# A reconciler's request for today's listing of the final name (0033) is answered by a recovery run and kept
+# as the attempt's DeliveryEvidence observed by "reconciler-request:<request id>": a person's question, never
+# the attempt's own evidence, and not recovery's re-check either (it settles nothing).
+LISTING_REQUEST_OBSERVER_PREFIX = "reconciler-request"
+LISTING_REQUEST_WINDOW_SECONDS = 3600.0  # a request not answered within this is no longer answered
 # The rename evidence's form of the overwriting rename (partner/delivery.py records "rename" or this).
 OVERWRITING_RENAME = "posix_rename"
 
@@ -46,13 +51,25 @@ def observed_by_recovery(observed_by: str | None) -> bool:
     return (observed_by or "").startswith(f"{RECOVERY_OBSERVER_PREFIX}:")
 
 
+def listing_request_observer(request_id: UUID) -> str:
+    """The ``observed_by`` of the answer to one listing request: ``reconciler-request:<request id>``."""
+    return f"{LISTING_REQUEST_OBSERVER_PREFIX}:{request_id}"
+
+
+def observed_on_request(observed_by: str | None) -> bool:
+    """Whether an event answers a reconciler's listing request (``reconciler-request:<id>``); as for
+    recovery's, the colon tells it from a worker's ID."""
+    return (observed_by or "").startswith(f"{LISTING_REQUEST_OBSERVER_PREFIX}:")
+
+
 def attempt_evidence(events: list[AttemptEvent], attempt_id: UUID) -> list[dict[str, Any]]:
-    """The attempt's own DeliveryEvidence observations (not recovery's), oldest first."""
+    """The attempt's own DeliveryEvidence observations (not recovery's, nor a listing a reconciler asked
+    for), oldest first."""
     found: list[dict[str, Any]] = []
     for event in events:
         if event.kind != EventKind.DELIVERY_EVIDENCE or event.attempt_id != attempt_id:
             continue
-        if observed_by_recovery(event.observed_by):
+        if observed_by_recovery(event.observed_by) or observed_on_request(event.observed_by):
             continue
         try:
             detail = json.loads(event.detail or "{}")
@@ -307,3 +324,33 @@ def observation_evidence(
         "destination_id": str(destination_id),
         **seen,
     }
+
+
+def requested_listing_evidence(
+    observation: Observation | None,
+    job: ExportJob,
+    destination: Destination,
+    *,
+    request_id: UUID,
+    answered_by: str,
+    error: str | None,
+    reading: Verdict | None,
+) -> dict[str, Any]:
+    """A reconciler's listing of the final name, answered (0033): what the partner showed (sizes, times,
+    hashes, or the error's type, or why it was not asked), and how recovery's rules read it
+    (``decide_delivery``: a reading for the person, never a settlement). Codes and sizes only."""
+    seen: dict[str, Any] = observation.as_evidence() if observation is not None else {"error": error}
+    item: dict[str, Any] = {
+        "observation": "requested_listing",
+        "request_id": str(request_id),
+        "answered_by": answered_by,
+        "final_name": job.expected_file_name or job.final_name,
+        "attempt_id": str(job.attempt_id),
+        "destination_id": str(destination.id),
+        "destination_version": destination.version,
+        **seen,
+    }
+    if reading is not None:
+        item["rules_read"] = reading.resolution.value
+        item["rules_summary"] = reading.summary
+    return item

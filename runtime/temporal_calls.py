@@ -2,8 +2,8 @@
 
 A worker that starts while the Temporal server restarts (or sheds load) must come up once it answers, as
 ``connect_with_retry`` does for the connection itself: a start-up call that meets ``UNAVAILABLE`` (the
-server's connection refused or lost), ``RESOURCE_EXHAUSTED`` (its buffers full), ``DEADLINE_EXCEEDED`` or
-``ABORTED``, or a connection the SDK could not make (``UNKNOWN`` "tcp connect error", "transport error") is
+server's connection refused or lost), ``RESOURCE_EXHAUSTED`` (its buffers full), ``DEADLINE_EXCEEDED``,
+``ABORTED``, ``CANCELLED`` (the connection cut under it), or a connection the SDK could not make (``UNKNOWN`` "tcp connect error", "transport error") is
 tried again with backoff until ``within`` seconds have passed. Any other answer is the call's
 own (the soak saw a worker exit on "tcp connect error" while ensuring the Schedules during a Temporal restart).
 """
@@ -27,6 +27,9 @@ TRANSIENT = frozenset(
         RPCStatusCode.RESOURCE_EXHAUSTED,
         RPCStatusCode.DEADLINE_EXCEEDED,
         RPCStatusCode.ABORTED,
+        # a connection cut under the call (the SDK's transport cancels it: "operation was canceled"); a
+        # cancel of ours is asyncio.CancelledError, never this
+        RPCStatusCode.CANCELLED,
     }
 )
 

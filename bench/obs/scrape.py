@@ -37,7 +37,7 @@ LOAD = [
     """
     INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, attempt_id, attempt_count, claimed_by,
         lease_expires_at, woken_at, failure_reason, delivery_key, created_by, list_name, sweep_count, created_at,
-        delivery_authorized_at, rejection_code, rejection_reason)
+        delivery_authorized_at, rejection_code, rejection_reason, outcome_unknown_at)
     SELECT md5('job' || g)::uuid, %(tenant)s, s.status, 1, %(destination)s,
         CASE WHEN s.status NOT IN ('Queued', 'Canceled', 'Rejected') THEN md5('att' || g)::uuid END,
         CASE WHEN s.status NOT IN ('Queued', 'Canceled', 'Rejected') THEN 1 ELSE 0 END,
@@ -50,7 +50,9 @@ LOAD = [
         CASE WHEN s.status IN ('Delivering', 'Completed', 'OutcomeUnknown', 'Failed')
              THEN now() - (%(rows)s - g) * interval '1 s' END,
         CASE WHEN s.status = 'Rejected' THEN 'contract_ended' END,
-        CASE WHEN s.status = 'Rejected' THEN 'the partner contract ended' END
+        CASE WHEN s.status = 'Rejected' THEN 'the partner contract ended' END,
+        -- when it became OutcomeUnknown (0033 requires it): its Finished event's time, below
+        CASE WHEN s.status = 'OutcomeUnknown' THEN now() - (%(rows)s - g) * interval '1 s' + interval '1 min' END
     FROM generate_series(1, %(rows)s) g
     CROSS JOIN LATERAL (SELECT CASE
         WHEN mod(g, 1000) < 5 THEN 'Queued' WHEN mod(g, 1000) < 7 THEN 'Running' WHEN mod(g, 1000) < 8 THEN 'Delivering'

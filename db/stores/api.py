@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from db.stores.audit import ApprovalStatements, AuditReads
 from db.stores.destinations import DestinationStatements
+from db.stores.endpoints import EndpointStatements
 from db.stores.ledger import LedgerStatements
+from db.stores.reconciliation import ReconciliationStatements
 from db.stores.recurring import RecurringStatements
 from db.stores.requests import RequestStatements
 from db.stores.sessions import SessionStatements
@@ -18,9 +20,11 @@ class ApiStore(
     SessionStatements,
     RecurringStatements,
     DestinationStatements,
+    EndpointStatements,
+    ReconciliationStatements,
     AuditReads,
     ApprovalStatements,
 ):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
-    their firings, destinations, the ledger of operator actions, approvals of two-person actions, and the
-    reads."""
+    their firings, destinations, webhook endpoints, the reconciler's queue and listing requests, the ledger of
+    operator actions, approvals of two-person actions, and the reads."""

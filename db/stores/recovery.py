@@ -15,6 +15,7 @@ from db.queries import fetch, fetch_maybe
 from db.rows import (
     EventIdRow,
     JobIdRow,
+    ListingToAnswer,
     OpenRow,
     StoppedRow,
 )
@@ -198,6 +199,18 @@ class RecoveryStatements(Reads):
             job_id=job_id,
             attempt_id=attempt_id,
             recovery_run_id=recovery_run_id,
+        )
+
+    async def find_listing_requests(
+        self, *, observer_prefix: str, window_seconds: float, limit: int
+    ) -> list[ListingToAnswer]:
+        """The reconcilers' listing requests to answer (0033), oldest first: made within ``window_seconds``,
+        for an attempt still OutcomeUnknown, with no DeliveryEvidence observed by ``observer_prefix`` and the
+        request's ID yet. Candidates only: answering re-reads the row."""
+        return await self._rows(
+            "find_listing_requests",
+            {"observer_prefix": observer_prefix, "window_seconds": window_seconds, "limit": limit},
+            ListingToAnswer,
         )
 
 

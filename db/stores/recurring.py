@@ -21,7 +21,7 @@ from uuid import UUID
 
 from db.errors import ConstraintRefused, IdempotencyConflict, InvariantViolation, translated
 from db.queries import fetch, fetch_maybe
-from db.rows import FiringFactsRow, IdempotencyRow, JobIdRow, PrincipalRow, StatusCountRow
+from db.rows import FiringFactsRow, IdempotencyRow, IdRow, JobIdRow, PrincipalRow, StatusCountRow
 from db.stores.base import StoreBase
 from domain.controls import PolicyFacts
 from domain.models import JobStatus
@@ -156,6 +156,14 @@ class RecurringStatements(StoreBase):
             "late_after_seconds": late_after_seconds,
         }
         async with translated(), self._connection() as conn, conn.transaction():
+            # The lock first, alone: the facts statement's snapshot then sees a firing committed meanwhile.
+            if (
+                await fetch_maybe(
+                    conn, "lock_recurring_export", {"tenant_id": tenant_id, "id": recurring_export_id}, IdRow
+                )
+                is None
+            ):
+                return None
             facts = await fetch_maybe(conn, "lock_recurring_export_for_firing", lock, FiringFactsRow)
             if facts is None:
                 return None

@@ -232,6 +232,112 @@ async def test_a_cookie_authenticated_write_needs_the_console_header(client, fac
         client.cookies.clear()
 
 
+# -- webhook endpoints (issue 26, item 1) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def globex_hook(client, factory, database, globex) -> dict[str, Any]:
+    """One of globex's webhook endpoints with one delivery (a Completed export fanned out to it)."""
+    from db.pool import open_pool
+    from db.stores.notifications import NotificationStore
+
+    created = await client.post(
+        "/webhook-endpoints",
+        json={"url": "https://hooks.globex.example/in", "events": ["export.completed"]},
+        headers=globex.admin,
+    )
+    assert created.status_code == 201
+    endpoint_id = created.json()["endpoint"]["id"]
+    await factory.in_status(JobStatus.COMPLETED, job=await factory.queued(globex.id, globex.destination_id))
+    pool = await open_pool(database.app_url, "exports_dispatcher", max_size=1)
+    try:
+        await NotificationStore(pool).fan_out_notification_events(500, 86400.0)
+    finally:
+        await pool.close()
+    rows = await factory.admin(
+        "SELECT id FROM webhook_deliveries WHERE endpoint_id = %(e)s", {"e": endpoint_id}
+    )
+    return {"endpoint": endpoint_id, "delivery": str(rows[0]["id"])}
+
+
+def hook_routes(ids: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any] | None, dict[str, str]]]:
+    """(name, method, path, json body, extra headers) for every route that names one webhook endpoint."""
+    base = f"/webhook-endpoints/{ids['endpoint']}"
+    return [
+        ("read", "GET", base, None, {}),
+        ("edit", "PATCH", base, {"enabled": False}, {"If-Match": '"1"'}),
+        ("rotate", "PATCH", base, {"rotate_secret": True}, {"If-Match": "*"}),
+        ("remove", "DELETE", base, None, {}),
+        ("deliveries", "GET", f"{base}/deliveries", None, {}),
+        ("redeliver", "POST", f"{base}/deliveries/{ids['delivery']}/redelivery", None, {}),
+    ]
+
+
+async def hook_snapshot(factory, endpoint_id: str) -> list[dict[str, Any]]:
+    return await factory.admin(
+        "SELECT w.*, d.state, d.next_attempt_at, d.redeliveries FROM webhook_endpoints w"
+        " LEFT JOIN webhook_deliveries d ON d.endpoint_id = w.id WHERE w.id = %(e)s",
+        {"e": endpoint_id},
+    )
+
+
+@pytest.mark.parametrize("route", ["read", "edit", "rotate", "remove", "deliveries", "redeliver"])
+async def test_another_tenants_webhook_endpoint_looks_exactly_like_a_missing_one(
+    client, factory, acme, globex_hook, route
+):
+    missing = {"endpoint": str(uuid.uuid4()), "delivery": str(uuid.uuid4())}
+    _, method, path, body, extra = next(r for r in hook_routes(globex_hook) if r[0] == route)
+    _, _, missing_path, _, _ = next(r for r in hook_routes(missing) if r[0] == route)
+    before = await hook_snapshot(factory, globex_hook["endpoint"])
+    headers = {**acme.admin, **extra}  # the role that may manage endpoints
+
+    theirs = await client.request(method, path, json=body, headers=headers)
+    absent = await client.request(method, missing_path, json=body, headers=headers)
+
+    assert theirs.status_code == absent.status_code == 404
+    assert theirs.json() == absent.json()
+    assert await hook_snapshot(factory, globex_hook["endpoint"]) == before
+
+
+async def test_another_tenants_delivery_through_ones_own_endpoint_is_missing_too(
+    client, factory, acme, globex_hook
+):
+    mine = await client.post(
+        "/webhook-endpoints",
+        json={"url": "https://hooks.acme.example/in", "events": ["export.completed"]},
+        headers=acme.admin,
+    )
+    own = mine.json()["endpoint"]["id"]
+    before = await hook_snapshot(factory, globex_hook["endpoint"])
+
+    theirs = await client.post(
+        f"/webhook-endpoints/{own}/deliveries/{globex_hook['delivery']}/redelivery", headers=acme.admin
+    )
+    absent = await client.post(
+        f"/webhook-endpoints/{own}/deliveries/{uuid.uuid4()}/redelivery", headers=acme.admin
+    )
+
+    assert theirs.status_code == absent.status_code == 404
+    assert theirs.json() == absent.json()
+    assert await hook_snapshot(factory, globex_hook["endpoint"]) == before
+    listed = await client.get("/webhook-endpoints", headers=acme.admin)
+    assert globex_hook["endpoint"] not in listed.text
+
+
+async def test_the_console_shows_another_tenants_webhook_endpoint_as_not_found(client, acme, globex_hook):
+    await sign_in(client, acme, as_role="admin")
+    try:
+        theirs = await client.get(f"/console/webhook-endpoints/{globex_hook['endpoint']}")
+        absent = await client.get(f"/console/webhook-endpoints/{uuid.uuid4()}")
+        listed = await client.get("/console/webhook-endpoints")
+    finally:
+        client.cookies.clear()
+
+    assert theirs.status_code == absent.status_code == 404
+    assert theirs.text == absent.text
+    assert listed.status_code == 200 and globex_hook["endpoint"] not in listed.text
+
+
 # -- the ledger and the approvals (issue #26): another tenant's looks like a missing one ------------------
 
 

@@ -76,6 +76,11 @@ def test_short_soak_holds_every_invariant_under_every_fault_kind(tmp_path: Path)
     broken = [f for f in report["faults"] if not f["ok"] and not f["skipped"] and f["kind"] != "worker_drain"]
     assert broken == [], printed
     assert report["counts"]["histories_checked"] > 0, printed
+    # The webhook receiver got every export's outcome, some after a refused POST or the outage: the
+    # auditor's webhook_* invariants (one event per outcome, none missing, all verified) are violations.
+    webhooks = report["counts"]["webhooks"]
+    assert webhooks["events"] >= 14 and webhooks["outcome_events_expected"] >= 14, printed
+    assert webhooks["retried_posts"] >= 1, printed
 
     assert report["violations"] == [], printed
     assert run.returncode == 0, printed

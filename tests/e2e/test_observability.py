@@ -98,9 +98,10 @@ STILL_ROWS = [
     """
     WITH unknown AS (
         INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, attempt_id, attempt_count,
-            claimed_by, woken_at, delivery_key, created_by, list_name, delivery_authorized_at)
+            claimed_by, woken_at, delivery_key, created_by, list_name, delivery_authorized_at, outcome_unknown_at)
         SELECT gen_random_uuid(), %(tenant)s, 'OutcomeUnknown', 1, d.id, gen_random_uuid(), 1, 'w',
-            clock_timestamp(), 'still-unknown', 'test', 'x', clock_timestamp() - interval '11 min'
+            clock_timestamp(), 'still-unknown', 'test', 'x', clock_timestamp() - interval '11 min',
+            clock_timestamp() - interval '10 min'
         FROM (SELECT id FROM destinations WHERE tenant_id = %(tenant)s LIMIT 1) d
         RETURNING id, attempt_id)
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
