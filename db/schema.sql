@@ -719,7 +719,7 @@ CREATE FUNCTION public.operator_action_json_ok(j jsonb) RETURNS boolean
     AS $_$
     SELECT j IS NULL OR NOT jsonb_path_exists(
         j,
-        'lax $.** ? (@.type() == "object").keyvalue() ? ((@.key like_regex "_ref$" && @.value != "set" && @.value != null) || (@.key like_regex "secret|password|private_key" && @.value != null))')
+        'lax $.** ? (@.type() == "object").keyvalue() ? ((@.key like_regex "_ref$" && @.key != "evidence_ref" && @.key != "overwrite_agreement_ref" && @.value != "set" && @.value != null) || (@.key like_regex "secret|password|private_key" && @.value != null))')
 $_$;
 
 CREATE FUNCTION public.operator_actions_append_only() RETURNS trigger

@@ -89,6 +89,10 @@ TWO_PERSON_DESTINATION_FIELDS = frozenset(
 
 _SECRET_KEY = re.compile(r"secret|password|private_key")
 SET = "set"
+# References that name a document, not a secret: shown as they are. Every other ``*_ref`` is a reference to a
+# secret (a destination's convention: credential_ref, pgp_signing_key_ref), shown as "set"; the database's check
+# (operator_action_json_ok, 0031) allows the same two.
+PLAIN_REFERENCES = frozenset({"evidence_ref", "overwrite_agreement_ref"})
 
 
 def without_secrets(value: Any) -> Any:
@@ -97,11 +101,11 @@ def without_secrets(value: Any) -> Any:
     if isinstance(value, dict):
         shown: dict[str, Any] = {}
         for key, item in value.items():
-            if _SECRET_KEY.search(str(key)):
+            name = str(key)
+            if _SECRET_KEY.search(name):
                 continue
-            shown[key] = (
-                (SET if item is not None else None) if str(key).endswith("_ref") else without_secrets(item)
-            )
+            secret_reference = name.endswith("_ref") and name not in PLAIN_REFERENCES
+            shown[key] = (SET if item is not None else None) if secret_reference else without_secrets(item)
         return shown
     if isinstance(value, list | tuple):
         return [without_secrets(item) for item in value]

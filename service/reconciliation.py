@@ -340,7 +340,7 @@ class Reconciliation:
 
 
 async def request_correction(exports: Exports, caller: Caller, job_id: UUID, body: CorrectExport) -> Answer:
-    """The console's correction request, through this one function: today the correction itself, by a
-    reconciler (``Exports.correct``: once per attempt, with who and why). Issue 26 item 3 sends corrections to
-    a second person's approval; when that lands, this is the one place to point at the approval request."""
+    """The console's correction request, through this one function (``Exports.correct``): a correction takes two
+    people (issue 26 item 3), so it is asked here and waits for another reconciler's approval (202), which runs it
+    as theirs, once per attempt, with who and why."""
     return await exports.correct(caller, job_id, body)

@@ -19,13 +19,14 @@
 -- The per-feature histories (cancellation_requests, delivery_switch_changes, outcome_corrections,
 -- cancellation_batches, destination_versions, recurring_export_firings) stay as they are.
 
--- Whether a before/after document is free of secrets: no *_ref key with a value other than "set" or null,
--- and no key naming a secret, a password or a private key with a value, at any depth.
+-- Whether a before/after document is free of secrets: no *_ref key (a reference to a secret, as a destination's
+-- credential_ref; evidence_ref and overwrite_agreement_ref name documents) with a value other than "set" or
+-- null, and no key naming a secret, a password or a private key with a value, at any depth.
 CREATE FUNCTION operator_action_json_ok(j jsonb) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT j IS NULL OR NOT jsonb_path_exists(
         j,
-        'lax $.** ? (@.type() == "object").keyvalue() ? ((@.key like_regex "_ref$" && @.value != "set" && @.value != null) || (@.key like_regex "secret|password|private_key" && @.value != null))')
+        'lax $.** ? (@.type() == "object").keyvalue() ? ((@.key like_regex "_ref$" && @.key != "evidence_ref" && @.key != "overwrite_agreement_ref" && @.value != "set" && @.value != null) || (@.key like_regex "secret|password|private_key" && @.value != null))')
 $$;
 
 CREATE TABLE operator_actions (
