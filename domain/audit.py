@@ -55,6 +55,11 @@ class AuditAction(StrEnum):
     TOKEN_REVOKE = "token.revoke"
     PRINCIPAL_GRANT = "principal.grant"
     PRINCIPAL_REVOKE = "principal.revoke"
+    WEBHOOK_CREATE = "webhook.create"
+    WEBHOOK_EDIT = "webhook.edit"  # a rotated secret too (never its value)
+    WEBHOOK_DELETE = "webhook.delete"
+    WEBHOOK_REDELIVER = "webhook.redeliver"
+    LISTING_REQUEST = "listing.request"  # a reconciler's ask for today's listing of a final name
     APPROVAL_APPROVE = "approval.approve"  # an attempt to approve that was refused (an approval that ran is
     APPROVAL_DECLINE = "approval.decline"  # recorded as the action it ran, naming both people)
 
@@ -70,6 +75,7 @@ class SubjectKind(StrEnum):
     PRINCIPAL = "principal"
     TOKEN = "token"
     APPROVAL = "approval"
+    WEBHOOK_ENDPOINT = "webhook_endpoint"
 
 
 class TwoPersonAction(StrEnum):

@@ -2,7 +2,8 @@
 --
 -- Every control-plane action goes into operator_actions: cancel, bulk cancel, pause and resume, reconcile,
 -- correct, replacement, destination and host-key changes, recurring-export changes, token mint and revoke,
--- role grants, and the decisions on two-person actions. A row says who (the principal and the role they
+-- role grants, webhook endpoint changes and redeliveries, a reconciler's listing request, and the decisions on
+-- two-person actions. A row says who (the principal and the role they
 -- acted with), when, what (the action and its subject), why, the request ID, the outcome, and the subject
 -- before and after, without secrets.
 --
@@ -56,10 +57,11 @@ CREATE TABLE operator_actions (
         'destination.create', 'destination.edit', 'destination.retire', 'destination.pin_key',
         'recurring.create', 'recurring.edit', 'recurring.pause', 'recurring.resume', 'recurring.delete',
         'token.mint', 'token.revoke', 'principal.grant', 'principal.revoke',
+        'webhook.create', 'webhook.edit', 'webhook.delete', 'webhook.redeliver', 'listing.request',
         'approval.approve', 'approval.decline')),
     CONSTRAINT ck_operator_actions_subject_kind CHECK (subject_kind IN (
         'export', 'cancellation_batch', 'delivery_scope', 'destination', 'recurring_export', 'principal',
-        'token', 'approval')),
+        'token', 'approval', 'webhook_endpoint')),
     CONSTRAINT ck_operator_actions_outcome CHECK (outcome IN (
         'done', 'created', 'accepted', 'partial', 'malformed', 'forbidden', 'not_found', 'refused', 'stale',
         'invalid', 'precondition_required')),

@@ -440,3 +440,45 @@ async def test_the_command_line_prints_the_ledger_and_its_json_lines(database, f
 
     code, out, _ = await starter(database, "audit", tenant=tenant_id, principal="sam.ops")
     assert code == 1 and "admin or reconciler" in out
+
+
+async def test_webhook_endpoint_changes_and_listing_requests_are_recorded_never_a_secret(
+    client, factory, worker_store, acme
+):
+    created = await client.post(
+        "/webhook-endpoints",
+        json={"url": "https://hooks.acme.example/in/s3cr3t-path", "events": ["export.completed"]},
+        headers=acme.admin,
+    )
+    assert created.status_code == 201, created.text
+    endpoint = created.json()["endpoint"]["id"]
+    secret = created.json()["secret"]
+    rotated = await client.patch(
+        f"/webhook-endpoints/{endpoint}",
+        json={"rotate_secret": True},
+        headers={**acme.admin, "If-Match": '"1"'},
+    )
+    removed = await client.delete(f"/webhook-endpoints/{endpoint}", headers=acme.admin)
+    assert rotated.status_code == 200 and removed.status_code == 200
+    unknown, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)
+    )
+    asked = await client.post(f"/exports/{unknown.id}/listing-requests", headers=acme.reconciler)
+    assert asked.status_code == 202, asked.text
+
+    rows = await ledger(factory, acme.id, subject_kind="webhook_endpoint", subject_id=endpoint)
+    assert [(r["action"], r["outcome"]) for r in rows] == [
+        ("webhook.create", "created"),
+        ("webhook.edit", "done"),
+        ("webhook.delete", "done"),
+    ]
+    assert rows[0]["after"]["url_origin"] == "https://hooks.acme.example/…"  # its path is never recorded
+    assert rows[1]["after"]["secret_rotated"] is True
+    every = json.dumps([r["after"] for r in rows]) + json.dumps([r["detail"] for r in rows])
+    assert secret not in every and rotated.json()["secret"] not in every and "s3cr3t-path" not in every
+    [listing] = await ledger(factory, acme.id, action="listing.request")
+    assert (listing["subject_id"], listing["outcome"], listing["principal"]) == (
+        str(unknown.id),
+        "accepted",
+        acme.reconciler_name,
+    )
