@@ -185,7 +185,7 @@ class Notifications:
                         "events": endpoint["events"],
                         "enabled": endpoint["enabled"],
                         "version": endpoint["version"],
-                        "secret_rotated": "secret" in answer.body and action == AuditAction.WEBHOOK_EDIT,
+                        "signing_key_rotated": "secret" in answer.body and action == AuditAction.WEBHOOK_EDIT,
                     }
                 record.outcome, record.detail = answer.kind.value, answer.text or None
             return answered(record, answer)

@@ -473,7 +473,7 @@ async def test_webhook_endpoint_changes_and_listing_requests_are_recorded_never_
         ("webhook.delete", "done"),
     ]
     assert rows[0]["after"]["url_origin"] == "https://hooks.acme.example/…"  # its path is never recorded
-    assert rows[1]["after"]["secret_rotated"] is True
+    assert rows[1]["after"]["signing_key_rotated"] is True
     every = json.dumps([r["after"] for r in rows]) + json.dumps([r["detail"] for r in rows])
     assert secret not in every and rotated.json()["secret"] not in every and "s3cr3t-path" not in every
     [listing] = await ledger(factory, acme.id, action="listing.request")
