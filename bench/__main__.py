@@ -31,7 +31,20 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench import builder, bulk_cancel, claims, dispatch, e2e, gate, notify, obs, pgp, recurring, scale, upload
+from bench import (
+    builder,
+    bulk_cancel,
+    claims,
+    dispatch,
+    e2e,
+    gate,
+    notify,
+    obs,
+    pgp,
+    recurring,
+    scale,
+    upload,
+)
 
 BENCHMARKS = {
     "builder": lambda: asyncio.run(builder.main(rows=1_000_000, runs=3)),

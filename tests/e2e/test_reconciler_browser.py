@@ -63,7 +63,11 @@ async def site(api_store, reconciler_store, factory, database, module_sftp_targe
         for key, role, name in (
             ("reconciler", "reconciler", "rita.recon"),
             ("operator", "operator", "sam.ops"),
-            ("second reconciler", "reconciler", "ron.recon"),  # a correction's second person (issue 26 item 3)
+            (
+                "second reconciler",
+                "reconciler",
+                "ron.recon",
+            ),  # a correction's second person (issue 26 item 3)
         )
     }
     other = await factory.tenant("globex")
