@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 

@@ -44,7 +44,6 @@ from db.errors import ConstraintRefused
 from db.rows import DestinationEdit, DestinationRecord, DestinationVersion
 from db.stores.api import ApiStore
 from domain.audit import (
-    TWO_PERSON_DESTINATION_FIELDS,
     ActionRecord,
     Approval,
     AuditAction,
