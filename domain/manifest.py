@@ -5,26 +5,28 @@ A destination's ``manifest`` is ``none``, ``sha256``, ``json`` or ``both``:
 - ``sha256``: a sidecar ``{file}.sha256`` in coreutils format (``<64 hex digits>  <file>``, one line), so the
   partner runs ``sha256sum -c contacts-<key>.csv.gz.pgp.sha256`` in the directory and it passes;
 - ``json``: ``{file}.manifest.json``, one JSON object: ``export_id``, ``delivery_key``, ``file``, ``bytes``,
-  ``rows``, ``sha256``, ``created_at`` and, when the delivered bytes are not the CSV itself (gzip, OpenPGP),
-  ``plaintext`` (``bytes`` and ``sha256`` of the CSV the partner gets back);
+  ``rows``, ``sha256``, ``created_at``;
 - ``both``: the two.
 
 A manifest names the file as delivered (for an encrypted destination the OpenPGP message: what lands under the
-final name) and its SHA-256, which is what ``sha256sum -c`` checks: the file as stored. Its content is a function
-of the export's row (``expected_file_*``, written by cutoff 2; ``delivery_authorized_at`` as ``created_at``) and
-of the attempt's ``DeliveryAuthorized`` evidence (the plaintext's size and hash), never of who writes it or when:
-the worker and recovery write the same bytes, so a manifest found in place can be compared byte for byte. No
-contact data, only names, sizes, counts and hashes.
+final name) and its SHA-256, which is what ``sha256sum -c`` checks: the file as stored, ciphertext when encrypted.
+Its content is a function of the export's row alone (``expected_file_*``, written by cutoff 2, and
+``delivery_authorized_at`` as ``created_at``; :func:`manifests_for_job`), never of who writes it or when: the
+worker and recovery write the same bytes, so a manifest found in place is compared byte for byte. No contact data,
+only names, sizes, counts and hashes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
+
+from domain.models import ExportJob
 
 ManifestChoice = Literal["none", "sha256", "json", "both"]
 MANIFEST_CHOICES: tuple[ManifestChoice, ...] = ("none", "sha256", "json", "both")
@@ -40,7 +42,12 @@ IN_PLACE_RESULTS = frozenset({"published", "in_place"})
 
 def manifest_kinds(choice: str | None) -> tuple[ManifestKind, ...]:
     """The manifests a destination's choice asks for, sidecar first."""
-    return {"sha256": ("sha256",), "json": ("json",), "both": ("sha256", "json")}.get(choice or "none", ())
+    kinds: dict[str, tuple[ManifestKind, ...]] = {
+        "sha256": ("sha256",),
+        "json": ("json",),
+        "both": ("sha256", "json"),
+    }
+    return kinds.get(choice or "none", ())
 
 
 def manifest_name(file_name: str, kind: ManifestKind) -> str:
@@ -60,12 +67,10 @@ class ManifestFacts:
     export_id: UUID
     delivery_key: str
     file: str
-    bytes: int
+    size: int  # ``bytes`` in the JSON manifest
     sha256: bytes
     rows: int
     created_at: datetime
-    plaintext_bytes: int | None = None
-    plaintext_sha256: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -96,18 +101,11 @@ def json_content(facts: ManifestFacts) -> bytes:
         "export_id": str(facts.export_id),
         "delivery_key": facts.delivery_key,
         "file": facts.file,
-        "bytes": facts.bytes,
+        "bytes": facts.size,
         "rows": facts.rows,
         "sha256": facts.sha256.hex(),
         "created_at": facts.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
     }
-    if (
-        facts.plaintext_sha256 is not None
-        and facts.plaintext_bytes is not None
-        and facts.plaintext_sha256 != facts.sha256
-    ):
-        # gzip or OpenPGP: the CSV the partner gets back from gpg --decrypt and gunzip
-        body["plaintext"] = {"bytes": facts.plaintext_bytes, "sha256": facts.plaintext_sha256.hex()}
     return (json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n").encode("ascii")
 
 
@@ -120,15 +118,34 @@ def manifest_files(choice: str | None, facts: ManifestFacts) -> tuple[ManifestFi
     )
 
 
-def plaintext_of(authorized: dict[str, Any] | None) -> tuple[int | None, bytes | None]:
-    """The plaintext's size and SHA-256 from a ``DeliveryAuthorized`` event's evidence (``None`` when absent)."""
-    plain = (authorized or {}).get("plaintext")
-    if not isinstance(plain, dict):
-        return None, None
-    size, digest = plain.get("bytes"), plain.get("sha256")
-    if not isinstance(size, int) or not isinstance(digest, str) or len(digest) != 64:
-        return None, None
-    try:
-        return size, bytes.fromhex(digest)
-    except ValueError:
-        return None, None
+def manifests_for_job(job: ExportJob) -> tuple[ManifestFile, ...]:
+    """The manifests the version cutoff 2 authorized asks for beside ``job``'s file, with their bytes (none
+    when it asks for none, or before cutoff 2 recorded the expected file)."""
+    if not manifest_kinds(job.expected_manifest):
+        return ()
+    if (
+        job.expected_file_name is None
+        or job.expected_file_bytes is None
+        or job.expected_file_sha256 is None
+        or job.delivery_authorized_at is None
+    ):
+        return ()
+    facts = ManifestFacts(
+        export_id=job.id,
+        delivery_key=job.delivery_key,
+        file=job.expected_file_name,
+        size=job.expected_file_bytes,
+        sha256=job.expected_file_sha256,
+        rows=job.expected_file_rows or 0,
+        created_at=job.delivery_authorized_at,
+    )
+    return manifest_files(job.expected_manifest, facts)
+
+
+def manifests_in_place(evidence: Iterable[dict[str, Any]]) -> frozenset[str]:
+    """The manifest names an attempt's evidence shows in place (published, or found with the same bytes)."""
+    return frozenset(
+        str(item.get("name"))
+        for item in evidence
+        if item.get("observation") == MANIFEST_OBSERVATION and item.get("result") in IN_PLACE_RESULTS
+    )
