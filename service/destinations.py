@@ -25,6 +25,8 @@ them; everyone who reads exports reads them, with every version and the change t
   with the partner.
 - ``max_sessions`` is the partner's limit of concurrent sessions (issue #25.3), held as slots: changing it
   rebuilds nothing.
+- ``manifest`` (issue #24.6) is what is published beside each file after its rename: ``none``, ``sha256``,
+  ``json`` or ``both``. It changes what is delivered, so it is a delivery term like the host or the key.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from db.rows import DestinationRecord, DestinationVersion
 from db.stores.api import ApiStore
 from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint, normalized_host_key
 from domain.evidence import ConnectionReport
+from domain.manifest import ManifestChoice
 from service.auth import Caller
 from service.commands import MAX_REASON, REASON_PATTERN, Name, Reason
 from service.connection_tests import ConnectionTests, ConnectionTestUnavailable
@@ -184,6 +187,12 @@ class DestinationFields(BaseModel):
         description="How many SFTP sessions the partner allows at once, held as slots across all workers "
         "(null: no limit); not a delivery term",
     )
+    # A manifest published last (issue #24.6): a delivery term, so an edit during a build rebuilds the file.
+    manifest: ManifestChoice | None = Field(
+        default=None,
+        description="What is published beside each file, after its rename: none, sha256 (a coreutils "
+        "`<file>.sha256` sidecar for `sha256sum -c`), json (`<file>.manifest.json`) or both; a delivery term",
+    )
 
 
 class CreateDestination(DestinationFields):
@@ -203,6 +212,7 @@ class CreateDestination(DestinationFields):
     hash_evidence: HashEvidence = "read_back"
     max_write_request: WriteRequest = 32768
     temporary_files: TemporaryFiles = "keep"
+    manifest: ManifestChoice = "none"
     reason: Reason = Field(default="created", description="Why (recorded with the first version)")
 
 
