@@ -6,6 +6,7 @@ evidence or a listing a reconciler asked for is not that evidence. Failed and Ou
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
@@ -106,7 +107,7 @@ async def test_another_attempts_manifest_evidence_does_not_count(factory) -> Non
     await factory.admin(
         "INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)"
         " VALUES (%(j)s, gen_random_uuid(), 'DeliveryEvidence', 'worker-9', %(d)s, clock_timestamp())",
-        {"j": job.id, "d": '{"observation": "manifest", "name": "%s", "result": "published"}' % sidecar},
+        {"j": job.id, "d": json.dumps({"observation": "manifest", "name": sidecar, "result": "published"})},
     )
     assert not await finish(factory, job, attempt)
 
