@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ import pytest
 from domain.evidence import TEMP_PREFIX
 from domain.models import JobStatus
 from tests.fix_sftp import target_on
+from tests.support.sha256sum import sha256sum_check
 from tests.workflows.harness import Harness, SftpTarget, recover
 from workflows.models import AttemptOutcome
 
@@ -27,13 +26,6 @@ pytestmark = pytest.mark.sshd
 def module_sftp_target(request: pytest.FixtureRequest) -> Iterator[SftpTarget]:
     """A fresh upload directory, owned by the partner account, on the session's real sshd."""
     yield from target_on(request, "sshd")
-
-
-def sha256sum_check(directory: Path, sidecar: str) -> subprocess.CompletedProcess[str]:
-    """The partner's own check, with the real coreutils binary, in the directory the file landed in."""
-    binary = shutil.which("sha256sum")
-    assert binary is not None, "coreutils' sha256sum is part of every Debian image"
-    return subprocess.run([binary, "-c", sidecar], cwd=directory, capture_output=True, text=True, check=False)
 
 
 async def evidence(harness: Harness, job_id: uuid.UUID) -> list[dict[str, Any]]:
