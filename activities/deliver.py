@@ -16,6 +16,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,13 @@ from uuid import UUID
 from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating, run_to_end
-from activities.host import ExportHost
+from activities.host import ExportHost, JobSeam
 from db.builder import remove_export_file
 from db.errors import StoreError
 from db.stores.protocol import WorkerStore
 from db.stores.slots import CLEANUP
 from domain.destination import Destination
+from domain.manifest import manifests_for_job
 from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
 from observability import logs
 from observability.metrics import get_metrics
@@ -161,6 +163,16 @@ class DeliverActivity:
             if self.host.seams.during_upload is not None:
                 asyncio.run_coroutine_threadsafe(self.host.seams.during_upload(job.id, sent), loop).result()
 
+        def seam(hook: JobSeam | None) -> Callable[..., None] | None:
+            # A seam of the delivering thread, run on the event loop (it may wait, or raise: a crash there).
+            if hook is None:
+                return None
+
+            async def reached() -> None:
+                await hook(job.id)
+
+            return lambda *_: asyncio.run_coroutine_threadsafe(reached(), loop).result()
+
         def authorize_rename() -> bool:
             # In the delivering thread: the rename fence, on the event loop, bounded.
             async def fenced() -> bool:
@@ -184,6 +196,8 @@ class DeliverActivity:
             final_name=inp.file.final_name,
             size=inp.file.size,
             sha256=bytes.fromhex(inp.file.sha256),
+            # what the version cutoff 2 authorized asks for beside it, published last (issue #24.6)
+            manifests=manifests_for_job(job),
         )
         started = time.perf_counter()
         # The session opened and verified before cutoff 2 (issue #24.4), handed to the upload, which closes it.
@@ -202,7 +216,12 @@ class DeliverActivity:
                     original=original,
                     overwrite_agreed=job.overwrite_agreement_ref is not None,
                     on_evidence=recorder.observe_from_thread,
-                    hooks=DeliveryHooks(during_upload=during_upload, authorize_rename=authorize_rename),
+                    hooks=DeliveryHooks(
+                        during_upload=during_upload,
+                        authorize_rename=authorize_rename,
+                        after_rename=seam(self.host.seams.after_rename),
+                        before_manifest_rename=seam(self.host.seams.before_manifest_rename),
+                    ),
                     session=kept,
                 ),
             )

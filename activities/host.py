@@ -52,6 +52,8 @@ class ExportSeams:
     during_upload: UploadSeam | None = None  # forwarded to DeliveryHooks.during_upload (bytes sent)
     before_rename_fence: JobSeam | None = None  # after the upload, before the rename fence
     after_rename_fence: JobSeam | None = None  # the rename fence matched, the rename not yet sent
+    after_rename: JobSeam | None = None  # the data file renamed into place, its manifests not yet (#24.6)
+    before_manifest_rename: JobSeam | None = None  # a manifest's temporary file written, its rename not sent
     before_renewal: Callable[[], Awaitable[None]] | None = None  # each lease renewal; may raise
     watcher_disabled: bool = False  # stop requests are then caught by cutoff 2 alone
     lease_timer_disabled: bool = False  # a paused worker: only on-demand renewals

@@ -323,6 +323,8 @@ class Stack:
                 "compression": "gzip",
                 "pgp_recipient_keys": [self.partner_key.public_key],
                 "pgp_signing_key_ref": str(self.tenant_key.secret_key_file),
+                # both manifests beside each file, published last (issue #24.6): the auditor checks them
+                "manifest": "both",
             },
         )
 

@@ -210,7 +210,7 @@ destination AS (
                AS unchanged,
            -- the partner takes deliveries now (issue #25.2: intake hours and blackout dates)
            delivery_window_open(d, clock_timestamp()) AS window_open,
-           d.version
+           d.version, d.manifest
     FROM destinations d, job
     WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
     FOR SHARE OF d),
@@ -241,7 +241,9 @@ authorized AS (
         -- the upload starts with a full lease, never with what was left of the build's
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         fence_expected = true, upload_fenced_at = NULL, rename_fenced_at = NULL,
-        destination_version = (SELECT version FROM destination)
+        destination_version = (SELECT version FROM destination),
+        -- what the authorized version asks for beside the file (0037): its Completed needs it in place
+        expected_manifest = (SELECT manifest FROM destination)
     FROM job, gate
     WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Running'
       AND j.stop_request_id IS NULL
@@ -445,7 +447,8 @@ FROM job WHERE NOT EXISTS (SELECT 1 FROM fenced);
 
 -- name: finish_delivery
 -- The attempt's terminal write: Delivering -> Completed, Failed (with a code) or OutcomeUnknown, for this
--- attempt only. A write after a takeover matches nothing; the evidence was appended before it.
+-- attempt only. A write after a takeover matches nothing; the evidence was appended before it. Completed
+-- only once the manifest the authorized version asks for is in place, by the attempt's evidence (0037).
 WITH finished AS (
     UPDATE export_jobs
     SET status = %(outcome)s,
@@ -453,6 +456,7 @@ WITH finished AS (
         lease_expires_at = NULL
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Delivering'
       AND %(outcome)s IN ('Completed', 'Failed', 'OutcomeUnknown')
+      AND (%(outcome)s <> 'Completed' OR manifest_in_place(export_jobs))
     RETURNING id, attempt_id, claimed_by, status, failure_reason)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
 SELECT id, attempt_id, 'Finished', claimed_by,
@@ -538,13 +542,16 @@ RETURNING id;
 
 -- name: resolve_expired_delivery
 -- An expired Delivering attempt is resolved from evidence, never retried: Completed only on evidence,
--- otherwise OutcomeUnknown. The lease condition makes a renewal during recovery's lookup win.
+-- otherwise OutcomeUnknown. The lease condition makes a renewal during recovery's lookup win. Completed only
+-- once the manifest the authorized version asks for is in place, by evidence (0037: recovery publishes it
+-- when the data file is proven in place and the manifest is not).
 WITH resolved AS (
     UPDATE export_jobs
     SET status = %(resolution)s, lease_expires_at = NULL
     WHERE id = %(job_id)s AND status = 'Delivering' AND attempt_id = %(expired_attempt_id)s
       AND lease_expires_at < clock_timestamp()
       AND %(resolution)s IN ('Completed', 'OutcomeUnknown')
+      AND (%(resolution)s <> 'Completed' OR manifest_in_place(export_jobs))
     RETURNING id, attempt_id, status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, status || ': ' || %(evidence_summary)s,
@@ -648,6 +655,8 @@ WITH settled AS (
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'OutcomeUnknown'
       AND %(resolution)s IN ('Completed', 'Failed')
       AND NOT EXISTS (SELECT 1 FROM export_jobs r WHERE r.replaces_job_id = %(job_id)s)
+      -- Completed only with the manifest the authorized version asks for in place, by evidence (0037)
+      AND (%(resolution)s <> 'Completed' OR manifest_in_place(export_jobs))
     RETURNING id, attempt_id, status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'Reconciled', %(recovery_run_id)s, status || ': ' || %(evidence_summary)s, clock_timestamp()

@@ -263,6 +263,8 @@ class ExportJob(Row):
     transient_releases: int = 0  # give-backs for a failure: each makes the next claim wait longer
     destination_version: int | None = None  # the destination version cutoff 2 authorized (issue #24.2)
     outcome_unknown_at: datetime | None = None  # when it became OutcomeUnknown (database clock; 0033)
+    # what the version cutoff 2 authorized asks for beside the file (0037): none, sha256, json or both
+    expected_manifest: str | None = None
 
     @property
     def final_name(self) -> str:

@@ -516,3 +516,49 @@ def test_a_recurring_firing_that_created_two_exports_is_a_violation(tmp_path: Pa
     auditor.recurring_keys[firing_key(recurring_id, NOW + timedelta(hours=1))] = [str(two["id"])]  # no firing
     auditor._recurring_firings()
     assert invariants(auditor) == ["recurring_firing"]
+
+
+def test_a_completed_export_whose_manifest_is_missing_or_wrong_is_a_violation(tmp_path: Path) -> None:
+    # Issue #24.6: a destination that asks for a manifest has it beside every Completed file, saying that file.
+    auditor = make_auditor(tmp_path)
+    data = b"-----BEGIN PGP MESSAGE-----\nnot really\n"
+    digest = hashlib.sha256(data).digest()
+    jobs = {}
+    for case in ("in_place", "missing", "wrong"):
+        name = f"contacts-{case}.csv.gz.pgp"
+        (tmp_path / name).write_bytes(data)
+        job = add_job(
+            auditor,
+            "Completed",
+            expected_file_name=name,
+            expected_file_bytes=len(data),
+            expected_file_sha256=digest,
+            expected_file_rows=2,
+            expected_manifest="sha256",
+        )
+        jobs[case] = str(job["id"])
+        if case != "missing":
+            hexed = digest.hex() if case == "in_place" else "0" * 64
+            (tmp_path / f"{name}.sha256").write_text(f"{hexed}  {name}\n")
+
+    auditor._manifests()
+
+    flagged = {v.job_id for v in auditor.result.violations if v.invariant == "completed_without_manifest"}
+    assert flagged == {jobs["missing"], jobs["wrong"]}
+    assert auditor.result.counts["manifests_checked"] == 3
+
+
+def test_a_manifest_name_written_twice_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    job = add_job(auditor, "OutcomeUnknown", expected_file_name="contacts-k.csv", expected_manifest="json")
+    events = [
+        WatchEvent(1.0, "create", "contacts-k.csv.manifest.json", inode=7, size=10),
+        WatchEvent(2.0, "create", "contacts-k.csv.manifest.json", inode=8, size=10),
+    ]
+    auditor.manifest_writes = final_writes(events)
+
+    auditor._manifests()
+
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("manifest_written_twice", str(job["id"]))
+    ]
