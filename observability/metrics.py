@@ -34,6 +34,7 @@ from domain.models import (
     CancellationOutcome,
     ClaimResult,
     DeliveryOutcome,
+    FailureCause,
     FenceResult,
     FinishResult,
     ReleaseCause,
@@ -262,6 +263,13 @@ class ExportMetrics:
             ("cause", "ending"),
             registry=r,
         )
+        self.delivery_retries = Counter(
+            f"{PREFIX}_delivery_retries_total",
+            "Deliveries that failed NotDelivered for a transient cause and went back to the queue to be tried "
+            "again after a backoff (issue 25 item 4), by cause (connect_refused, session_cut, no_space).",
+            ("cause",),
+            registry=r,
+        )
         self.recurring_firings = Counter(
             f"{PREFIX}_recurring_firings_total",
             "Firings of recurring exports by outcome (created, skipped, duplicate: a nominal time already "
@@ -398,6 +406,11 @@ class ExportMetrics:
         """A give-back that was written (called by the worker's store): its cause and whether it ended the
         job (exhausted) or put it back in the queue (released)."""
         self.releases.labels(ReleaseCause(cause).value, ReleaseResult(ending).value).inc()
+
+    def count_delivery_retry(self, cause: str) -> None:
+        """A transient NotDelivered that went back to the queue to be tried again (called by the worker's
+        store once the statement wrote it): its cause, one of rules.retries' transient causes."""
+        self.delivery_retries.labels(FailureCause(cause).value).inc()
 
     def observe_build(self, seconds: float, rows: int, size_bytes: int) -> None:
         """A build that produced its file; called by the build activity after the file is closed and
