@@ -59,7 +59,9 @@ class EventKind(StrEnum):
     RELEASED = "Released"
     UPLOAD_FENCED = "UploadFenced"
     RENAME_FENCED = "RenameFenced"
-    RETRY_SCHEDULED = "RetryScheduled"  # a transient NotDelivered went back to Queued to be tried again (#25.4)
+    RETRY_SCHEDULED = (
+        "RetryScheduled"  # a transient NotDelivered went back to Queued to be tried again (#25.4)
+    )
 
 
 class CancellationOutcome(StrEnum):

@@ -39,6 +39,7 @@ from domain.models import (
     FinishResult,
     ReleaseCause,
     ReleaseResult,
+    RetryResult,
     Statement,
 )
 from domain.recurring import FiringOutcome, SkipReason
@@ -112,6 +113,8 @@ _RESULTS: dict[str, TransitionResult] = {
     AuthorizationResult.WINDOW_CLOSED: TransitionResult.REFUSED,
     ReleaseResult.RELEASED: TransitionResult.WRITTEN,
     ReleaseResult.EXHAUSTED: TransitionResult.WRITTEN,
+    RetryResult.RETRIED: TransitionResult.WRITTEN,  # Delivering -> Queued, to be tried again (#25.4)
+    RetryResult.FAILED: TransitionResult.WRITTEN,  # Delivering -> Failed NotDelivered: no retry allowed
     AuthorizationResult.UNKNOWN: TransitionResult.UNKNOWN,
     FinishResult.WRITTEN: TransitionResult.WRITTEN,
     FinishResult.NOT_OWNER: TransitionResult.NOT_OWNER,
