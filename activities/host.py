@@ -21,6 +21,7 @@ from db.stores.protocol import WorkerStore
 from domain.models import ExportJob
 from partner.protocol import PartnerFor
 from rules.releases import ReleasePolicy
+from rules.retries import RetryPolicy
 from runtime.attempts import Attempt, AttemptRegistry
 from settings import Settings
 
@@ -88,6 +89,7 @@ class ExportHost:
     seams: ExportSeams = field(default_factory=ExportSeams)
     attempts: AttemptRegistry = field(init=False)
     release_policy: ReleasePolicy = field(init=False)
+    retry_policy: RetryPolicy = field(init=False)
 
     def __post_init__(self) -> None:
         self.attempts = AttemptRegistry(self.store, self.settings)
@@ -95,6 +97,11 @@ class ExportHost:
             base_seconds=self.settings.release_backoff_base_seconds,
             cap_seconds=self.settings.release_backoff_cap_seconds,
             max_releases=self.settings.max_transient_releases,
+        )
+        self.retry_policy = RetryPolicy(
+            base_seconds=self.settings.delivery_retry_base_seconds,
+            cap_seconds=self.settings.delivery_retry_cap_seconds,
+            max_attempts=self.settings.max_attempts,
         )
 
     def open(self, job_id: UUID, attempt_id: UUID) -> tuple[Attempt, bool]:

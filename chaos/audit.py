@@ -186,6 +186,7 @@ class Auditor:
             self._http_5xx,
             self._outcomes,
             self._give_backs,
+            self._retries,
             self._slow_to_settle,
             self._process_exits,
             self._drains,
@@ -1067,6 +1068,55 @@ class Auditor:
         self.result.counts["jobs_given_back_for_failures"] = sum(
             1 for job in self.jobs.values() if job["transient_releases"]
         )
+
+    def _retries(self) -> None:
+        """Every retried export was delivered at most once (issue #25.4), by the partner's own witness (the watch
+        on its directory): the final name was written at most once by the job's attempts, never by an attempt
+        that was sent back to be tried again, and no such attempt had fenced its rename (the row's proof that
+        its rename was never sent). Retries are counted by cause."""
+        writes_by_attempt: dict[str, list[FinalWrite]] = defaultdict(list)
+        for write in self.writes:
+            if write.attempt_id is not None:
+                writes_by_attempt[str(write.attempt_id)].append(write)
+        by_cause: Counter[str] = Counter()
+        retried_jobs = delivered_after = 0
+        for job_id, job in self.jobs.items():
+            retries = self._job_events(job_id, kind="RetryScheduled")
+            if not retries:
+                continue
+            retried_jobs += 1
+            delivered_after += job["status"] == "Completed"
+            by_cause.update((e["detail"] or "").split(":", 1)[0] for e in retries)
+            attempts = {str(e["attempt_id"]) for e in self._job_events(job_id, kind="Claimed")}
+            writes = [w for a in attempts for w in writes_by_attempt.get(a, [])]
+            if len(writes) > 1:
+                self.violate(
+                    "retried_export_delivered_twice",
+                    job_id,
+                    f"{len(writes)} writes of {self._final_name(job)} by its attempts after {len(retries)} retries",
+                    writes=[(w.t, str(w.attempt_id), w.how) for w in writes],
+                    events=self._summary(job_id),
+                )
+            for event in retries:
+                retried = str(event["attempt_id"])
+                if writes_by_attempt.get(retried):
+                    self.violate(
+                        "retried_attempt_wrote_the_final_name",
+                        job_id,
+                        f"attempt {retried} was sent back to be tried again, but the partner saw it write "
+                        f"{self._final_name(job)}",
+                        events=self._summary(job_id),
+                    )
+                if self._job_events(job_id, retried, "RenameFenced"):
+                    self.violate(
+                        "retried_after_its_rename_fence",
+                        job_id,
+                        f"attempt {retried} was sent back to be tried again after its rename fence",
+                        events=self._summary(job_id),
+                    )
+        self.result.counts["retries_by_cause"] = dict(by_cause.most_common())
+        self.result.counts["exports_retried"] = retried_jobs
+        self.result.counts["exports_delivered_after_a_retry"] = delivered_after
 
     def _unknown_cause(self, job_id: str, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         attempt = str(job["attempt_id"])

@@ -464,6 +464,89 @@ SELECT id, attempt_id, 'Finished', claimed_by,
 FROM finished
 RETURNING id;
 
+-- name: lock_job_for_retry
+-- The retry's locking read, in the same short transaction as retry_delivery_if_delivering and before it: it
+-- waits for a cancellation transaction that holds the row (lock_job_for_cancel), so the retry statement's
+-- snapshot, taken after the wait, sees a TooLate request that transaction recorded. In one statement the
+-- wait would not help: a TooLate request changes no job row, so the update would go on with the snapshot it
+-- took before the wait and never see the request (001 "When Cancellation Loses").
+SELECT id AS job_id FROM export_jobs WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s FOR UPDATE;
+
+-- name: retry_delivery_if_delivering
+-- The terminal write of a delivery that failed NotDelivered for a transient cause (issue #25.4,
+-- rules/retries.py): Delivering -> Queued with its RetryScheduled event and a wake-up that waits as long as
+-- the job (available_at = now + min(cap, base * 2^n) scaled by the jitter, n the attempts this job used before
+-- this one), or, when a retry may not be made, Delivering -> Failed (NotDelivered) as finish_delivery writes
+-- it, its Finished event saying why not. The retry is made only for this attempt, still Delivering, whose
+-- row proves the rename was never sent (no rename fence: so the final name was never written), with no stop
+-- request and no cancellation request recorded against this attempt (a cancel answered TooLate during it
+-- stops the retry; 001: "TooLate" stays true), within the attempt cap (this attempt is a used one: the
+-- retry, unlike a give-back, does not add to attempts_released). The delivery key and final name are the
+-- job's and do not change; the next claim and cutoff 2 apply every rule again. The attempt's session slot
+-- ends with its hold of the job (0029). Run after lock_job_for_retry, in the same transaction.
+WITH job AS (
+    SELECT j.id, j.status, j.attempt_id, j.claimed_by, j.stop_request_id,
+           j.attempt_count - j.attempts_released AS used,
+           j.rename_fenced_at IS NULL AS never_renamed,
+           (SELECT r.id FROM cancellation_requests r
+            WHERE r.tenant_id = j.tenant_id AND r.job_id = j.id AND r.found_attempt_id = j.attempt_id
+            ORDER BY r.recorded_at, r.id LIMIT 1) AS request_id
+    FROM export_jobs j
+    WHERE j.id = %(job_id)s AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+    FOR UPDATE),
+retried AS (
+    UPDATE export_jobs j
+    SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
+        woken_at = clock_timestamp(),
+        available_at = clock_timestamp() + make_interval(
+            secs => least(%(cap_seconds)s::float8, %(base_seconds)s::float8 * 2 ^ greatest(job.used - 1, 0))
+                    * (0.5 + 0.5 * %(jitter)s::float8))
+    FROM job
+    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+      -- the row's own proof of NotDelivered: the rename is never sent without its fence
+      AND j.rename_fenced_at IS NULL
+      -- a stop or cancel recorded during the attempt is honoured: no retry
+      AND j.stop_request_id IS NULL AND job.request_id IS NULL
+      -- the failed attempt counts as used (002: "poison input cannot create infinite retries")
+      AND job.used < %(max_attempts)s
+    RETURNING j.id, j.available_at),
+failed AS (
+    UPDATE export_jobs j
+    SET status = 'Failed', failure_reason = 'NotDelivered', lease_expires_at = NULL
+    FROM job
+    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+      AND NOT (j.rename_fenced_at IS NULL AND j.stop_request_id IS NULL AND job.request_id IS NULL
+               AND job.used < %(max_attempts)s)
+    RETURNING j.id),
+retry_event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT job.id, job.attempt_id, 'RetryScheduled', job.claimed_by,
+           %(cause)s || ': ' || %(summary)s || '; try ' || job.used || ' of ' || %(max_attempts)s
+           || '; the next try waits until '
+           || to_char(retried.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') || ' UTC',
+           clock_timestamp()
+    FROM retried, job),
+failed_event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT job.id, job.attempt_id, 'Finished', job.claimed_by,
+           'Failed NotDelivered: ' || %(summary)s || '; not retried (' || %(cause)s || '): '
+           || CASE WHEN coalesce(job.stop_request_id, job.request_id) IS NOT NULL
+                   THEN 'cancellation request ' || coalesce(job.stop_request_id, job.request_id)::text
+                        || ' was recorded during this attempt'
+                   WHEN NOT job.never_renamed THEN 'the rename fence was written'
+                   ELSE 'try ' || job.used || ' of ' || %(max_attempts)s || ', the attempt cap' END,
+           clock_timestamp()
+    FROM failed, job),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent, available_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text, available_at
+    FROM retried)
+SELECT 'Retried' AS ending, retried.available_at, NULL::uuid AS request_id, job.used FROM retried, job
+UNION ALL
+SELECT 'Failed' AS ending, NULL::timestamptz AS available_at, coalesce(job.stop_request_id, job.request_id),
+       job.used
+FROM failed, job;
+
 -- name: append_delivery_evidence
 -- Evidence of what an attempt or a recovery run observed. An insert that never touches the job's status;
 -- it is kept whoever owns the job now.

@@ -480,14 +480,16 @@ BEGIN
     END IF;
     IF NEW.available_at IS DISTINCT FROM OLD.available_at
        AND NOT (OLD.status = 'Running' AND NEW.status = 'Queued')
+       AND NOT (OLD.status = 'Delivering' AND NEW.status = 'Queued')
        AND NOT (OLD.status = 'Queued' AND NEW.status = 'Queued' AND NEW.available_at IS NOT NULL
                 AND (OLD.available_at IS NULL OR NEW.available_at > OLD.available_at)
                 AND EXISTS (SELECT 1 FROM destinations d
                             WHERE d.tenant_id = NEW.tenant_id AND d.id = NEW.destination_id
                               AND NOT delivery_window_open(d, clock_timestamp())
                               AND delivery_window_open(d, NEW.available_at))) THEN
-        RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued), or moved later '
-                        'to its delivery window''s opening for a Queued job outside it', OLD.id
+        RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued) or a retry '
+                        '(Delivering -> Queued), or moved later to its delivery window''s opening for a Queued '
+                        'job outside it', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_backoff';
     END IF;
     RETURN NEW;
@@ -1461,7 +1463,7 @@ CREATE TABLE public.export_attempt_events (
     detail text,
     recorded_at timestamp with time zone NOT NULL,
     destination_version integer,
-    CONSTRAINT export_attempt_events_kind_check CHECK ((kind = ANY (ARRAY['Claimed'::text, 'DeliveryAuthorized'::text, 'Stopped'::text, 'Failed'::text, 'Finished'::text, 'RequeuedByRecovery'::text, 'StoppedByRecovery'::text, 'AttemptsExhausted'::text, 'ResolvedByRecovery'::text, 'Reconciled'::text, 'Corrected'::text, 'DeliveryEvidence'::text, 'Released'::text, 'UploadFenced'::text, 'RenameFenced'::text])))
+    CONSTRAINT export_attempt_events_kind_check CHECK ((kind = ANY (ARRAY['Claimed'::text, 'DeliveryAuthorized'::text, 'Stopped'::text, 'Failed'::text, 'Finished'::text, 'RequeuedByRecovery'::text, 'StoppedByRecovery'::text, 'AttemptsExhausted'::text, 'ResolvedByRecovery'::text, 'Reconciled'::text, 'Corrected'::text, 'DeliveryEvidence'::text, 'Released'::text, 'UploadFenced'::text, 'RenameFenced'::text, 'RetryScheduled'::text])))
 );
 
 ALTER TABLE public.export_attempt_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (

@@ -425,6 +425,8 @@ class _Delivery:
                 temp_name=self.temp_name,
                 bytes_sent=progress["sent"],
                 status=exc.status,
+                # the partner said it has no room (a quota, a full disk): rules/retries.py tries again later
+                **({"no_space": True} if exc.no_space else {}),
             )
             return self._refused_before_rename(f"upload refused (status {exc.status})", sftp, baseline)
         except Exception as exc:

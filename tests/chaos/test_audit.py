@@ -562,3 +562,39 @@ def test_a_manifest_name_written_twice_is_a_violation(tmp_path: Path) -> None:
     assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
         ("manifest_written_twice", str(job["id"]))
     ]
+
+
+def test_a_retried_export_delivered_more_than_once_by_the_partners_witness_is_a_violation(
+    tmp_path: Path,
+) -> None:
+    auditor = make_auditor(tmp_path)
+    # Delivered once, by the attempt after the retry: fine.
+    once = add_job(auditor, "Completed")
+    first = uuid.uuid4()
+    add_event(auditor, once, "Claimed", attempt_id=first)
+    add_event(auditor, once, "RetryScheduled", "connect_refused: no SFTP session opened", attempt_id=first)
+    add_event(auditor, once, "Claimed")
+    # Written by the attempt that was retried, and again by the next one.
+    twice = add_job(auditor, "Completed")
+    retried = uuid.uuid4()
+    add_event(auditor, twice, "Claimed", attempt_id=retried)
+    add_event(auditor, twice, "RenameFenced", attempt_id=retried)
+    add_event(auditor, twice, "RetryScheduled", "session_cut: upload interrupted", attempt_id=retried)
+    add_event(auditor, twice, "Claimed")
+    auditor.writes = final_writes(
+        linked(f"contacts-{once['delivery_key']}.csv", once["attempt_id"], inode=31)
+        + linked(f"contacts-{twice['delivery_key']}.csv", retried, inode=32, t=2)
+        + linked(f"contacts-{twice['delivery_key']}.csv", twice["attempt_id"], inode=33, t=4)
+    )
+
+    auditor._retries()
+
+    assert sorted((v.invariant, v.job_id) for v in auditor.result.violations) == sorted(
+        [
+            ("retried_export_delivered_twice", str(twice["id"])),
+            ("retried_attempt_wrote_the_final_name", str(twice["id"])),
+            ("retried_after_its_rename_fence", str(twice["id"])),
+        ]
+    )
+    assert auditor.result.counts["retries_by_cause"] == {"connect_refused": 1, "session_cut": 1}
+    assert auditor.result.counts["exports_delivered_after_a_retry"] == 2
