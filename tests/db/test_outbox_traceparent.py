@@ -13,8 +13,17 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from db.queries import all_queries, q
-from domain.models import ClaimResult, ExportJob, FailureCode, JobStatus, ReleaseResult
+from domain.models import (
+    ClaimResult,
+    ExportJob,
+    FailureCause,
+    FailureCode,
+    JobStatus,
+    ReleaseResult,
+    RetryResult,
+)
 from observability import tracing
+from rules.retries import RetryPolicy
 from tests.support.factories import Factory
 
 
@@ -88,6 +97,22 @@ async def _release(factory: Factory, claimed: tuple[ExportJob, Any]) -> ExportJo
     return job
 
 
+async def _failed_delivery(factory: Factory) -> tuple[ExportJob, Any]:
+    job, attempt_id = await factory.delivering()
+    await factory.fence(job.id, attempt_id, rename=False)  # the upload fenced, the rename never asked
+    return job, attempt_id
+
+
+async def _retry(factory: Factory, delivering: tuple[ExportJob, Any]) -> ExportJob:
+    job, attempt_id = delivering
+    policy = RetryPolicy(base_seconds=60.0, cap_seconds=600.0, max_attempts=3)
+    answer = await factory.worker.retry_delivery_if_delivering(
+        job.id, attempt_id, FailureCause.CONNECT_REFUSED, "connect refused", policy
+    )
+    assert answer == RetryResult.RETRIED
+    return job
+
+
 async def _expired(factory: Factory) -> tuple[ExportJob, Any]:
     job, attempt_id = await factory.running()
     await factory.expire_lease(job.id)
@@ -144,6 +169,7 @@ WRITERS: dict[str, tuple[Setup, Write]] = {
     "edit_terms_if_queued": (_queued, _edit),
     "release_attempt_if_running": (_running, _release),
     "requeue_expired_attempt": (_expired, _requeue),
+    "retry_delivery_if_delivering": (_failed_delivery, _retry),
     "sweep_stale_queued": (_stale, _sweep),
     "wake_resumed_queued": (_stale, _resume),
 }
