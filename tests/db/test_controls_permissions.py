@@ -240,6 +240,7 @@ async def test_the_exact_grants_on_the_controls_tables(database):
                     "host",
                     "host_key",
                     "host_keys",  # several pinned keys (0029)
+                    "manifest",  # the manifest published last (0037)
                     "max_sessions",  # the partner's session limit (0029)
                     "max_write_request",
                     "name",
