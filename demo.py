@@ -13,9 +13,15 @@ runs six exports through the real system:
 5. the incident's own case: an export queued to ``partner-old``, whose contract ended, is Rejected by the
    policy check before any claim, and nothing is sent;
 6. pause and resume: with deliveries to ``partner-new`` paused, an export's wake-up leaves it Queued; the
-   resume wakes it and it is delivered.
+   resume wakes it and it is delivered;
+7. onboarding a partner from the command line (``starter.py`` in child processes, each command printed):
+   ``northwind``, a second local SFTP server, is added with its OpenPGP public key (made with Debian's gpg in
+   the partner's own GNUPGHOME), its connection tested (the presented key not pinned), the key pinned and the
+   destination resumed; an export is delivered encrypted and the partner decrypts and hashes it as it would.
+   Then the partner's server restarts with a new host key: an export waits Queued with the reason shown, and
+   is delivered after the admin pins the key and the operator resumes.
 
-Deliveries 1-4 and 6 go to ``partner-new``.
+Deliveries 1-4 and 6 go to ``partner-new``, 7's to ``northwind``.
 
 Each cancel is an HTTP request to the API, made at a named point of the worker (the activities' test
 seams ``after_load``, ``after_build``, ``before_upload``), so every run has the same story. For each export
@@ -198,7 +204,7 @@ async def run_demo(
     stop: asyncio.Event | None = None,
     default_ports: bool = True,
 ) -> list[Scenario]:
-    """Start everything, run the four scenarios, print what happened, and stop everything again.
+    """Start everything, run the seven scenarios, print what happened, and stop everything again.
 
     ``inspect`` is awaited with the running system before it stops (the demo's test checks the printed
     outcomes against the database there). With ``keep`` it waits for ``stop`` (Ctrl-C) before stopping.
