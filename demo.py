@@ -350,6 +350,8 @@ async def run_demo(
         choreography.scripted = False  # the command line's exports are nobody's plan: no seam waits for one
 
         progress(f"Onboarding partner {PARTNER} from the command line, then rotating its host key")
+        if shutil.which("gpg") is None:  # the worker encrypts with it too
+            raise RuntimeError("scenario 7 needs Debian's gnupg: apt-get install -y gnupg")
         onboarding = Onboarding(workspace=scratch / PARTNER, incoming=scratch / PARTNER / "incoming")
         northwind = LocalSftpServer(onboarding.incoming)
         await northwind.start()
@@ -640,20 +642,11 @@ class Operator:
         return await self.run("$", [sys.executable, str(STARTER), *args], cwd=STARTER.parent, shown=shown)
 
 
-def _manifest_supported(env: dict[str, str]) -> bool:
+async def _manifest_supported(env: dict[str, str]) -> bool:
     """MANIFEST STEP: whether ``starter.py destination add`` takes ``--manifest`` (issue #24.6, built on branch
     ``manifest``). Until that branch is merged it does not, and the scenario asks for no manifest and runs no
     ``sha256sum -c``; once it is, both switch on by themselves."""
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, str(STARTER), "destination", "add", "--help"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return "--manifest" in done.stdout
+    return "--manifest" in await _output([sys.executable, str(STARTER), "destination", "add", "--help"], env)
 
 
 async def _run_onboarding(
@@ -718,7 +711,7 @@ async def _run_onboarding(
 
     sheet_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
     onboarding.sheet_fingerprint = host_key_fingerprint(sheet_key) or ""
-    onboarding.manifest = _manifest_supported(env)
+    onboarding.manifest = await _manifest_supported(env)
     manifest_option = ["--manifest", "both"] if onboarding.manifest else []  # MANIFEST STEP
     added = await ops.starter(
         "destination",
