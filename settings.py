@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     principal: str | None = Field(
         default=None, description="who `starter.py` records as acting (or --as; default: $USER)"
     )
+    approval_ttl_seconds: int = Field(
+        default=3600,
+        ge=1,
+        le=7 * 24 * 3600,
+        description="how long a two-person action waits for its second person before it expires",
+    )
 
     # -- leases, recovery and the sweeper ---------------------------------------------------------------
     lease_seconds: float = Field(default=60.0, description="the lease a claim or renewal sets")

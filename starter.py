@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from domain.audit import AuditAction, SubjectKind
 from service.outcomes import Kind
 from service.permissions import ROLES
 from settings import Settings
@@ -88,16 +89,43 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
-    """Mint an API token bound to a tenant, a principal and a role; only its SHA-256 is stored."""
+    """Mint an API token bound to a tenant, a principal and a role (only its SHA-256 is stored), or with
+    ``--revoke`` revoke every token of the principal; recorded in the ledger as ``--as``'s action."""
+    from service.audit import current_request_id
     from service.auth import mint_token
 
     url = args.database_url or settings.database_url
     if not url:
         return _fail_usage("give --database-url (an administrator's) or set EXPORTS_DATABASE_URL")
-    from db.admin import PrincipalRefused
+    from db.admin import PrincipalRefused, revoke_tokens
 
+    if args.revoke:
+        revoked = asyncio.run(
+            revoke_tokens(
+                url,
+                tenant_id=args.tenant,
+                principal=args.principal,
+                revoked_by=args.administrator,
+                request_id=current_request_id(),
+            )
+        )
+        _emit(
+            args,
+            {"revoked": revoked, "tenant_id": args.tenant, "principal": args.principal},
+            f"revoked {revoked} token(s) of {args.principal} (their console sessions ended with them)",
+        )
+        return EXIT_OK if revoked else EXIT_REFUSED
     try:
-        token = asyncio.run(mint_token(url, tenant_id=args.tenant, principal=args.principal, role=args.role))
+        token = asyncio.run(
+            mint_token(
+                url,
+                tenant_id=args.tenant,
+                principal=args.principal,
+                role=args.role,
+                minted_by=args.administrator,
+                request_id=current_request_id(),
+            )
+        )
     except PrincipalRefused as exc:
         print(f"starter.py: no token minted: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -559,14 +587,20 @@ def cmd_destination(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _switch_request(args: argparse.Namespace) -> Any:
-    from service.switches import SWITCH_REQUEST
+    from service.switches import RESUME_REQUEST, SWITCH_REQUEST
 
+    resume = args.command == "resume"
+    adapter = RESUME_REQUEST if resume else SWITCH_REQUEST
+    body: dict[str, Any] = {"scope": "tenant", "reason": args.reason}
     if args.global_scope:
-        return SWITCH_REQUEST.validate_python({"scope": "global", "reason": args.reason})
-    if args.destination is not None:
-        body = {"scope": "destination", "destination_id": args.destination, "reason": args.reason}
-        return SWITCH_REQUEST.validate_python(body)
-    return SWITCH_REQUEST.validate_python({"scope": "tenant", "reason": args.reason})
+        body["scope"] = "global"
+    elif args.destination is not None:
+        body.update(scope="destination", destination_id=args.destination)
+    if resume and args.pause is not None:
+        body["pause_id"] = args.pause
+    if not resume and args.until is not None:
+        body["expires_at"] = args.until
+    return adapter.validate_python(body)
 
 
 def _run_switches(
@@ -604,9 +638,15 @@ def _switch_change(args: argparse.Namespace, settings: Settings, *, resume: bool
         return _fail_usage(f"invalid input: {problems}")
     if not args.global_scope and args.tenant is None:
         return _fail_usage("give --tenant (or set EXPORTS_TENANT), or --global")
-    operator = Operator(principal=args.principal, tenant_id=args.tenant, platform=True)
 
     async def call(ops: Any) -> Any:
+        # the role the named principal holds in the tenant, if it is one (a two-person release is asked as it)
+        role = "operator"
+        if args.tenant is not None:
+            principal = await ops.store.find_principal(args.tenant, args.principal)
+            if principal is not None and principal.revoked_at is None:
+                role = principal.role
+        operator = Operator(principal=args.principal, tenant_id=args.tenant, platform=True, role=role)
         return await (ops.resume if resume else ops.pause)(operator, request)
 
     # The global switch is the platform's role's (exports_platform); the API's role may not change it.
@@ -635,6 +675,15 @@ def cmd_switches(args: argparse.Namespace, settings: Settings) -> int:
             name = s["scope"] if s["scope"] != "destination" else f"destination {s['destination_name']}"
             since = f" since {s['changed_at']} by {s['changed_by']}: {s['reason']}" if s["changed_at"] else ""
             lines.append(f"{name:<32} {s['state']:<14}{since}")
+        if answer.body.get("pauses"):
+            lines.append("active pauses (a resume releases your own; --pause ID names another's):")
+        for p in answer.body.get("pauses", []):
+            where = p["destination_id"] or p["tenant_id"] or "every tenant"
+            until = f" until {p['expires_at']}" if p["expires_at"] else ""
+            kind = " [host key changed]" if p["kind"] == "host_key" else ""
+            lines.append(
+                f"  {p['id']}  {p['scope']:<12} {where}  by {p['owner']}{kind}: {p['reason']}{until}"
+            )
         if answer.body["history"]:
             lines.append("latest changes:")
         for c in answer.body["history"]:
@@ -781,6 +830,180 @@ def cmd_recurring_delete(args: argparse.Namespace, settings: Settings) -> int:
         return await ops.delete(caller, args.recurring_export)
 
     return _run_recurring(args, settings, call, lambda a: a.body["message"])
+
+
+# -- principals, the ledger, approvals (issue #26) ---------------------------------------------------------
+
+
+def cmd_principal(args: argparse.Namespace, settings: Settings) -> int:
+    """Grant a principal of the tenant its role (``grant``) or revoke it (``revoke``), as an administrator
+    (``--as``), recorded in the ledger of operator actions."""
+    from db.admin import revoke_principal, upsert_principal
+    from service.audit import current_request_id
+
+    url = args.database_url or settings.database_url
+    if not url:
+        return _fail_usage("give --database-url (an administrator's) or set EXPORTS_DATABASE_URL")
+    if args.tenant is None:
+        return _fail_usage("give --tenant or set EXPORTS_TENANT")
+    if args.principal_action == "grant":
+        asyncio.run(
+            upsert_principal(
+                url,
+                tenant_id=args.tenant,
+                name=args.name,
+                role=args.role,
+                export_lists=args.lists,
+                granted_by=args.principal,
+                request_id=current_request_id(),
+            )
+        )
+        _emit(args, {"name": args.name, "role": args.role}, f"{args.name} now holds the {args.role} role")
+        return EXIT_OK
+    revoked = asyncio.run(
+        revoke_principal(
+            url,
+            tenant_id=args.tenant,
+            name=args.name,
+            revoked_by=args.principal,
+            request_id=current_request_id(),
+        )
+    )
+    _emit(
+        args,
+        {"name": args.name, "revoked": revoked},
+        f"{args.name} revoked: its tokens stop working"
+        if revoked
+        else f"{args.name} was not a live principal",
+    )
+    return EXIT_OK if revoked else EXIT_REFUSED
+
+
+def _run_as_principal(
+    args: argparse.Namespace,
+    settings: Settings,
+    call: Callable[[Any, Any], Awaitable[Any]],
+    render: Callable[[Any], str] | None = None,
+) -> int:
+    """Run one operation as ``--as`` with the role that principal holds in the tenant (the ledger and the
+    two-person rule are about people: a name that is no live principal of the tenant may do nothing)."""
+    from service.auth import Caller
+    from service.exports import open_exports
+    from service.outcomes import refusal
+
+    if not settings.database_url:
+        return _fail_usage("EXPORTS_DATABASE_URL is not set")
+    if args.tenant is None:
+        return _fail_usage("give --tenant or set EXPORTS_TENANT")
+
+    async def go() -> Any:
+        async with open_exports(settings, approval_ttl_seconds=settings.approval_ttl_seconds) as ops:
+            principal = await ops.store.find_principal(args.tenant, args.principal)
+            if principal is None or principal.revoked_at is not None:
+                return refusal(
+                    Kind.FORBIDDEN, f"{args.principal} is not a principal of this tenant, or is revoked"
+                )
+            caller = Caller(tenant_id=args.tenant, principal=args.principal, role=principal.role)  # type: ignore[arg-type]
+            return await call(ops, caller)
+
+    try:
+        answer = asyncio.run(go())
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in exc.errors())
+        return _fail_usage(f"invalid input: {problems}")
+    if getattr(args, "jsonl", False) and answer.ok:
+        return EXIT_OK  # the lines were printed as they were read
+    text = render(answer) if render and answer.ok else answer.text
+    _emit(args, {"outcome_kind": answer.kind.value, **answer.body}, text)
+    return exit_code_for(answer.kind)
+
+
+def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
+    """The ledger of operator actions, newest first (admins and reconcilers): one page, or with ``--jsonl`` the
+    whole filtered ledger as JSON Lines."""
+    from service.audit import Audit, AuditFilter
+    from service.outcomes import Answer
+
+    where = AuditFilter(
+        principal=args.by,
+        action=args.action,
+        subject_kind=args.subject_kind,
+        subject_id=args.subject,
+        since=args.since,
+        until=args.until,
+    )
+
+    async def call(ops: Any, caller: Any) -> Any:
+        audit = Audit(ops.store)
+        if not args.jsonl:
+            return await audit.page(
+                caller.tenant_id, caller.role, where, limit=args.limit, before=args.before
+            )
+        refused = audit.refused(caller.role) or (
+            None if audit.filter_problem(where) is None else _invalid_filter(audit.filter_problem(where))
+        )
+        if refused is not None:
+            return refused
+        async for line in audit.lines(caller.tenant_id, where):
+            sys.stdout.write(line)
+        return Answer(Kind.DONE, {})
+
+    def render(answer: Any) -> str:
+        rows = []
+        for a in answer.body["actions"]:
+            second = f" (asked by {a['requested_by']})" if a["requested_by"] else ""
+            rows.append(
+                f"{a['at'][:19]}  {a['principal']} ({a['role']}){second}  {a['action']} {a['subject_kind']} "
+                f"{a['subject_id'] or ''}: {a['outcome']}" + (f" - {a['reason']}" if a["reason"] else "")
+            )
+        if answer.body["next"]:
+            rows.append(f"(older: --before {answer.body['next']})")
+        return "\n".join(rows) or "no actions recorded"
+
+    return _run_as_principal(args, settings, call, render)
+
+
+def _invalid_filter(problem: str | None) -> Any:
+    from service.outcomes import refusal
+
+    return refusal(Kind.INVALID, problem or "invalid filter")
+
+
+def cmd_approvals(args: argparse.Namespace, settings: Settings) -> int:
+    """Two-person actions: ``list`` (``--pending``), ``show``, ``approve`` (runs the action now, as you) and
+    ``decline`` (it never runs), as ``--as`` with the role that principal holds."""
+
+    async def call(ops: Any, caller: Any) -> Any:
+        match args.approvals_action:
+            case "list":
+                return await ops.approvals.list(caller, pending_only=args.pending)
+            case "show":
+                return await ops.approvals.show(caller, args.approval)
+            case "approve":
+                return await ops.approvals.approve(caller, args.approval, args.reason)
+            case _:
+                return await ops.approvals.decline(caller, args.approval, args.reason)
+
+    def render(answer: Any) -> str:
+        listed = answer.body.get("approvals")
+        if listed is None:
+            approval = answer.body.get("approval")
+            text = str(answer.body.get("message") or "")
+            if approval is not None and not text:
+                return _approval_line(approval)
+            return text or json.dumps(answer.body, default=str)
+        return "\n".join(_approval_line(a) for a in listed) or "nothing is waiting for a second person"
+
+    return _run_as_principal(args, settings, call, render)
+
+
+def _approval_line(a: dict[str, Any]) -> str:
+    decided = f" by {a['decided_by']}" if a["decided_by"] else ""
+    outcome = f" ({a['outcome']})" if a["outcome"] else ""
+    return (
+        f"{a['id']}  {a['state']}{decided}{outcome}  {a['action']} {a['subject_kind']} {a['subject_id']}  "
+        f"asked by {a['requested_by']} at {a['requested_at'][:19]}, until {a['expires_at'][:19]}: {a['reason']}"
+    )
 
 
 # -- serve and demo -------------------------------------------------------------------------------------
@@ -1083,10 +1306,19 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sub.add_argument("--reason", required=True, help="why (recorded with who and when)")
 
-    sub = command("pause", cmd_pause, "pause deliveries: the tenant's, --destination D's, or --global")
+    sub = command(
+        "pause", cmd_pause, "pause deliveries (your own pause): the tenant's, --destination D's, or --global"
+    )
     switch_scope(sub)
-    sub = command("resume", cmd_resume, "resume deliveries in a scope and wake its queued exports")
+    sub.add_argument("--until", type=_aware, help="the pause lifts itself then (ISO 8601 with its offset)")
+    sub = command(
+        "resume",
+        cmd_resume,
+        "resume deliveries in a scope (your own pauses, or --pause ID: another's waits for a second person) "
+        "and wake its queued exports",
+    )
     switch_scope(sub)
+    sub.add_argument("--pause", type=_uuid, help="the pause to release (starter.py switches lists them)")
     sub = command("switches", cmd_switches, "the delivery switches and their latest changes")
     acting(sub, export=False)
 
@@ -1136,11 +1368,69 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--keep", action="store_true", help="keep everything running until Ctrl-C")
     sub.add_argument("--contacts", type=int, default=50_000)
 
-    sub = command("token", cmd_token, "mint an API token (administrator's database URL)")
+    sub = command(
+        "token", cmd_token, "mint an API token, or --revoke a principal's (administrator's database URL)"
+    )
     sub.add_argument("--database-url")
     sub.add_argument("--tenant", type=_uuid, required=True)
     sub.add_argument("--principal", required=True)
     sub.add_argument("--role", choices=list(ROLES), default="operator")
+    sub.add_argument("--revoke", action="store_true", help="revoke every token of --principal instead")
+    sub.add_argument(
+        "--as",
+        dest="administrator",
+        default="administrator",
+        help="the administrator minting or revoking, recorded in the ledger of operator actions",
+    )
+
+    principal = command(
+        "principal", cmd_principal, "grant a principal its role, or revoke it (administrator's database URL)"
+    )
+    principal_actions = principal.add_subparsers(dest="principal_action", required=True, metavar="ACTION")
+    for name, help_text in (
+        ("grant", "make NAME a principal with --role (reinstated)"),
+        ("revoke", "revoke NAME"),
+    ):
+        sub = principal_actions.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        sub.add_argument("--database-url")
+        acting(sub, export=False)
+        sub.add_argument("name", help="the principal")
+        if name == "grant":
+            sub.add_argument("--role", choices=list(ROLES), required=True)
+            sub.add_argument("--list", dest="lists", action="append", help="only this list (repeatable)")
+
+    sub = command("audit", cmd_audit, "the ledger of operator actions, newest first (admins and reconcilers)")
+    acting(sub, export=False)
+    sub.add_argument("--by", help="only this principal's actions")
+    sub.add_argument("--action", choices=[a.value for a in AuditAction], help="only this action")
+    sub.add_argument(
+        "--subject-kind", choices=[k.value for k in SubjectKind], help="only this kind of subject"
+    )
+    sub.add_argument("--subject", help="only actions on this subject (an ID, or a principal's name)")
+    sub.add_argument("--since", type=_aware, help="at or after this time (ISO 8601 with its offset)")
+    sub.add_argument("--until", type=_aware, help="before this time (ISO 8601 with its offset)")
+    sub.add_argument("--limit", type=int, default=50)
+    sub.add_argument("--before", help="the cursor an earlier page printed")
+    sub.add_argument("--jsonl", action="store_true", help="the whole filtered ledger as JSON Lines")
+
+    approvals = command("approvals", cmd_approvals, "two-person actions: list, show, approve, decline")
+    approval_actions = approvals.add_subparsers(dest="approvals_action", required=True, metavar="ACTION")
+    for name, help_text in (
+        ("list", "the tenant's approvals, newest first"),
+        ("show", "one approval"),
+        ("approve", "approve one as its second person: the action runs now, as yours"),
+        ("decline", "decline one: it never runs"),
+    ):
+        sub = approval_actions.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+        acting(sub, export=False)
+        if name == "list":
+            sub.add_argument("--pending", action="store_true", help="only those still waiting")
+        else:
+            sub.add_argument("approval", type=_uuid, help="approval ID")
+        if name in ("approve", "decline"):
+            sub.add_argument("--reason", required=name == "decline", help="why (recorded)")
 
     sub = command("seed-demo", cmd_seed_demo, "seed a tenant, destination and contacts; mint tokens")
     sub.add_argument("--database-url")
@@ -1181,6 +1471,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.failure_reason not in {c.value for c in FailureCode}:
             parser.error(f"--failure-reason must be one of {', '.join(c.value for c in FailureCode)}")
     settings = Settings()
+    from service.audit import new_request_id, set_request_id
+
+    set_request_id(new_request_id("cli-"))  # this invocation's ID, recorded with any action it takes
     if "principal" in args and args.principal is None:
         args.principal = settings.principal or getpass.getuser() or "cli"
     if "tenant" in args and args.tenant is None and args.command != "token":

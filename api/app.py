@@ -14,10 +14,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from api import console, destinations, reconciliation, recurring, routes, switches, webhooks
+from api import audit, console, destinations, reconciliation, recurring, routes, switches, webhooks
 from api.limits import MAX_BODY_BYTES
 from db.errors import TransientStoreError, translate
 from observability.health import health_router, instrument_fastapi, standard_readiness
+from service.audit import acceptable_request_id, new_request_id, reset_request_id, set_request_id
 from service.exports import RETRY_AFTER_SECONDS, Exports
 from service.recurring import RecurringExports
 from service.recurring_schedules import ScheduleSync
@@ -25,6 +26,8 @@ from service.signals import TemporalStopSignaller
 from settings import Settings
 
 log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "X-Request-ID"
 
 
 def _field(loc: tuple | list) -> str:
@@ -126,6 +129,20 @@ def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync 
     app.add_exception_handler(psycopg.Error, _driver_error)  # type: ignore[arg-type]
 
     @app.middleware("http")
+    async def request_id(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
+        # The request's ID, recorded with any operator action it asks for: the client's X-Request-ID if it is
+        # one (1-200 visible ASCII characters), else a new one; echoed on the answer either way.
+        given = acceptable_request_id(request.headers.get(REQUEST_ID_HEADER))
+        current = given or new_request_id()
+        token = set_request_id(current)
+        try:
+            response = await call_next(request)
+        finally:
+            reset_request_id(token)
+        response.headers[REQUEST_ID_HEADER] = current
+        return response
+
+    @app.middleware("http")
     async def limit_body(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
@@ -170,6 +187,9 @@ def create_app(settings: Settings, *, exports: Exports, schedules: ScheduleSync 
     app.include_router(webhooks.console_router)
     app.include_router(reconciliation.router)
     app.include_router(reconciliation.console_router)
+    app.include_router(audit.router)
+    app.include_router(audit.approvals_router)
+    app.include_router(audit.console_router)
     app.mount("/static", StaticFiles(directory=str(Path(__file__).parent / "static")), name="static")
     # /healthz, /readyz (PostgreSQL through the API's own pool, migrations, Temporal through the stop
     # signaller's client when there is one) and /metrics (this process's registry); traced when on.

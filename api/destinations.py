@@ -45,15 +45,17 @@ CallerDep = Annotated[Caller, Depends(authenticate)]
 
 
 def destinations(request: Request) -> Destinations:
-    """The destination operations over the app's ``exports_api`` store; connection tests run on a worker
-    through the stop signaller's Temporal client (none: a test answers 503)."""
-    signaller = request.app.state.exports.signaller
+    """The destination operations over the app's ``exports_api`` store (two-person changes through the app's
+    approvals); connection tests run on a worker through the stop signaller's Temporal client (none: a test
+    answers 503)."""
+    exports = request.app.state.exports
+    signaller = exports.signaller
     tests = (
         ConnectionTests(signaller.connected_client, request.app.state.settings.task_queue)
         if isinstance(signaller, TemporalStopSignaller)
         else None
     )
-    return Destinations(request.app.state.exports.store, tests)
+    return Destinations(exports.store, tests, approvals=exports.approvals)
 
 
 DestinationsDep = Annotated[Destinations, Depends(destinations)]
@@ -195,6 +197,12 @@ async def get_destination(destination_id: UUID, caller: CallerDep, ops: Destinat
     ),
     responses={
         200: {"description": "Changed (the ETag is the new version), or nothing to change"},
+        202: {
+            "description": (
+                "A change of the host, port, account, credential, host key or encryption keys: waiting for "
+                "another admin's approval (GET /approvals); nothing changed yet"
+            )
+        },
         400: {"description": "If-Match unquoted or unterminated, or the body is not JSON"},
         409: {"description": "The destination is retired: a retired destination never changes"},
         412: {"description": "If-Match names another version, or only weak tags"},

@@ -17,7 +17,7 @@ from fastapi.templating import Jinja2Templates
 from api.auth import authenticate, console_caller
 from api.routes import BODY_ERRORS, ERRORS, respond
 from service.auth import Caller
-from service.switches import Operator, Switches, SwitchRequest, banner_lines, state_of
+from service.switches import Operator, ResumeRequest, Switches, SwitchRequest, banner_lines, state_of
 from service.views import short, stamp
 
 router = APIRouter(prefix="/switches", tags=["switches"])
@@ -38,8 +38,10 @@ _SWITCH_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def switches(request: Request) -> Switches:
-    """The switch operations over the app's ``exports_api`` store."""
-    return Switches(request.app.state.exports.store)
+    """The switch operations over the app's ``exports_api`` store (two-person releases through the app's
+    approvals)."""
+    exports = request.app.state.exports
+    return Switches(exports.store, approvals=exports.approvals)
 
 
 SwitchesDep = Annotated[Switches, Depends(switches)]
@@ -69,10 +71,16 @@ async def pause(body: Annotated[SwitchRequest, Body()], caller: CallerDep, ops: 
 
 @router.post(
     "/resume",
-    summary="Resume deliveries for your tenant or one of its destinations; wakes their queued exports",
-    responses=_SWITCH_ERRORS,
+    summary=(
+        "Resume deliveries for your tenant or one of its destinations: release your pauses, or the one named "
+        "(another's, or a host-key trip: 202, waiting for a second person); wakes their queued exports"
+    ),
+    responses={
+        **_SWITCH_ERRORS,
+        202: {"description": "Waiting for another principal's approval (GET /approvals)"},
+    },
 )
-async def resume(body: Annotated[SwitchRequest, Body()], caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
+async def resume(body: Annotated[ResumeRequest, Body()], caller: CallerDep, ops: SwitchesDep) -> JSONResponse:
     return respond(await ops.resume(_operator(caller), body))
 
 
@@ -94,6 +102,7 @@ async def switches_page(request: Request) -> Response:
         return console._to_login()
     ops = switches(request)
     all_switches = await ops.store.tenant_switches(caller.tenant_id)
+    pauses = await ops.store.tenant_pauses(caller.tenant_id)
     history = await ops.store.switch_history(caller.tenant_id, 50)
     names = {s.destination_id: s.destination_name for s in all_switches if s.destination_id}
     return templates.TemplateResponse(
@@ -105,6 +114,7 @@ async def switches_page(request: Request) -> Response:
             "switches": all_switches,
             "history": history,
             "names": names,
-            "switch_banner": banner_lines(all_switches),
+            "pauses": pauses,
+            "switch_banner": banner_lines(all_switches, pauses),
         },
     )

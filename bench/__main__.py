@@ -24,7 +24,9 @@ starts, when every firing's export exists, and that duplicate firings created no
 ``console`` (the console's export list, its counts and ``GET /exports`` at 10,000,000 exports against an empty
 database: p50 and p95 per request kind and per filter, and the plans; ``python -m bench.console -h``),
 ``index_cost`` (what the list's indexes of migration 0027 cost each write of an export's life, against the same
-database as before 0027; ``python -m bench.index_cost -h``).
+database as before 0027; ``python -m bench.index_cost -h``),
+``gate`` (the hot path's statements with the pause-aware delivery gate of issue #26 against migration 0014's,
+in alternating rounds on one database; ``python -m bench.gate -h``).
 Without a name, all of them run, one after the other.
 """
 
@@ -40,6 +42,7 @@ from bench import (
     console,
     dispatch,
     e2e,
+    gate,
     index_cost,
     notify,
     obs,
@@ -64,6 +67,7 @@ BENCHMARKS = {
     "recurring": recurring.run_with_defaults,
     "console": console.run_with_defaults,
     "index_cost": index_cost.run_with_defaults,
+    "gate": gate.run_with_defaults,
 }
 
 if __name__ == "__main__":

@@ -95,8 +95,11 @@ class Driver:
         t0: float,
         hard_deadline: float,
         encrypted_destination_id: str | None = None,
+        approver: ApiClient | None = None,
     ) -> None:
         self.api = api
+        # a second operator: a replacement with an overwrite agreement takes two people (issue #26)
+        self.approver = approver
         self.board = board
         self.destination_id = destination_id
         self.encrypted_destination_id = encrypted_destination_id or destination_id
@@ -287,6 +290,11 @@ class Driver:
             )
             answer = _answer(response, sent)
             replacement.creates.append(answer)
+            if response is not None and response.status_code == 202 and self.approver is not None:
+                # asked, waiting for a second person: the second operator approves, and it is created then
+                response = await self._approve(response.json()["approval"]["id"], original.job_id)
+                if response is not None and response.status_code < 500:
+                    replacement.creates.append(_answer(response, sent))
             if response is not None and response.status_code == 201:
                 replacement.job_id = response.json()["export"]["id"]
                 break
@@ -302,6 +310,23 @@ class Driver:
         self.board.watch(replacement.job_id)
         self.records.append(replacement)
         return replacement
+
+    async def _approve(self, approval_id: str, original_id: str) -> Any:
+        """The second operator's approval of a waiting replacement: its answer (201 with the replacement), or
+        None when none came (a retry then finds the replacement on the board, or asks again)."""
+        assert self.approver is not None
+        for _ in range(5):
+            response, _sent = await self.approver.request(
+                "POST",
+                "POST /approvals/{id}/approval",
+                f"/approvals/{approval_id}/approval",
+                job_id=original_id,
+                json={"reason": "chaos: a second operator agrees"},
+            )
+            if response is not None and response.status_code < 500:
+                return response
+            await asyncio.sleep(retry_after(response))
+        return None
 
     def _replacement_on_board(self, original_id: str) -> str | None:
         for job_id, row in self.board.jobs.items():

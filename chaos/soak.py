@@ -27,6 +27,8 @@ from chaos.recurring import ADMIN, RecurringLoad
 from chaos.report import build_report
 from chaos.stack import Stack
 
+APPROVER = "olga.ops"  # the soak's second operator: an overwrite replacement takes two people
+
 
 class Progress:
     """Timestamped lines on ``out``: seconds since the soak started."""
@@ -54,6 +56,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
     harness: list[str] = []
     api: ApiClient | None = None
     admin_api: ApiClient | None = None
+    approver_api: ApiClient | None = None
     board: StatusBoard | None = None
     drive: asyncio.Task[None] | None = None
     try:
@@ -70,6 +73,11 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
             stack.admin_url, tenant_id=stack.tenant_id, principal=ADMIN, role="admin"
         )
         admin_api = ApiClient(stack.api_url, admin_token)
+        # the second person of a replacement with an overwrite agreement (issue #26)
+        approver_token = await mint_token(
+            stack.admin_url, tenant_id=stack.tenant_id, principal=APPROVER, role="operator"
+        )
+        approver_api = ApiClient(stack.api_url, approver_token)
         recurring = RecurringLoad(
             admin_api, client, str(stack.destination_id), count=config.recurring, list_name="tiny"
         )
@@ -88,6 +96,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
             encrypted_destination_id=str(stack.encrypted_destination_id)
             if stack.encrypted_destination_id
             else None,
+            approver=approver_api,
         )
         injector = FaultInjector(stack, plan.faults, t0=t0, client=client, say=say)
         say("load and faults begin")
@@ -148,7 +157,7 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
                     *(["inotify queue overflowed"] if stack.watch.overflowed else []),
                 ],
                 records=driver.records,
-                journal=api.journal,
+                journal=sorted([*api.journal, *approver_api.journal], key=lambda r: r.t),
                 faults=injector.records,
                 exits=[e for m in stack.managed() for e in m.exits],
                 lists=config.lists,
@@ -200,6 +209,8 @@ async def run_soak(config: SoakConfig, command: str, out: TextIO = sys.stdout) -
             await api.aclose()
         if admin_api is not None:
             await admin_api.aclose()
+        if approver_api is not None:
+            await approver_api.aclose()
         say("stopping everything the soak started")
         await stack.stop()
 

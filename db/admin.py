@@ -1,6 +1,7 @@
-"""What only an administrator's connection does: seed tenants, destinations and contacts, store tokens,
-manage principals (grant, revoke), retire destinations and change them (each change a recorded version, as an
-admin's requests through the API are).
+"""What only an administrator's connection does: seed tenants, destinations and contacts, store and revoke
+tokens, manage principals (grant, revoke), retire destinations and change them (each change a recorded version,
+as an admin's requests through the API are). Token mint and revoke and role grants are recorded in the ledger
+of operator actions with the administrator's name and the role ``owner``, in their own transactions.
 
 No application role may write these tables; the demo, ``starter.py seed-demo`` / ``token`` and the
 benchmarks use this module with a database owner's URL. A tenant or destination created here starts
@@ -20,7 +21,8 @@ import psycopg
 
 from db.errors import StoreError, translated
 from db.queries import execute, fetch
-from db.rows import DestinationEdit, DestinationRetirement
+from db.rows import CountRow, DestinationEdit, DestinationRetirement, PrincipalRow
+from domain.audit import ActionRecord, AuditAction, SubjectKind
 from domain.file_format import FileFormat
 
 DEMO_LIST = "newsletter"
@@ -37,22 +39,102 @@ class Seeded:
     contacts: int
 
 
+ADMINISTRATOR = "administrator"  # who an administrator's change names when the caller gives no name
+
+
+def _admin_record(
+    tenant_id: UUID,
+    by: str,
+    action: AuditAction,
+    subject_kind: SubjectKind,
+    subject_id: str,
+    *,
+    outcome: str,
+    before: Any = None,
+    after: Any = None,
+    request_id: str | None = None,
+    reason: str | None = None,
+    detail: str | None = None,
+) -> ActionRecord:
+    """The ledger row of an administrator's action (0031): their name, the role ``owner``."""
+    return ActionRecord(
+        tenant_id=tenant_id,
+        principal=by,
+        role=OWNER,
+        action=action,
+        subject_kind=subject_kind,
+        subject_id=subject_id,
+        request_id=request_id,
+        reason=reason,
+        outcome=outcome,
+        detail=detail,
+        before=before,
+        after=after,
+    )
+
+
 async def insert_token(
-    admin_url: str, *, token_sha256: bytes, tenant_id: UUID, principal: str, role: str
+    admin_url: str,
+    *,
+    token_sha256: bytes,
+    tenant_id: UUID,
+    principal: str,
+    role: str,
+    minted_by: str = ADMINISTRATOR,
+    request_id: str | None = None,
 ) -> None:
-    """Record a token by its SHA-256 only, bound to a tenant, a principal and a role.
+    """Record a token by its SHA-256 only, bound to a tenant, a principal and a role, with its row of the ledger
+    of operator actions (who minted it, for whom, with which role; never the token) in the same transaction.
 
     A name that is not yet a principal of the tenant becomes one with ``role``; a revoked principal, or
-    one that holds another role, gets no token (``PrincipalRefused``).
+    one that holds another role, gets no token (``PrincipalRefused``; the refusal is recorded too).
     """
-    async with translated(), await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
-        inserted = await execute(
-            conn,
-            "insert_api_token",
-            {"token_sha256": token_sha256, "tenant_id": tenant_id, "principal": principal, "role": role},
-        )
+    after = {"principal": principal, "role": role}
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn:
+        async with conn.transaction():
+            inserted = await execute(
+                conn,
+                "insert_api_token",
+                {"token_sha256": token_sha256, "tenant_id": tenant_id, "principal": principal, "role": role},
+            )
+            record = _admin_record(
+                tenant_id,
+                minted_by,
+                AuditAction.TOKEN_MINT,
+                SubjectKind.TOKEN,
+                principal,
+                outcome="created" if inserted == 1 else "refused",
+                after=after,
+                request_id=request_id,
+                detail=None if inserted == 1 else "the principal is revoked or holds another role",
+            )
+            await execute(conn, "record_operator_action", record.params())
     if inserted != 1:
         raise PrincipalRefused(f"{principal} is revoked or holds another role than {role} in this tenant")
+
+
+async def revoke_tokens(
+    admin_url: str, *, tenant_id: UUID, principal: str, revoked_by: str, request_id: str | None = None
+) -> int:
+    """Revoke every token of a principal (its console sessions end with them), recorded in the ledger in the
+    same transaction; the principal stays. The number of tokens revoked."""
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn:
+        async with conn.transaction():
+            [row] = await fetch(
+                conn, "revoke_api_tokens", {"tenant_id": tenant_id, "principal": principal}, CountRow
+            )
+            record = _admin_record(
+                tenant_id,
+                revoked_by,
+                AuditAction.TOKEN_REVOKE,
+                SubjectKind.TOKEN,
+                principal,
+                outcome="done" if row.n else "not_found",
+                after={"principal": principal, "tokens_revoked": row.n},
+                request_id=request_id,
+            )
+            await execute(conn, "record_operator_action", record.params())
+    return row.n
 
 
 class PrincipalRefused(StoreError):
@@ -65,26 +147,73 @@ async def _admin(admin_url: str, name: str, params: dict[str, Any]) -> int:
 
 
 async def upsert_principal(
-    admin_url: str, *, tenant_id: UUID, name: str, role: str, export_lists: list[str] | None = None
+    admin_url: str,
+    *,
+    tenant_id: UUID,
+    name: str,
+    role: str,
+    export_lists: list[str] | None = None,
+    granted_by: str = ADMINISTRATOR,
+    request_id: str | None = None,
 ) -> None:
     """Make ``name`` a principal of the tenant with ``role`` (and, if given, the only lists it may
-    export); an existing principal gets them and is reinstated."""
-    await _admin(
-        admin_url,
-        "upsert_principal",
-        {"tenant_id": tenant_id, "name": name, "role": role, "export_lists": export_lists},
-    )
+    export); an existing principal gets them and is reinstated. The grant is recorded in the ledger of operator
+    actions, with the role before and after, in the same transaction."""
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn:
+        async with conn.transaction():
+            before = await fetch(conn, "find_principal", {"tenant_id": tenant_id, "name": name}, PrincipalRow)
+            await execute(
+                conn,
+                "upsert_principal",
+                {"tenant_id": tenant_id, "name": name, "role": role, "export_lists": export_lists},
+            )
+            record = _admin_record(
+                tenant_id,
+                granted_by,
+                AuditAction.PRINCIPAL_GRANT,
+                SubjectKind.PRINCIPAL,
+                name,
+                outcome="done",
+                before=_principal_json(before[0]) if before else None,
+                after={"role": role, "export_lists": export_lists, "revoked": False},
+                request_id=request_id,
+            )
+            await execute(conn, "record_operator_action", record.params())
 
 
-async def revoke_principal(admin_url: str, *, tenant_id: UUID, name: str, revoked_by: str) -> bool:
+async def revoke_principal(
+    admin_url: str, *, tenant_id: UUID, name: str, revoked_by: str, request_id: str | None = None
+) -> bool:
     """Revoke a principal: its tokens stop working and its queued exports are rejected when next
-    evaluated. False when it was already revoked or does not exist."""
-    return (
-        await _admin(
-            admin_url, "revoke_principal", {"tenant_id": tenant_id, "name": name, "revoked_by": revoked_by}
-        )
-        == 1
-    )
+    evaluated, recorded in the ledger of operator actions in the same transaction. False when it was already
+    revoked or does not exist."""
+    async with translated(), await psycopg.AsyncConnection.connect(admin_url) as conn:
+        async with conn.transaction():
+            before = await fetch(conn, "find_principal", {"tenant_id": tenant_id, "name": name}, PrincipalRow)
+            revoked = (
+                await execute(
+                    conn, "revoke_principal", {"tenant_id": tenant_id, "name": name, "revoked_by": revoked_by}
+                )
+                == 1
+            )
+            record = _admin_record(
+                tenant_id,
+                revoked_by,
+                AuditAction.PRINCIPAL_REVOKE,
+                SubjectKind.PRINCIPAL,
+                name,
+                outcome="done" if revoked else ("not_found" if not before else "refused"),
+                before=_principal_json(before[0]) if before else None,
+                after={"revoked": True} if revoked else None,
+                request_id=request_id,
+                detail=None if revoked or not before else "already revoked",
+            )
+            await execute(conn, "record_operator_action", record.params())
+    return revoked
+
+
+def _principal_json(row: PrincipalRow) -> dict[str, Any]:
+    return {"role": row.role, "revoked": row.revoked_at is not None}
 
 
 async def retire_destination(

@@ -69,6 +69,8 @@ CONSTRAINT_MEANINGS: dict[str, tuple[type[ConstraintRefused], str]] = {
     "fk_export_jobs_destination": (UnknownReference, _NO_DESTINATION),
     "export_jobs_tenant_id_fkey": (UnknownReference, _NO_DESTINATION),
     "fk_delivery_switches_destination": (UnknownReference, _NO_DESTINATION),
+    "fk_delivery_pauses_destination": (UnknownReference, _NO_DESTINATION),
+    "delivery_pauses_tenant_id_fkey": (UnknownReference, _NO_DESTINATION),
     "delivery_switches_tenant_id_fkey": (UnknownReference, _NO_DESTINATION),
     "fk_cancellation_batches_destination": (UnknownReference, _NO_DESTINATION),
     "fk_cancellation_previews_destination": (UnknownReference, _NO_DESTINATION),

@@ -31,13 +31,18 @@ WHERE tenant_id = %(tenant_id)s AND operation = %(operation)s AND key = %(idempo
 
 -- name: create_replacement
 -- Creates a replacement for a named person. Inserts nothing unless the original may be replaced: an
--- original, same tenant, OutcomeUnknown or Failed for a reason that proves nothing was finalized.
+-- original, same tenant, OutcomeUnknown or Failed for a reason that proves nothing was finalized; and, with an
+-- overwrite agreement, under an approval of this replacement and agreement that its creator decided, asked by
+-- another (two people, 0032; the insert guard refuses the rest).
 WITH original AS (
     SELECT id, tenant_id, destination_id, delivery_key, list_name
     FROM export_jobs
     WHERE tenant_id = %(tenant_id)s AND id = %(original_job_id)s AND replaces_job_id IS NULL
       AND (status = 'OutcomeUnknown'
            OR (status = 'Failed' AND failure_reason IN ('BuildFailed', 'AttemptsExhausted', 'NotDelivered')))
+      AND (%(overwrite_agreement_ref)s::text IS NULL
+           OR approved_action(tenant_id, ARRAY['replace_with_overwrite'], id::text, %(created_by)s,
+                              jsonb_build_object('overwrite_agreement_ref', %(overwrite_agreement_ref)s::text)))
     FOR UPDATE),   -- waits for a concurrent correction of the original, then re-checks its status
 created AS (
     INSERT INTO export_jobs (id, tenant_id, status, version, destination_id, delivery_key, replaces_job_id,
@@ -685,13 +690,15 @@ RETURNING id;
 
 -- name: reconcile_unknown
 -- OutcomeUnknown -> Completed or Failed (NotDelivered), for that attempt, once: the unique index allows one
--- Reconciled event per attempt. No lease condition: recovery cleared the lease.
+-- Reconciled event per attempt. No lease condition: recovery cleared the lease. Only by a reconciler: the one
+-- named holds the reconciler role in the tenant (0032), so an operator's reconcile matches nothing here too.
 WITH reconciled AS (
     UPDATE export_jobs
     SET status = %(resolution)s,
         failure_reason = CASE WHEN %(resolution)s = 'Failed' THEN 'NotDelivered' END
     WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
       AND status = 'OutcomeUnknown' AND %(resolution)s IN ('Completed', 'Failed')
+      AND principal_holds(%(tenant_id)s, %(reconciled_by)s, ARRAY['reconciler'])
     RETURNING id, attempt_id, status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'Reconciled', %(reconciled_by)s, status || ': ' || %(evidence_summary)s, clock_timestamp()
@@ -699,9 +706,10 @@ FROM reconciled
 RETURNING id;
 
 -- name: record_correction
--- The correction a reconciler requests for one attempt's recorded outcome, with who and why; once per
--- attempt (the primary key). correct_outcome runs after it in the same transaction, and the trigger lets
--- the status change only along this row, to the failure code it records (only Failed carries one, 0019).
+-- The correction of one attempt's recorded outcome, with who and why; once per attempt (the primary key).
+-- correct_outcome runs after it in the same transaction, and the trigger lets the status change only along
+-- this row, to the failure code it records (only Failed carries one, 0019). Two people (0032): it matches
+-- only under an approval of this correction that the reconciler recording it decided, asked by another.
 INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, failure_reason,
                                  corrected_by, evidence_ref, why)
 SELECT tenant_id, id, attempt_id, %(recorded_status)s, %(corrected_status)s,
@@ -711,6 +719,8 @@ FROM export_jobs
 WHERE tenant_id = %(tenant_id)s AND id = %(job_id)s AND attempt_id = %(attempt_id)s
   AND status = %(recorded_status)s AND status IN ('Completed', 'Failed')
   AND %(corrected_status)s IN ('Completed', 'Failed') AND %(corrected_status)s <> %(recorded_status)s
+  AND approved_action(tenant_id, ARRAY['correct_outcome'], id::text, %(corrected_by)s,
+                      jsonb_build_object('attempt_id', attempt_id::text, 'corrected_status', %(corrected_status)s::text))
 RETURNING job_id;
 
 -- name: correct_outcome
@@ -758,6 +768,24 @@ woke AS (
     INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent)
     SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text FROM swept)
 SELECT id AS job_id FROM swept;
+
+-- name: record_cancellation_action
+-- The ledger row of one cancellation request (0031), sent in its pipeline after cancel_and_record and before the
+-- COMMIT, so it commits with the request: what was recorded for this request ID and export, as the API answers
+-- it (200 done, 202 accepted, 409 refused; service/exports.py says the same per outcome), and the status found.
+-- Nothing when the request recorded nothing here (no such export, a request ID of another request).
+INSERT INTO operator_actions (tenant_id, principal, role, action, subject_kind, subject_id, request_id, reason,
+                              outcome, detail, before, after)
+SELECT r.tenant_id, %(principal)s, %(role)s, 'cancel', 'export', r.job_id::text, %(request_id)s, %(reason)s,
+       CASE WHEN r.outcome IN ('CanceledWhileQueued', 'AlreadyCanceled') THEN 'done'
+            WHEN r.outcome IN ('StopRequested', 'StopAlreadyRequested') THEN 'accepted'
+            ELSE 'refused' END,
+       r.outcome,
+       jsonb_build_object('status', r.found_status, 'attempt_id', r.found_attempt_id),
+       jsonb_build_object('cancellation_request_id', r.id, 'outcome', r.outcome)
+FROM cancellation_requests r
+WHERE r.tenant_id = %(tenant_id)s AND r.id = %(cancellation_request_id)s AND r.job_id = %(job_id)s
+RETURNING id;
 
 -- name: begin_transaction
 -- Opens the short transaction that the next statements of a pipeline run in (the cancellation ledger).
@@ -1020,10 +1048,13 @@ SELECT EXISTS (SELECT 1 FROM limits) AS destination_found,
        t.slot,
        coalesce(t.adopted, false) AS adopted,
        EXISTS (SELECT 1 FROM eligible) AS eligible,
-       -- counted only when none was taken (what a waiting attempt shows); a taker needs no count
+       -- counted only when none was taken (what a waiting attempt shows); a taker needs no count. The count
+       -- reads the statement's snapshot, which may predate a concurrent take that the locks then saw; an
+       -- eligible taker that found no slot free on their newest versions saw every one up to the limit held.
        CASE WHEN t.slot IS NULL AND (SELECT max_sessions FROM limits) IS NOT NULL
-            THEN (SELECT count(*) FROM destination_session_slots s
-                  WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int
+            THEN greatest((SELECT count(*) FROM destination_session_slots s
+                           WHERE s.destination_id = %(destination_id)s AND session_slot_held(s))::int,
+                          CASE WHEN EXISTS (SELECT 1 FROM eligible) THEN (SELECT max_sessions FROM limits) END)
             ELSE 0 END AS in_use
 FROM (SELECT (SELECT slot FROM taken) AS slot, (SELECT adopted FROM taken) AS adopted) AS t;
 

@@ -78,6 +78,16 @@ class IdRow(Row):
     id: UUID
 
 
+class ActionIdRow(Row):
+    """The ledger row just appended (operator_actions' identity)."""
+
+    id: int
+
+
+class CountRow(Row):
+    n: int
+
+
 class EventIdRow(Row):
     id: int
 

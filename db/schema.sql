@@ -3,6 +3,96 @@
 --   python -m db.schema --write  (or: make schema)
 -- tests/db/test_schema_file.py fails when a freshly migrated database differs from this file.
 
+CREATE FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) RETURNS text
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT p.role FROM principals p
+    WHERE p.tenant_id = p_tenant_id AND p.name = p_principal AND p.revoked_at IS NULL
+      AND p.role = ANY (approval_roles(p_action))
+$$;
+
+CREATE FUNCTION public.approval_roles(p_action text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE p_action
+        WHEN 'resume_pause' THEN ARRAY['operator', 'reconciler', 'admin']
+        WHEN 'pin_host_key' THEN ARRAY['admin']
+        WHEN 'change_destination' THEN ARRAY['admin']
+        WHEN 'correct_outcome' THEN ARRAY['reconciler']
+        WHEN 'replace_with_overwrite' THEN ARRAY['operator', 'reconciler', 'admin']
+        ELSE ARRAY[]::text[] END
+$$;
+
+CREATE FUNCTION public.approvals_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'approvals are history: nobody deletes one'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_approvals_append_only';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        NEW.requested_at := clock_timestamp();
+        IF NEW.decision IS NOT NULL OR NEW.executed_at IS NOT NULL THEN
+            RAISE EXCEPTION 'an approval starts undecided'
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_decision';
+        END IF;
+        IF approval_role_of(NEW.tenant_id, NEW.requested_by, NEW.action) IS DISTINCT FROM NEW.requested_role THEN
+            RAISE EXCEPTION '% may not request %: that needs a principal of the tenant with a role of %',
+                    NEW.requested_by, NEW.action, approval_roles(NEW.action)
+                USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_approvals_role';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF (NEW.tenant_id, NEW.id, NEW.action, NEW.subject_kind, NEW.subject_id, NEW.parameters, NEW.reason,
+        NEW.requested_by, NEW.requested_role, NEW.requested_at, NEW.expires_at)
+       IS DISTINCT FROM (OLD.tenant_id, OLD.id, OLD.action, OLD.subject_kind, OLD.subject_id, OLD.parameters,
+                         OLD.reason, OLD.requested_by, OLD.requested_role, OLD.requested_at, OLD.expires_at) THEN
+        RAISE EXCEPTION 'approval %: what was asked, by whom and until when never changes', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_identity';
+    END IF;
+    IF OLD.decision IS NOT NULL THEN
+        IF (NEW.decision, NEW.decided_by, NEW.decided_role, NEW.decided_at, NEW.decision_reason)
+           IS DISTINCT FROM (OLD.decision, OLD.decided_by, OLD.decided_role, OLD.decided_at, OLD.decision_reason) THEN
+            RAISE EXCEPTION 'approval % was % by %: a decision is final', OLD.id, OLD.decision, OLD.decided_by
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_decided';
+        END IF;
+    ELSIF NEW.decision IS NOT NULL THEN
+        NEW.decided_at := clock_timestamp();
+        IF NEW.decided_by = OLD.requested_by THEN
+            RAISE EXCEPTION 'approval %: % asked for it and may not decide it; that takes another principal',
+                    OLD.id, OLD.requested_by
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_second_person';
+        END IF;
+        IF NEW.decided_at > OLD.expires_at THEN
+            RAISE EXCEPTION 'approval % expired at %', OLD.id, OLD.expires_at
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_expired';
+        END IF;
+        IF approval_role_of(OLD.tenant_id, NEW.decided_by, OLD.action) IS DISTINCT FROM NEW.decided_role THEN
+            RAISE EXCEPTION '% may not decide %: that needs a principal of the tenant with a role of %',
+                    NEW.decided_by, OLD.action, approval_roles(OLD.action)
+                USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_approvals_role';
+        END IF;
+    END IF;
+    IF OLD.executed_at IS NOT NULL AND (NEW.executed_at, NEW.outcome) IS DISTINCT FROM (OLD.executed_at, OLD.outcome) THEN
+        RAISE EXCEPTION 'approval % ran at %: an approval runs once', OLD.id, OLD.executed_at
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_approvals_executed';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.approved_action(p_tenant_id uuid, p_actions text[], p_subject_id text, p_actor text, p_parameters jsonb) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM approvals a
+        WHERE a.tenant_id = p_tenant_id AND a.subject_id = p_subject_id AND a.action = ANY (p_actions)
+          AND a.executed_at IS NULL AND a.decision = 'approved' AND a.decided_by = p_actor
+          AND a.decided_by <> a.requested_by AND a.decided_at <= a.expires_at
+          AND a.parameters @> p_parameters)
+$$;
+
 CREATE FUNCTION public.armored_public_keys_ok(keys text[]) RETURNS boolean
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$
@@ -22,13 +112,86 @@ SELECT cardinality(columns) >= 1
    AND (SELECT count(DISTINCT c) FROM unnest(columns) AS c) = cardinality(columns)
 $$;
 
+CREATE FUNCTION public.delivery_pauses_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'a pause is released, never deleted'
+            USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_delivery_pauses_append_only';
+    END IF;
+    IF (NEW.id, NEW.scope, NEW.tenant_id, NEW.destination_id, NEW.kind, NEW.owner, NEW.reason, NEW.paused_at)
+       IS DISTINCT FROM (OLD.id, OLD.scope, OLD.tenant_id, OLD.destination_id, OLD.kind, OLD.owner, OLD.reason,
+                         OLD.paused_at) THEN
+        RAISE EXCEPTION 'pause %: its scope, owner, reason and start never change', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_pauses_identity';
+    END IF;
+    IF OLD.released_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pause % was released at % by %: a release is final', OLD.id, OLD.released_at,
+                OLD.released_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_pauses_released';
+    END IF;
+    IF NEW.released_at IS NULL THEN
+        RETURN NEW;  -- its owner re-arming its expiry (the statement matches the owner's own pause only)
+    END IF;
+    IF OLD.scope = 'global' OR (NEW.released_by = OLD.owner AND OLD.kind = 'manual') THEN
+        RETURN NEW;
+    END IF;
+    -- nested, so that the platform's role, which reads no approvals, never evaluates it
+    IF NOT approved_action(OLD.tenant_id, ARRAY['resume_pause'], OLD.id::text, NEW.released_by, '{}') THEN
+        RAISE EXCEPTION 'pause % (%, by %) is released by % only with another principal''s approval',
+                OLD.id, OLD.reason, OLD.owner, NEW.released_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_pauses_second_person';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.delivery_pauses_hold() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE delivery_switches s
+    SET held_until = delivery_scope_held_until(NEW.scope, NEW.tenant_id, NEW.destination_id)
+    WHERE s.scope = NEW.scope AND s.tenant_id IS NOT DISTINCT FROM NEW.tenant_id
+      AND s.destination_id IS NOT DISTINCT FROM NEW.destination_id;
+    RETURN NULL;
+END $$;
+
+CREATE FUNCTION public.delivery_scope_held_until(p_scope text, p_tenant_id uuid, p_destination_id uuid) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT max(coalesce(p.expires_at, 'infinity'::timestamptz)) FROM delivery_pauses p
+    WHERE p.scope = p_scope AND p.tenant_id IS NOT DISTINCT FROM p_tenant_id
+      AND p.destination_id IS NOT DISTINCT FROM p_destination_id AND p.released_at IS NULL
+$$;
+
+CREATE FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE
+        WHEN s.scope IS NULL THEN 'never enabled'
+        WHEN NOT s.enabled THEN s.reason
+        ELSE (SELECT p.reason FROM delivery_pauses p
+              WHERE p.scope = p_scope AND p.tenant_id IS NOT DISTINCT FROM p_tenant_id
+                AND p.destination_id IS NOT DISTINCT FROM p_destination_id AND p.released_at IS NULL
+                AND (p.expires_at IS NULL OR p.expires_at > statement_timestamp())
+              ORDER BY p.paused_at DESC LIMIT 1) END
+    FROM (SELECT 1) AS one
+    LEFT JOIN delivery_switches s
+           ON s.scope = p_scope AND s.tenant_id IS NOT DISTINCT FROM p_tenant_id
+          AND s.destination_id IS NOT DISTINCT FROM p_destination_id
+$$;
+
 CREATE FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-    SELECT coalesce((SELECT s.enabled FROM delivery_switches s WHERE s.scope = 'global'), false)
-           AND coalesce((SELECT s.enabled FROM delivery_switches s
+    SELECT coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                     FROM delivery_switches s WHERE s.scope = 'global'), false)
+           AND coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                         FROM delivery_switches s
                          WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id), false)
-           AND coalesce((SELECT s.enabled FROM delivery_switches s
+           AND coalesce((SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false)
+                         FROM delivery_switches s
                          WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id
                            AND s.destination_id = p_destination_id), false)
 $$;
@@ -70,6 +233,14 @@ BEGIN
         RAISE EXCEPTION 'a delivery switch never changes its scope'
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_delivery_switches_identity';
     END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.delivery_switches_hold() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.held_until := delivery_scope_held_until(NEW.scope, NEW.tenant_id, NEW.destination_id);
     RETURN NEW;
 END $$;
 
@@ -186,6 +357,38 @@ CREATE FUNCTION public.destination_delivery_terms_before_windows(d public.destin
 SELECT to_jsonb(d) - ARRAY['name', 'created_at', 'contract_starts_on', 'contract_ends_on', 'retired_at',
                            'retired_by', 'version', 'delivery_version', 'max_sessions']
 $$;
+
+CREATE FUNCTION public.destination_versions_approved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    -- each field of this change that takes two people, with the value it sets
+    wanted jsonb := jsonb_build_object('changes', (
+        SELECT coalesce(jsonb_object_agg(f.name, NEW.after -> f.name), '{}'::jsonb)
+        FROM unnest(NEW.changed_fields) AS f(name)
+        WHERE f.name = ANY (two_person_destination_fields())));
+    actions text[] := ARRAY['change_destination', 'pin_host_key'];
+BEGIN
+    -- Removing pinned keys, and nothing else that takes two: trusting less takes one admin.
+    IF (SELECT array_agg(f ORDER BY f) FROM unnest(NEW.changed_fields) AS f
+        WHERE f = ANY (two_person_destination_fields())) <@ ARRAY['host_key', 'host_keys']
+       AND (NEW.before -> 'host_keys') @> (NEW.after -> 'host_keys') THEN
+        RETURN NEW;
+    END IF;
+    IF NOT (approved_action(NEW.tenant_id, actions, NEW.destination_id::text, NEW.changed_by, wanted)
+            -- host_key follows host_keys[1], and host_key alone pins that key alone: either approves both
+            OR (wanted -> 'changes' ? 'host_keys'
+                AND approved_action(NEW.tenant_id, actions, NEW.destination_id::text, NEW.changed_by,
+                                    jsonb_build_object('changes', (wanted -> 'changes') - 'host_key')))
+            OR (wanted -> 'changes' ? 'host_key'
+                AND approved_action(NEW.tenant_id, actions, NEW.destination_id::text, NEW.changed_by,
+                                    jsonb_build_object('changes', (wanted -> 'changes') - 'host_keys')))) THEN
+        RAISE EXCEPTION 'destination %: changing % needs another admin''s approval of these values, decided by %',
+                NEW.destination_id, NEW.changed_fields, NEW.changed_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_destination_versions_approved';
+    END IF;
+    RETURN NEW;
+END $$;
 
 CREATE FUNCTION public.destinations_change_recorded() RETURNS trigger
     LANGUAGE plpgsql
@@ -390,6 +593,16 @@ BEGIN
         RAISE EXCEPTION 'a new export starts Queued with no attempt'
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_state_machine';
     END IF;
+    IF NEW.overwrite_agreement_ref IS NOT NULL THEN
+        IF NEW.replaces_job_id IS NULL
+           OR NOT approved_action(NEW.tenant_id, ARRAY['replace_with_overwrite'], NEW.replaces_job_id::text,
+                                  NEW.created_by,
+                                  jsonb_build_object('overwrite_agreement_ref', NEW.overwrite_agreement_ref)) THEN
+            RAISE EXCEPTION 'a replacement of % with the overwrite agreement % needs another principal''s approval, decided by %',
+                    NEW.replaces_job_id, NEW.overwrite_agreement_ref, NEW.created_by
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_overwrite_approved';
+        END IF;
+    END IF;
     RETURN NEW;
 END $$;
 
@@ -492,20 +705,21 @@ CREATE FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uu
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    global_enabled boolean;
-    tenant_enabled boolean;
-    destination_enabled boolean;
+    global_open boolean;
+    tenant_open boolean;
+    destination_open boolean;
 BEGIN
-    -- each found through uq_delivery_switches_scope; no row leaves its variable null
-    SELECT s.enabled INTO global_enabled FROM delivery_switches s WHERE s.scope = 'global' FOR SHARE;
-    SELECT s.enabled INTO tenant_enabled FROM delivery_switches s
-    WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id FOR SHARE;
-    SELECT s.enabled INTO destination_enabled FROM delivery_switches s
+    -- each found through uq_delivery_switches_scope; no row leaves its variable null (a paused scope); a row
+    -- held by a pause until a time still to come is paused
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO global_open
+    FROM delivery_switches s WHERE s.scope = 'global' FOR SHARE;
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO tenant_open
+    FROM delivery_switches s WHERE s.scope = 'tenant' AND s.tenant_id = p_tenant_id FOR SHARE;
+    SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) INTO destination_open
+    FROM delivery_switches s
     WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id AND s.destination_id = p_destination_id
     FOR SHARE;
-    -- a missing row is a paused scope
-    RETURN coalesce(global_enabled, false) AND coalesce(tenant_enabled, false)
-           AND coalesce(destination_enabled, false);
+    RETURN coalesce(global_open, false) AND coalesce(tenant_open, false) AND coalesce(destination_open, false);
 END
 $$;
 
@@ -726,6 +940,22 @@ BEGIN
     RETURN NEXT to_timestamp(hi);
 END $$;
 
+CREATE FUNCTION public.operator_action_json_ok(j jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$
+    SELECT j IS NULL OR NOT jsonb_path_exists(
+        j,
+        'lax $.** ? (@.type() == "object").keyvalue() ? ((@.key like_regex "_ref$" && @.key != "evidence_ref" && @.key != "overwrite_agreement_ref" && @.value != "set" && @.value != null) || (@.key like_regex "secret|password|private_key" && @.value != null))')
+$_$;
+
+CREATE FUNCTION public.operator_actions_append_only() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'the ledger of operator actions is append-only'
+        USING ERRCODE = 'insufficient_privilege', CONSTRAINT = 'ck_operator_actions_append_only';
+END $$;
+
 CREATE FUNCTION public.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -734,20 +964,35 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.outcome_corrections_approved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT approved_action(NEW.tenant_id, ARRAY['correct_outcome'], NEW.job_id::text, NEW.corrected_by,
+                           jsonb_build_object('attempt_id', NEW.attempt_id::text, 'corrected_status', NEW.to_status)) THEN
+        RAISE EXCEPTION 'export %: a correction to % needs another principal''s approval of it, decided by %',
+                NEW.job_id, NEW.to_status, NEW.corrected_by
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_outcome_corrections_approved';
+    END IF;
+    RETURN NEW;
+END $$;
+
 CREATE FUNCTION public.pause_destination_for_partner(p_tenant_id uuid, p_destination_id uuid, p_version integer, p_reason text, p_changed_by text) RETURNS TABLE(was_enabled boolean, paused boolean, destination_changed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'public', 'pg_temp'
     AS $$
 DECLARE
-    enabled_now boolean;
+    open_now boolean;
     changed boolean;
+    pause_id uuid;
 BEGIN
     IF p_reason IS NULL OR p_reason !~ '^(host key changed|authentication refused): ' OR length(p_reason) > 1000 THEN
         RAISE EXCEPTION 'a partner pause says why: "host key changed: ..." or "authentication refused: ..."'
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_partner_pause_reason';
     END IF;
     -- The row lock a pause takes: claims and cutoff 2 read it FOR SHARE, so they see this pause once it commits.
-    SELECT s.enabled INTO enabled_now FROM delivery_switches s
+    SELECT s.enabled AND NOT coalesce(s.held_until > statement_timestamp(), false) INTO open_now
+    FROM delivery_switches s
     WHERE s.scope = 'destination' AND s.tenant_id = p_tenant_id AND s.destination_id = p_destination_id
     FOR UPDATE;
     -- The destination as the worker checked it (version p_version's delivery terms): read FOR SHARE, so an
@@ -755,20 +1000,41 @@ BEGIN
     SELECT d.delivery_version > p_version INTO changed FROM destinations d
     WHERE d.tenant_id = p_tenant_id AND d.id = p_destination_id
     FOR SHARE;
-    IF enabled_now IS NOT TRUE OR changed IS NOT FALSE THEN
-        -- paused already (or never enabled: no row), by someone else, for their reason, which stays; or the
-        -- destination's terms changed since the version checked (or it is gone)
-        RETURN QUERY SELECT enabled_now, false, changed IS NOT FALSE;
+    IF open_now IS NOT TRUE OR changed IS NOT FALSE THEN
+        -- paused already (or never enabled: no row), by someone else, for their reason, which stays (its next
+        -- check, once that pause is lifted, trips its own); or the destination's terms changed since the
+        -- version checked (or it is gone)
+        RETURN QUERY SELECT coalesce(open_now, false), false, changed IS NOT FALSE;
+        RETURN;
+    END IF;
+    -- Its own pause; the same owner and reason again is the same pause.
+    INSERT INTO delivery_pauses (scope, tenant_id, destination_id, kind, owner, reason)
+    VALUES ('destination', p_tenant_id, p_destination_id,
+            CASE WHEN p_reason LIKE 'host key changed: %' THEN 'host_key' ELSE 'manual' END, p_changed_by, p_reason)
+    ON CONFLICT (scope, tenant_id, destination_id, owner, reason) WHERE released_at IS NULL DO NOTHING
+    RETURNING id INTO pause_id;
+    IF pause_id IS NULL THEN
+        RETURN QUERY SELECT open_now, false, false;
         RETURN;
     END IF;
     UPDATE delivery_switches
-    SET enabled = false, reason = p_reason, changed_by = p_changed_by, changed_at = clock_timestamp()
+    SET reason = p_reason, changed_by = p_changed_by, changed_at = clock_timestamp()
     WHERE scope = 'destination' AND tenant_id = p_tenant_id AND destination_id = p_destination_id;
     INSERT INTO delivery_switch_changes (scope, tenant_id, destination_id, enabled, was_enabled, reason,
-                                         changed_by, changed_at)
-    VALUES ('destination', p_tenant_id, p_destination_id, false, true, p_reason, p_changed_by, clock_timestamp());
-    RETURN QUERY SELECT true, true, false;
+                                         changed_by, changed_at, pause_ids)
+    VALUES ('destination', p_tenant_id, p_destination_id, false, open_now, p_reason, p_changed_by,
+            clock_timestamp(), ARRAY[pause_id]);
+    RETURN QUERY SELECT open_now, true, false;
 END $$;
+
+CREATE FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'public', 'pg_temp'
+    AS $$
+    SELECT EXISTS (SELECT 1 FROM principals p
+                   WHERE p.tenant_id = p_tenant_id AND p.name = p_principal AND p.revoked_at IS NULL
+                     AND p.role = ANY (p_roles))
+$$;
 
 CREATE FUNCTION public.principals_guard() RETURNS trigger
     LANGUAGE plpgsql
@@ -837,6 +1103,13 @@ SELECT coalesce(
     false)
 $$;
 
+CREATE FUNCTION public.two_person_destination_fields() RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT ARRAY['host', 'port', 'username', 'credential_ref', 'host_key', 'host_keys', 'pgp_recipient_keys',
+                 'pgp_signing_key_ref']
+$$;
+
 CREATE FUNCTION public.wall_clock_instants(wall timestamp without time zone, tz text) RETURNS SETOF timestamp with time zone
     LANGUAGE plpgsql STABLE PARALLEL SAFE
     AS $$
@@ -869,6 +1142,41 @@ CREATE TABLE public.api_tokens (
     role text NOT NULL,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     CONSTRAINT api_tokens_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text])))
+);
+
+CREATE TABLE public.approvals (
+    tenant_id uuid NOT NULL,
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    action text NOT NULL,
+    subject_kind text NOT NULL,
+    subject_id text NOT NULL,
+    parameters jsonb NOT NULL,
+    reason text NOT NULL,
+    requested_by text NOT NULL,
+    requested_role text NOT NULL,
+    requested_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    decision text,
+    decided_by text,
+    decided_role text,
+    decided_at timestamp with time zone,
+    decision_reason text,
+    executed_at timestamp with time zone,
+    outcome text,
+    CONSTRAINT approvals_action_check CHECK ((action = ANY (ARRAY['resume_pause'::text, 'pin_host_key'::text, 'change_destination'::text, 'correct_outcome'::text, 'replace_with_overwrite'::text]))),
+    CONSTRAINT approvals_decided_by_check CHECK (((length(decided_by) >= 1) AND (length(decided_by) <= 200))),
+    CONSTRAINT approvals_decision_check CHECK ((decision = ANY (ARRAY['approved'::text, 'declined'::text]))),
+    CONSTRAINT approvals_decision_reason_check CHECK (((length(decision_reason) >= 1) AND (length(decision_reason) <= 1000))),
+    CONSTRAINT approvals_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT approvals_requested_by_check CHECK (((length(requested_by) >= 1) AND (length(requested_by) <= 200))),
+    CONSTRAINT approvals_subject_id_check CHECK (((length(subject_id) >= 1) AND (length(subject_id) <= 200))),
+    CONSTRAINT approvals_subject_kind_check CHECK ((subject_kind = ANY (ARRAY['delivery_pause'::text, 'destination'::text, 'export'::text]))),
+    CONSTRAINT ck_approvals_decision CHECK ((((decision IS NULL) = (decided_by IS NULL)) AND ((decision IS NULL) = (decided_role IS NULL)) AND ((decision IS NULL) = (decided_at IS NULL)))),
+    CONSTRAINT ck_approvals_executed CHECK ((((executed_at IS NULL) = (outcome IS NULL)) AND ((executed_at IS NULL) OR (decision = 'approved'::text)))),
+    CONSTRAINT ck_approvals_in_time CHECK (((decided_at IS NULL) OR (decided_at <= expires_at))),
+    CONSTRAINT ck_approvals_no_secrets CHECK ((NOT jsonb_path_exists(parameters, '$.**?(@.type() == "object").keyvalue()?(@."key" like_regex "secret|password|private_key" && @."value" != null)'::jsonpath))),
+    CONSTRAINT ck_approvals_second_person CHECK (((decided_by IS NULL) OR (decided_by <> requested_by))),
+    CONSTRAINT ck_approvals_window CHECK (((expires_at > requested_at) AND (expires_at <= (requested_at + '7 days'::interval))))
 );
 
 CREATE TABLE public.cancellation_batch_jobs (
@@ -962,6 +1270,30 @@ CREATE TABLE public.deliveries (
     original_job_id uuid NOT NULL
 );
 
+CREATE TABLE public.delivery_pauses (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    scope text NOT NULL,
+    tenant_id uuid,
+    destination_id uuid,
+    kind text DEFAULT 'manual'::text NOT NULL,
+    owner text NOT NULL,
+    reason text NOT NULL,
+    paused_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    expires_at timestamp with time zone,
+    released_at timestamp with time zone,
+    released_by text,
+    release_reason text,
+    CONSTRAINT ck_delivery_pauses_expiry CHECK (((expires_at IS NULL) OR (expires_at > paused_at))),
+    CONSTRAINT ck_delivery_pauses_released CHECK ((((released_at IS NULL) = (released_by IS NULL)) AND ((released_at IS NULL) = (release_reason IS NULL)))),
+    CONSTRAINT ck_delivery_pauses_scope CHECK ((((scope = 'global'::text) AND (tenant_id IS NULL) AND (destination_id IS NULL)) OR ((scope = 'tenant'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NULL)) OR ((scope = 'destination'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NOT NULL)))),
+    CONSTRAINT delivery_pauses_kind_check CHECK ((kind = ANY (ARRAY['manual'::text, 'host_key'::text]))),
+    CONSTRAINT delivery_pauses_owner_check CHECK (((length(owner) >= 1) AND (length(owner) <= 200))),
+    CONSTRAINT delivery_pauses_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT delivery_pauses_release_reason_check CHECK (((length(release_reason) >= 1) AND (length(release_reason) <= 1000))),
+    CONSTRAINT delivery_pauses_released_by_check CHECK (((length(released_by) >= 1) AND (length(released_by) <= 200))),
+    CONSTRAINT delivery_pauses_scope_check CHECK ((scope = ANY (ARRAY['global'::text, 'tenant'::text, 'destination'::text])))
+);
+
 CREATE TABLE public.delivery_switch_changes (
     id bigint NOT NULL,
     scope text NOT NULL,
@@ -971,7 +1303,8 @@ CREATE TABLE public.delivery_switch_changes (
     was_enabled boolean,
     reason text NOT NULL,
     changed_by text NOT NULL,
-    changed_at timestamp with time zone NOT NULL
+    changed_at timestamp with time zone NOT NULL,
+    pause_ids uuid[]
 );
 
 ALTER TABLE public.delivery_switch_changes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -991,6 +1324,7 @@ CREATE TABLE public.delivery_switches (
     reason text NOT NULL,
     changed_by text NOT NULL,
     changed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    held_until timestamp with time zone,
     CONSTRAINT ck_delivery_switches_scope CHECK ((((scope = 'global'::text) AND (tenant_id IS NULL) AND (destination_id IS NULL)) OR ((scope = 'tenant'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NULL)) OR ((scope = 'destination'::text) AND (tenant_id IS NOT NULL) AND (destination_id IS NOT NULL)))),
     CONSTRAINT delivery_switches_changed_by_check CHECK (((length(changed_by) >= 1) AND (length(changed_by) <= 200))),
     CONSTRAINT delivery_switches_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
@@ -1134,6 +1468,46 @@ CREATE TABLE public.notification_events (
     fanned_out_at timestamp with time zone,
     CONSTRAINT notification_events_kind_check CHECK ((kind = ANY (ARRAY['export.completed'::text, 'export.failed'::text, 'export.stopped'::text, 'export.canceled'::text, 'export.rejected'::text, 'export.outcome_unknown'::text, 'export.cancellation_lost'::text, 'recurring_export.firing_skipped'::text]))),
     CONSTRAINT notification_events_subject_key_check CHECK (((length(subject_key) >= 1) AND (length(subject_key) <= 200)))
+);
+
+CREATE TABLE public.operator_actions (
+    id bigint NOT NULL,
+    tenant_id uuid,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    principal text NOT NULL,
+    role text NOT NULL,
+    action text NOT NULL,
+    subject_kind text NOT NULL,
+    subject_id text,
+    request_id text,
+    reason text,
+    outcome text NOT NULL,
+    detail text,
+    approval_id uuid,
+    requested_by text,
+    before jsonb,
+    after jsonb,
+    CONSTRAINT ck_operator_actions_action CHECK ((action = ANY (ARRAY['cancel'::text, 'bulk_cancel'::text, 'pause'::text, 'resume'::text, 'reconcile'::text, 'correct'::text, 'replace'::text, 'destination.create'::text, 'destination.edit'::text, 'destination.retire'::text, 'destination.pin_key'::text, 'recurring.create'::text, 'recurring.edit'::text, 'recurring.pause'::text, 'recurring.resume'::text, 'recurring.delete'::text, 'token.mint'::text, 'token.revoke'::text, 'principal.grant'::text, 'principal.revoke'::text, 'webhook.create'::text, 'webhook.edit'::text, 'webhook.delete'::text, 'webhook.redeliver'::text, 'listing.request'::text, 'approval.approve'::text, 'approval.decline'::text]))),
+    CONSTRAINT ck_operator_actions_no_secrets CHECK ((public.operator_action_json_ok(before) AND public.operator_action_json_ok(after))),
+    CONSTRAINT ck_operator_actions_outcome CHECK ((outcome = ANY (ARRAY['done'::text, 'created'::text, 'accepted'::text, 'partial'::text, 'malformed'::text, 'forbidden'::text, 'not_found'::text, 'refused'::text, 'stale'::text, 'invalid'::text, 'precondition_required'::text]))),
+    CONSTRAINT ck_operator_actions_second_person CHECK (((requested_by IS NULL) OR ((approval_id IS NOT NULL) AND (requested_by <> principal)))),
+    CONSTRAINT ck_operator_actions_subject_kind CHECK ((subject_kind = ANY (ARRAY['export'::text, 'cancellation_batch'::text, 'delivery_scope'::text, 'destination'::text, 'recurring_export'::text, 'principal'::text, 'token'::text, 'approval'::text, 'webhook_endpoint'::text]))),
+    CONSTRAINT operator_actions_detail_check CHECK (((length(detail) >= 1) AND (length(detail) <= 2000))),
+    CONSTRAINT operator_actions_principal_check CHECK (((length(principal) >= 1) AND (length(principal) <= 200))),
+    CONSTRAINT operator_actions_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT operator_actions_request_id_check CHECK (((length(request_id) >= 1) AND (length(request_id) <= 200))),
+    CONSTRAINT operator_actions_requested_by_check CHECK (((length(requested_by) >= 1) AND (length(requested_by) <= 200))),
+    CONSTRAINT operator_actions_role_check CHECK ((role = ANY (ARRAY['viewer'::text, 'operator'::text, 'reconciler'::text, 'admin'::text, 'owner'::text, 'platform'::text]))),
+    CONSTRAINT operator_actions_subject_id_check CHECK (((length(subject_id) >= 1) AND (length(subject_id) <= 200)))
+);
+
+ALTER TABLE public.operator_actions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.operator_actions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
 );
 
 CREATE TABLE public.outbox (
@@ -1320,6 +1694,9 @@ ALTER TABLE ONLY public.notification_events
 ALTER TABLE ONLY public.outbox
     ADD CONSTRAINT outbox_pkey PRIMARY KEY (message_id);
 
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT pk_approvals PRIMARY KEY (tenant_id, id);
+
 ALTER TABLE ONLY public.cancellation_batch_jobs
     ADD CONSTRAINT pk_cancellation_batch_jobs PRIMARY KEY (tenant_id, batch_id, job_id);
 
@@ -1341,6 +1718,9 @@ ALTER TABLE ONLY public.contacts
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT pk_deliveries PRIMARY KEY (tenant_id, delivery_key);
 
+ALTER TABLE ONLY public.delivery_pauses
+    ADD CONSTRAINT pk_delivery_pauses PRIMARY KEY (id);
+
 ALTER TABLE ONLY public.destination_session_slots
     ADD CONSTRAINT pk_destination_session_slots PRIMARY KEY (destination_id, slot);
 
@@ -1352,6 +1732,9 @@ ALTER TABLE ONLY public.destinations
 
 ALTER TABLE ONLY public.idempotency_keys
     ADD CONSTRAINT pk_idempotency_keys PRIMARY KEY (tenant_id, operation, key);
+
+ALTER TABLE ONLY public.operator_actions
+    ADD CONSTRAINT pk_operator_actions PRIMARY KEY (id);
 
 ALTER TABLE ONLY public.outcome_corrections
     ADD CONSTRAINT pk_outcome_corrections PRIMARY KEY (job_id, attempt_id);
@@ -1376,6 +1759,9 @@ ALTER TABLE ONLY public.schema_migrations
 
 ALTER TABLE ONLY public.tenants
     ADD CONSTRAINT tenants_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT uq_approvals_id UNIQUE (id);
 
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT uq_deliveries_original UNIQUE (tenant_id, delivery_key, original_job_id);
@@ -1403,6 +1789,10 @@ ALTER TABLE ONLY public.webhook_deliveries
 
 ALTER TABLE ONLY public.webhook_endpoints
     ADD CONSTRAINT uq_webhook_endpoints_tenant UNIQUE (tenant_id, id);
+
+CREATE INDEX ix_approvals_subject ON public.approvals USING btree (tenant_id, subject_id, action) WHERE (executed_at IS NULL);
+
+CREATE INDEX ix_approvals_tenant ON public.approvals USING btree (tenant_id, requested_at DESC, id);
 
 CREATE INDEX ix_attempt_events_job ON public.export_attempt_events USING btree (job_id, id);
 
@@ -1452,6 +1842,16 @@ CREATE INDEX ix_listing_requests_requested ON public.listing_requests USING btre
 
 CREATE INDEX ix_notification_events_unfanned ON public.notification_events USING btree (created_at) WHERE (fanned_out_at IS NULL);
 
+CREATE INDEX ix_operator_actions_action ON public.operator_actions USING btree (tenant_id, action, id);
+
+CREATE INDEX ix_operator_actions_at ON public.operator_actions USING btree (tenant_id, at, id);
+
+CREATE INDEX ix_operator_actions_principal ON public.operator_actions USING btree (tenant_id, principal, id);
+
+CREATE INDEX ix_operator_actions_subject ON public.operator_actions USING btree (tenant_id, subject_kind, subject_id, id);
+
+CREATE INDEX ix_operator_actions_tenant ON public.operator_actions USING btree (tenant_id, id);
+
 CREATE INDEX ix_outbox_deferred ON public.outbox USING btree (available_at) WHERE ((published_at IS NULL) AND (available_at IS NOT NULL));
 
 CREATE INDEX ix_outbox_unpublished ON public.outbox USING btree (created_at) WHERE (published_at IS NULL);
@@ -1468,6 +1868,8 @@ CREATE INDEX ix_webhook_deliveries_endpoint ON public.webhook_deliveries USING b
 
 CREATE UNIQUE INDEX uq_attempt_transition ON public.export_attempt_events USING btree (job_id, attempt_id, kind) WHERE (kind <> 'DeliveryEvidence'::text);
 
+CREATE UNIQUE INDEX uq_delivery_pauses_active ON public.delivery_pauses USING btree (scope, tenant_id, destination_id, owner, reason) NULLS NOT DISTINCT WHERE (released_at IS NULL);
+
 CREATE UNIQUE INDEX uq_destination_versions_request ON public.destination_versions USING btree (tenant_id, request_key) WHERE (request_key IS NOT NULL);
 
 CREATE UNIQUE INDEX uq_export_jobs_one_replacement ON public.export_jobs USING btree (tenant_id, replaces_job_id) WHERE ((replaces_job_id IS NOT NULL) AND ((status <> ALL (ARRAY['Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text])) OR (failure_reason = 'OriginalDelivered'::text)));
@@ -1478,7 +1880,15 @@ CREATE UNIQUE INDEX uq_recurring_export_firings_job ON public.recurring_export_f
 
 CREATE STATISTICS public.st_export_jobs_tenant_scope (dependencies) ON tenant_id, destination_id, list_name FROM public.export_jobs;
 
+CREATE TRIGGER tr_approvals_guard BEFORE INSERT OR DELETE OR UPDATE ON public.approvals FOR EACH ROW EXECUTE FUNCTION public.approvals_guard();
+
 CREATE TRIGGER tr_cancellation_requests_notify_lost AFTER INSERT ON public.cancellation_requests FOR EACH ROW WHEN (((new.outcome = 'TooLate'::text) AND (new.found_status = ANY (ARRAY['Completed'::text, 'Failed'::text, 'OutcomeUnknown'::text])))) EXECUTE FUNCTION public.notify_lost_cancellation();
+
+CREATE TRIGGER tr_delivery_pauses_guard BEFORE DELETE OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_pauses_guard();
+
+CREATE TRIGGER tr_delivery_pauses_hold AFTER INSERT OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_pauses_hold();
+
+CREATE TRIGGER tr_delivery_pauses_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_pauses FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
 
 CREATE TRIGGER tr_delivery_switch_changes_append_only BEFORE DELETE OR UPDATE ON public.delivery_switch_changes FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_changes_append_only();
 
@@ -1486,7 +1896,11 @@ CREATE TRIGGER tr_delivery_switch_changes_scope_owner BEFORE INSERT ON public.de
 
 CREATE TRIGGER tr_delivery_switches_guard BEFORE UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switches_guard();
 
+CREATE TRIGGER tr_delivery_switches_hold BEFORE INSERT ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switches_hold();
+
 CREATE TRIGGER tr_delivery_switches_scope_owner BEFORE INSERT OR UPDATE ON public.delivery_switches FOR EACH ROW EXECUTE FUNCTION public.delivery_switch_scope_owner();
+
+CREATE TRIGGER tr_destination_versions_approved BEFORE INSERT ON public.destination_versions FOR EACH ROW WHEN (((new.change = 'edited'::text) AND (new.changed_role <> 'owner'::text) AND (new.changed_fields && public.two_person_destination_fields()))) EXECUTE FUNCTION public.destination_versions_approved();
 
 CREATE CONSTRAINT TRIGGER tr_destinations_change_recorded AFTER UPDATE ON public.destinations DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.destinations_change_recorded();
 
@@ -1518,7 +1932,13 @@ CREATE CONSTRAINT TRIGGER tr_export_jobs_transition_event AFTER UPDATE OF status
 
 CREATE TRIGGER tr_listing_requests_append_only BEFORE DELETE OR UPDATE ON public.listing_requests FOR EACH ROW EXECUTE FUNCTION public.listing_requests_append_only();
 
+CREATE TRIGGER tr_operator_actions_append_only BEFORE DELETE OR UPDATE ON public.operator_actions FOR EACH ROW EXECUTE FUNCTION public.operator_actions_append_only();
+
+CREATE TRIGGER tr_operator_actions_no_truncate BEFORE TRUNCATE ON public.operator_actions FOR EACH STATEMENT EXECUTE FUNCTION public.operator_actions_append_only();
+
 CREATE TRIGGER tr_outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_notify();
+
+CREATE TRIGGER tr_outcome_corrections_approved BEFORE INSERT ON public.outcome_corrections FOR EACH ROW EXECUTE FUNCTION public.outcome_corrections_approved();
 
 CREATE TRIGGER tr_principals_guard BEFORE UPDATE ON public.principals FOR EACH ROW EXECUTE FUNCTION public.principals_guard();
 
@@ -1531,6 +1951,9 @@ CREATE TRIGGER tr_recurring_exports_guard BEFORE DELETE OR UPDATE ON public.recu
 ALTER TABLE ONLY public.api_tokens
     ADD CONSTRAINT api_tokens_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT approvals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
 ALTER TABLE ONLY public.cancellation_batches
     ADD CONSTRAINT cancellation_batches_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
@@ -1542,6 +1965,9 @@ ALTER TABLE ONLY public.console_sessions
 
 ALTER TABLE ONLY public.contacts
     ADD CONSTRAINT contacts_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+ALTER TABLE ONLY public.delivery_pauses
+    ADD CONSTRAINT delivery_pauses_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
 ALTER TABLE ONLY public.delivery_switches
     ADD CONSTRAINT delivery_switches_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
@@ -1578,6 +2004,9 @@ ALTER TABLE ONLY public.cancellation_stop_signals
 
 ALTER TABLE ONLY public.deliveries
     ADD CONSTRAINT fk_deliveries_original FOREIGN KEY (tenant_id, original_job_id) REFERENCES public.export_jobs(tenant_id, id) DEFERRABLE INITIALLY DEFERRED;
+
+ALTER TABLE ONLY public.delivery_pauses
+    ADD CONSTRAINT fk_delivery_pauses_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
 
 ALTER TABLE ONLY public.delivery_switches
     ADD CONSTRAINT fk_delivery_switches_destination FOREIGN KEY (tenant_id, destination_id) REFERENCES public.destinations(tenant_id, id);
@@ -1624,6 +2053,9 @@ ALTER TABLE ONLY public.webhook_deliveries
 ALTER TABLE ONLY public.notification_events
     ADD CONSTRAINT notification_events_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
+ALTER TABLE ONLY public.operator_actions
+    ADD CONSTRAINT operator_actions_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
 ALTER TABLE ONLY public.principals
     ADD CONSTRAINT principals_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
 
@@ -1635,6 +2067,14 @@ ALTER TABLE ONLY public.webhook_deliveries
 
 ALTER TABLE ONLY public.webhook_endpoints
     ADD CONSTRAINT webhook_endpoints_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenants(id);
+
+REVOKE ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) TO exports_api;
+GRANT ALL ON FUNCTION public.approval_role_of(p_tenant_id uuid, p_principal text, p_action text) TO exports_reconciler;
+
+REVOKE ALL ON FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) TO exports_api;
+GRANT ALL ON FUNCTION public.delivery_scope_hold(p_scope text, p_tenant_id uuid, p_destination_id uuid) TO exports_platform;
 
 REVOKE ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.delivery_scope_open(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
@@ -1734,6 +2174,9 @@ GRANT ALL ON FUNCTION public.offset_change_between(low timestamp with time zone,
 REVOKE ALL ON FUNCTION public.pause_destination_for_partner(p_tenant_id uuid, p_destination_id uuid, p_version integer, p_reason text, p_changed_by text) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.pause_destination_for_partner(p_tenant_id uuid, p_destination_id uuid, p_version integer, p_reason text, p_changed_by text) TO exports_worker;
 
+REVOKE ALL ON FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.principal_holds(p_tenant_id uuid, p_principal text, p_roles text[]) TO exports_reconciler;
+
 GRANT SELECT,INSERT ON TABLE public.destination_session_slots TO exports_api;
 GRANT SELECT ON TABLE public.destination_session_slots TO exports_worker;
 GRANT SELECT ON TABLE public.destination_session_slots TO exports_recovery;
@@ -1764,6 +2207,30 @@ GRANT ALL ON FUNCTION public.wall_clock_instants(wall timestamp without time zon
 
 GRANT SELECT ON TABLE public.api_tokens TO exports_api;
 
+GRANT SELECT,INSERT ON TABLE public.approvals TO exports_api;
+GRANT SELECT ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decision) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decision) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decided_by) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decided_by) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decided_role) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decided_role) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decided_at) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decided_at) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(decision_reason) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(decision_reason) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(executed_at) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(executed_at) ON TABLE public.approvals TO exports_reconciler;
+
+GRANT UPDATE(outcome) ON TABLE public.approvals TO exports_api;
+GRANT UPDATE(outcome) ON TABLE public.approvals TO exports_reconciler;
+
 GRANT SELECT,INSERT ON TABLE public.cancellation_batch_jobs TO exports_api;
 
 GRANT SELECT,INSERT ON TABLE public.cancellation_batches TO exports_api;
@@ -1788,6 +2255,21 @@ GRANT SELECT,INSERT ON TABLE public.deliveries TO exports_api;
 GRANT SELECT ON TABLE public.deliveries TO exports_worker;
 GRANT SELECT ON TABLE public.deliveries TO exports_reconciler;
 
+GRANT SELECT,INSERT ON TABLE public.delivery_pauses TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(expires_at) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(expires_at) ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(released_at) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(released_at) ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(released_by) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(released_by) ON TABLE public.delivery_pauses TO exports_platform;
+
+GRANT UPDATE(release_reason) ON TABLE public.delivery_pauses TO exports_api;
+GRANT UPDATE(release_reason) ON TABLE public.delivery_pauses TO exports_platform;
+
 GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_api;
 GRANT SELECT,INSERT ON TABLE public.delivery_switch_changes TO exports_platform;
 
@@ -1809,6 +2291,9 @@ GRANT UPDATE(changed_by) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_api;
 GRANT UPDATE(changed_at) ON TABLE public.delivery_switches TO exports_platform;
+
+GRANT UPDATE(held_until) ON TABLE public.delivery_switches TO exports_api;
+GRANT UPDATE(held_until) ON TABLE public.delivery_switches TO exports_platform;
 
 GRANT SELECT,INSERT ON TABLE public.destination_versions TO exports_api;
 GRANT SELECT ON TABLE public.destination_versions TO exports_worker;
@@ -1904,6 +2389,10 @@ GRANT SELECT ON TABLE public.notification_events TO exports_api;
 GRANT SELECT ON TABLE public.notification_events TO exports_dispatcher;
 
 GRANT UPDATE(fanned_out_at) ON TABLE public.notification_events TO exports_dispatcher;
+
+GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_api;
+GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_reconciler;
+GRANT SELECT,INSERT ON TABLE public.operator_actions TO exports_platform;
 
 GRANT INSERT ON TABLE public.outbox TO exports_api;
 GRANT INSERT ON TABLE public.outbox TO exports_worker;

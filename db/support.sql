@@ -166,19 +166,21 @@ RETURNING version;
 
 -- name: get_tenant_destination
 -- One destination of the tenant as it is now, every column as JSON (the service shows a reference as set or
--- unset, never its value), with whether its delivery switch is on (none: never enabled, so paused), how
--- many of its session slots are held now (0029), and when its delivery window opens next (now, when it is
--- open; 0035). While its switch is paused, the pause's reason (a worker's "host key changed: presented
--- SHA256:..." too), so a Queued export to it says why it waits.
-SELECT d.id, d.version, to_jsonb(d) - 'intake_week' AS settings, s.enabled,
-       CASE WHEN NOT s.enabled THEN s.reason END AS paused_because,
-       (SELECT count(*) FROM destination_session_slots taken
-        WHERE taken.destination_id = d.id AND session_slot_held(taken))::int AS sessions_in_use,
+-- unset, never its value), with whether its delivery switch is on and no pause of its own holds it (no switch
+-- row: never enabled, so paused), what holds it when something does (the latest pause's reason, a worker's
+-- "host key changed: presented SHA256:..." too, so a Queued export to it says why it waits), how many of its
+-- session slots are held now (0029), and when its delivery window opens next (now, when it is open; 0035).
+SELECT d.id, d.version, to_jsonb(d) - 'intake_week' AS settings,
+       (SELECT s.enabled FROM delivery_switches s
+        WHERE s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id)
+       AND h.hold IS NULL AS enabled,
+       h.hold AS paused_because,
+       (SELECT count(*) FROM destination_session_slots s
+        WHERE s.destination_id = d.id AND session_slot_held(s))::int AS sessions_in_use,
        w.at AS window_checked_at, next_window_opening(d, w.at) AS window_opens_at
 FROM destinations d
 CROSS JOIN (SELECT clock_timestamp() AS at) w
-LEFT JOIN delivery_switches s
-       ON s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id
+CROSS JOIN LATERAL (SELECT delivery_scope_hold('destination', d.tenant_id, d.id) AS hold) h
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
 
 -- name: principal_role
@@ -202,55 +204,125 @@ LIMIT %(limit)s;
 SELECT name FROM tenants WHERE id = %(tenant_id)s;
 
 -- name: lock_delivery_switch
--- The first statement of a switch change: locks the scope's row, if it has one, and reads what it says
--- now. Taking the row lock waits for every claim and cutoff 2 that read it FOR SHARE, and they wait for
--- this transaction: a change committed here is seen by every later claim and cutoff 2.
-SELECT enabled FROM delivery_switches
-WHERE scope = %(scope)s AND tenant_id IS NOT DISTINCT FROM %(tenant_id)s::uuid
-  AND destination_id IS NOT DISTINCT FROM %(destination_id)s::uuid
-FOR UPDATE;
+-- The first statement of a pause or a resume: locks the scope's row, if it has one, and reads whether the
+-- scope is open now (its row on and no active pause of its own). Taking the row lock waits for every claim and
+-- cutoff 2 that read it FOR SHARE, and they wait for this transaction: a pause committed here is seen by every
+-- later claim and cutoff 2 (they read the pauses after that lock, lock_delivery_scope).
+SELECT s.enabled AND NOT coalesce(s.held_until > clock_timestamp(), false) AS enabled
+FROM delivery_switches s
+WHERE s.scope = %(scope)s AND s.tenant_id IS NOT DISTINCT FROM %(tenant_id)s::uuid
+  AND s.destination_id IS NOT DISTINCT FROM %(destination_id)s::uuid
+FOR UPDATE OF s;
 
 -- name: set_delivery_switch
--- Pauses or resumes one scope (global; a tenant; one of its destinations) with who and why, creating the
--- scope's row if it has none, and appends the change, with what the switch said before (read under the
--- lock by lock_delivery_switch, in the same transaction), to the history in the same statement.
-WITH switched AS (
+-- Pauses or resumes one scope (global; a tenant; one of its destinations) with who and why, after
+-- lock_delivery_switch in the same transaction. A pause (enabled false) adds the changer's pause of the scope,
+-- of its kind, with its reason and optional expiry (the same owner and reason again re-arms that pause). A
+-- resume opens the scope's switch row (creating it: a scope never enabled opens) and releases the pauses it
+-- names: pause_ids, or none given, the changer's own manual ones; one someone else set, or a host-key trip,
+-- only with an approval the changer decided (the guard refuses the rest; here they match nothing). The change
+-- is appended to the history in the same statement, with whether the scope is open after it and what it was
+-- before (read under the lock).
+WITH active AS (
+    SELECT p.id, p.owner, p.kind, p.expires_at FROM delivery_pauses p
+    WHERE p.scope = %(scope)s AND p.tenant_id IS NOT DISTINCT FROM %(tenant_id)s::uuid
+      AND p.destination_id IS NOT DISTINCT FROM %(destination_id)s::uuid AND p.released_at IS NULL),
+paused AS (
+    INSERT INTO delivery_pauses (scope, tenant_id, destination_id, kind, owner, reason, expires_at)
+    SELECT %(scope)s, %(tenant_id)s::uuid, %(destination_id)s::uuid, %(kind)s, %(changed_by)s, %(reason)s,
+           %(expires_at)s::timestamptz
+    WHERE NOT %(enabled)s
+    ON CONFLICT (scope, tenant_id, destination_id, owner, reason) WHERE released_at IS NULL
+    DO UPDATE SET expires_at = EXCLUDED.expires_at
+    RETURNING id),
+released AS (
+    UPDATE delivery_pauses p
+    SET released_at = clock_timestamp(), released_by = %(changed_by)s, release_reason = %(reason)s
+    FROM active a
+    WHERE %(enabled)s AND p.id = a.id
+      AND CASE WHEN %(pause_ids)s::uuid[] IS NULL THEN a.owner = %(changed_by)s AND a.kind = 'manual'
+               ELSE a.id = ANY (%(pause_ids)s::uuid[]) END
+      -- a pause of someone else's, or a host-key trip: only with the changer's approval (two people, 0032)
+      AND (%(scope)s = 'global' OR (a.owner = %(changed_by)s AND a.kind = 'manual')
+           OR approved_action(%(tenant_id)s::uuid, ARRAY['resume_pause'], a.id::text, %(changed_by)s, jsonb_build_object()))
+    RETURNING p.id),
+switched AS (
     INSERT INTO delivery_switches (scope, tenant_id, destination_id, enabled, reason, changed_by)
     VALUES (%(scope)s, %(tenant_id)s::uuid, %(destination_id)s::uuid, %(enabled)s, %(reason)s, %(changed_by)s)
     ON CONFLICT ON CONSTRAINT uq_delivery_switches_scope DO UPDATE
-    SET enabled = EXCLUDED.enabled, reason = EXCLUDED.reason, changed_by = EXCLUDED.changed_by,
-        changed_at = clock_timestamp()
+    SET enabled = delivery_switches.enabled OR EXCLUDED.enabled, reason = EXCLUDED.reason,
+        changed_by = EXCLUDED.changed_by, changed_at = clock_timestamp()
     RETURNING scope, tenant_id, destination_id, enabled, reason, changed_by, changed_at)
 INSERT INTO delivery_switch_changes (scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by,
-                                     changed_at)
-SELECT scope, tenant_id, destination_id, enabled, %(was_enabled)s::boolean, reason, changed_by, changed_at
-FROM switched
-RETURNING id, scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by, changed_at;
+                                     changed_at, pause_ids)
+SELECT s.scope, s.tenant_id, s.destination_id,
+       -- open after this change: its row on, not paused now, and none of its active pauses left
+       s.enabled AND %(enabled)s AND NOT EXISTS (
+           SELECT 1 FROM active a
+           WHERE a.id NOT IN (SELECT id FROM released)
+             AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())),
+       %(was_enabled)s::boolean, s.reason, s.changed_by, s.changed_at,
+       ARRAY(SELECT id FROM paused UNION ALL SELECT id FROM released)
+FROM switched s
+RETURNING id, scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by, changed_at, pause_ids;
 
 -- name: tenant_switches
 -- The switches an operator of a tenant sees: the global one, the tenant's, and one per destination of the
--- tenant, including destinations that have no row (never enabled: paused), retired ones marked.
+-- tenant, including destinations that have no row (never enabled: paused), retired ones marked. A scope held
+-- by an active pause is paused, shown with its latest pause's owner, reason and start.
 SELECT 'global' AS scope, NULL::uuid AS tenant_id, NULL::uuid AS destination_id, NULL::text AS destination_name,
-       false AS destination_retired, s.enabled, s.reason, s.changed_by, s.changed_at
+       false AS destination_retired, s.enabled AND p.id IS NULL AS enabled, coalesce(p.reason, s.reason) AS reason,
+       coalesce(p.owner, s.changed_by) AS changed_by, coalesce(p.paused_at, s.changed_at) AS changed_at
 FROM (SELECT 1) AS one
 LEFT JOIN delivery_switches s ON s.scope = 'global'
+LEFT JOIN LATERAL (
+    SELECT a.id, a.owner, a.reason, a.paused_at FROM delivery_pauses a
+    WHERE a.scope = 'global' AND a.tenant_id IS NULL AND a.destination_id IS NULL AND a.released_at IS NULL
+      AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())
+    ORDER BY a.paused_at DESC LIMIT 1) p ON true
 UNION ALL
-SELECT 'tenant', %(tenant_id)s::uuid, NULL::uuid, NULL::text, false, s.enabled, s.reason, s.changed_by,
-       s.changed_at
+SELECT 'tenant', %(tenant_id)s::uuid, NULL::uuid, NULL::text, false, s.enabled AND p.id IS NULL,
+       coalesce(p.reason, s.reason), coalesce(p.owner, s.changed_by), coalesce(p.paused_at, s.changed_at)
 FROM (SELECT 1) AS one
 LEFT JOIN delivery_switches s ON s.scope = 'tenant' AND s.tenant_id = %(tenant_id)s::uuid
+LEFT JOIN LATERAL (
+    SELECT a.id, a.owner, a.reason, a.paused_at FROM delivery_pauses a
+    WHERE a.scope = 'tenant' AND a.tenant_id = %(tenant_id)s::uuid AND a.destination_id IS NULL
+      AND a.released_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())
+    ORDER BY a.paused_at DESC LIMIT 1) p ON true
 WHERE %(tenant_id)s::uuid IS NOT NULL
 UNION ALL
-SELECT 'destination', d.tenant_id, d.id, d.name, d.retired_at IS NOT NULL, s.enabled, s.reason, s.changed_by,
-       s.changed_at
+SELECT 'destination', d.tenant_id, d.id, d.name, d.retired_at IS NOT NULL, s.enabled AND p.id IS NULL,
+       coalesce(p.reason, s.reason), coalesce(p.owner, s.changed_by), coalesce(p.paused_at, s.changed_at)
 FROM destinations d
 LEFT JOIN delivery_switches s ON s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id
+LEFT JOIN LATERAL (
+    SELECT a.id, a.owner, a.reason, a.paused_at FROM delivery_pauses a
+    WHERE a.scope = 'destination' AND a.tenant_id = d.tenant_id AND a.destination_id = d.id
+      AND a.released_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())
+    ORDER BY a.paused_at DESC LIMIT 1) p ON true
 WHERE d.tenant_id = %(tenant_id)s::uuid;
+
+-- name: tenant_pauses
+-- The active pauses a tenant's operators see (the global scope's and their own tenant's and destinations'),
+-- oldest first: who set each, why, since when, until when, and its kind.
+SELECT id, scope, tenant_id, destination_id, kind, owner, reason, paused_at, expires_at
+FROM delivery_pauses
+WHERE released_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())
+  AND (scope = 'global' OR tenant_id = %(tenant_id)s::uuid)
+ORDER BY paused_at, id;
+
+-- name: find_delivery_pause
+-- One active pause of the tenant (or the global one), or no row: another tenant's looks missing.
+SELECT id, scope, tenant_id, destination_id, kind, owner, reason, paused_at, expires_at
+FROM delivery_pauses
+WHERE id = %(pause_id)s AND released_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())
+  AND (scope = 'global' OR tenant_id = %(tenant_id)s::uuid);
 
 -- name: switch_history
 -- The latest changes a tenant's operators may see (the global switch's and their own tenant's), newest
 -- first; with no tenant, the global switch's alone.
-SELECT id, scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by, changed_at
+SELECT id, scope, tenant_id, destination_id, enabled, was_enabled, reason, changed_by, changed_at, pause_ids
 FROM delivery_switch_changes
 WHERE scope = 'global' OR tenant_id = %(tenant_id)s::uuid
 ORDER BY id DESC
@@ -761,8 +833,8 @@ SELECT id FROM recurring_exports WHERE tenant_id = %(tenant_id)s AND id = %(id)s
 -- A firing's facts, read under a lock on its recurring export's row (FOR UPDATE: the firings of one
 -- recurring export, and its pause, edit and deletion, serialize on it): the definition now, the claim's
 -- policy facts for its terms (destination, contract, creator; exports_api may not read contacts),
--- whether every switch of its scope is open (delivery_scope_open, the claim's gate) and the first paused
--- one, a firing already recorded for this nominal time, the latest export it created if still live
+-- whether every switch of its scope is open (delivery_scope_open, the claim's gate) and the first scope held
+-- and why (a switch off or an active pause, delivery_scope_hold), a firing already recorded for this nominal time, the latest export it created if still live
 -- (overlap), and how late this firing is on the database clock with the late firings that created an
 -- export since the latest firing on time (catch-up). No row: no such recurring export in the tenant.
 WITH r AS (
@@ -784,12 +856,10 @@ SELECT r.id, r.tenant_id, r.version, r.destination_id, r.list_name, r.created_by
        p.name IS NOT NULL AS principal_found, p.role AS principal_role, p.revoked_at AS principal_revoked_at,
        p.export_lists AS principal_lists,
        delivery_scope_open(r.tenant_id, r.destination_id) AS deliveries_open,
-       CASE WHEN NOT coalesce(g.enabled, false) THEN 'global'
-            WHEN NOT coalesce(t.enabled, false) THEN 'tenant'
-            WHEN NOT coalesce(s.enabled, false) THEN 'destination' END AS paused_scope,
-       CASE WHEN NOT coalesce(g.enabled, false) THEN g.reason
-            WHEN NOT coalesce(t.enabled, false) THEN t.reason
-            WHEN NOT coalesce(s.enabled, false) THEN s.reason END AS paused_scope_reason,
+       CASE WHEN h.global_hold IS NOT NULL THEN 'global'
+            WHEN h.tenant_hold IS NOT NULL THEN 'tenant'
+            WHEN h.destination_hold IS NOT NULL THEN 'destination' END AS paused_scope,
+       coalesce(h.global_hold, h.tenant_hold, h.destination_hold) AS paused_scope_reason,
        (SELECT f.outcome FROM recurring_export_firings f
         WHERE f.tenant_id = r.tenant_id AND f.recurring_export_id = r.id
           AND f.nominal_time = %(nominal_time)s) AS recorded_outcome,
@@ -802,10 +872,10 @@ SELECT r.id, r.tenant_id, r.version, r.destination_id, r.list_name, r.created_by
 FROM r
 LEFT JOIN destinations d ON d.tenant_id = r.tenant_id AND d.id = r.destination_id
 LEFT JOIN principals p ON p.tenant_id = r.tenant_id AND p.name = r.created_by
-LEFT JOIN delivery_switches g ON g.scope = 'global'
-LEFT JOIN delivery_switches t ON t.scope = 'tenant' AND t.tenant_id = r.tenant_id
-LEFT JOIN delivery_switches s ON s.scope = 'destination' AND s.tenant_id = r.tenant_id
-                             AND s.destination_id = r.destination_id
+CROSS JOIN LATERAL (
+    SELECT delivery_scope_hold('global', NULL, NULL) AS global_hold,
+           delivery_scope_hold('tenant', r.tenant_id, NULL) AS tenant_hold,
+           delivery_scope_hold('destination', r.tenant_id, r.destination_id) AS destination_hold) AS h
 LEFT JOIN export_jobs lj ON lj.tenant_id = r.tenant_id AND lj.id = (SELECT job_id FROM last_created)
                         AND lj.status IN ('Queued', 'Running', 'Delivering');
 
@@ -849,6 +919,92 @@ LIMIT %(limit)s;
 -- name: find_principal
 -- A principal of a tenant, its role and whether it is revoked (the command line acts as one).
 SELECT name, role, revoked_at FROM principals WHERE tenant_id = %(tenant_id)s AND name = %(name)s;
+
+-- name: record_operator_action
+-- Appends one row to the ledger of operator actions (0031): in the transaction of the action it records where
+-- that is a database write, on its own for a refusal. Before and after come without secrets (the service masks
+-- them; ck_operator_actions_no_secrets refuses any left).
+INSERT INTO operator_actions (tenant_id, principal, role, action, subject_kind, subject_id, request_id, reason,
+                              outcome, detail, approval_id, requested_by, before, after)
+VALUES (%(tenant_id)s, %(principal)s, %(role)s, %(action)s, %(subject_kind)s, %(subject_id)s, %(request_id)s,
+        %(reason)s, %(outcome)s, %(detail)s, %(approval_id)s, %(requested_by)s, %(before)s::jsonb,
+        %(after)s::jsonb)
+RETURNING id;
+
+-- name: page_operator_actions
+-- One page of a tenant's ledger, newest first, after the keyset bound (the id of the previous page's last row),
+-- filtered by principal, action, subject and time (each filter given or NULL). Custom plans fold the NULL
+-- filters away and walk the index of the filter given (ix_operator_actions_*), backwards from the bound.
+SELECT id, tenant_id, at, principal, role, action, subject_kind, subject_id, request_id, reason, outcome, detail,
+       approval_id, requested_by, before, after
+FROM operator_actions
+WHERE tenant_id = %(tenant_id)s
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+  AND (%(principal)s::text IS NULL OR principal = %(principal)s::text)
+  AND (%(action)s::text IS NULL OR action = %(action)s::text)
+  AND (%(subject_kind)s::text IS NULL OR subject_kind = %(subject_kind)s::text)
+  AND (%(subject_id)s::text IS NULL OR subject_id = %(subject_id)s::text)
+  AND (%(since)s::timestamptz IS NULL OR at >= %(since)s::timestamptz)
+  AND (%(until)s::timestamptz IS NULL OR at < %(until)s::timestamptz)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: insert_approval
+-- A two-person action asked for (0032): what, its parameters, why, by whom with which role, until when (the
+-- database clock plus the time limit). The guard refuses a requester whose role may not do it.
+INSERT INTO approvals (tenant_id, action, subject_kind, subject_id, parameters, reason, requested_by,
+                       requested_role, expires_at)
+VALUES (%(tenant_id)s, %(action)s, %(subject_kind)s, %(subject_id)s, %(parameters)s::jsonb, %(reason)s,
+        %(requested_by)s, %(requested_role)s, clock_timestamp() + make_interval(secs => %(ttl_seconds)s))
+RETURNING tenant_id, id, action, subject_kind, subject_id, parameters, reason, requested_by, requested_role,
+          requested_at, expires_at, decision, decided_by, decided_role, decided_at, decision_reason, executed_at,
+          outcome, false AS expired;
+
+-- name: find_approval
+-- One approval of the tenant (another tenant's looks missing), with whether it expired undecided.
+SELECT tenant_id, id, action, subject_kind, subject_id, parameters, reason, requested_by, requested_role,
+       requested_at, expires_at, decision, decided_by, decided_role, decided_at, decision_reason, executed_at,
+       outcome, decision IS NULL AND expires_at < clock_timestamp() AS expired
+FROM approvals
+WHERE tenant_id = %(tenant_id)s AND id = %(approval_id)s;
+
+-- name: page_approvals
+-- A tenant's approvals, newest first (only those still waiting for a decision and unexpired, if asked).
+SELECT tenant_id, id, action, subject_kind, subject_id, parameters, reason, requested_by, requested_role,
+       requested_at, expires_at, decision, decided_by, decided_role, decided_at, decision_reason, executed_at,
+       outcome, decision IS NULL AND expires_at < clock_timestamp() AS expired
+FROM approvals
+WHERE tenant_id = %(tenant_id)s
+  AND (NOT %(pending_only)s OR (decision IS NULL AND expires_at >= clock_timestamp()))
+ORDER BY requested_at DESC, id
+LIMIT %(limit)s;
+
+-- name: decide_approval
+-- The second person's decision on a waiting approval (approved or declined), with their role and why; in the
+-- transaction of the action it approves, which runs next. Matches nothing once decided; the guard refuses the
+-- requester (ck_approvals_second_person), a decision past the expiry (ck_approvals_expired) and a role that may
+-- not do the action (ck_approvals_role).
+UPDATE approvals
+SET decision = %(decision)s, decided_by = %(decided_by)s, decided_role = %(decided_role)s,
+    decided_at = clock_timestamp(), decision_reason = %(decision_reason)s
+WHERE tenant_id = %(tenant_id)s AND id = %(approval_id)s AND decision IS NULL
+RETURNING id;
+
+-- name: conclude_approval
+-- An approved action ran: when, and what it answered. Once; in the action's transaction, so an approval is
+-- used by one run only (the guards look for one not run yet).
+UPDATE approvals SET executed_at = clock_timestamp(), outcome = %(outcome)s
+WHERE tenant_id = %(tenant_id)s AND id = %(approval_id)s AND decision = 'approved' AND executed_at IS NULL
+RETURNING id;
+
+-- name: revoke_api_tokens
+-- Revokes every token of a principal of the tenant (an administrator's connection): their console sessions go
+-- with them (ON DELETE CASCADE); the principal stays, and may be given a new token. The tokens revoked, by count.
+WITH revoked AS (
+    DELETE FROM api_tokens WHERE tenant_id = %(tenant_id)s AND principal = %(principal)s
+    RETURNING token_sha256)
+SELECT count(*)::int AS n FROM revoked;
+
 -- -- outcome notifications (0025): webhook endpoints, the events' fan-out and their deliveries -------------
 
 -- name: create_webhook_endpoint

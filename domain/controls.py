@@ -81,6 +81,7 @@ class SwitchChange(Row):
     reason: str
     changed_by: str
     changed_at: datetime
+    pause_ids: list[UUID] | None = None  # the pauses this change started, re-armed or released (0032)
 
 
 class ScopeActivity(Row):

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from uuid import UUID
 
-from db.admin import insert_token
+from db.admin import ADMINISTRATOR, insert_token
 from db.stores.api import ApiStore
 from service.permissions import ROLES, Role
 
@@ -28,15 +28,30 @@ def token_sha256(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
-async def mint_token(admin_url: str, *, tenant_id: UUID, principal: str, role: Role) -> str:
-    """Create a new random token for ``principal`` in ``tenant_id`` and store only its hash.
+async def mint_token(
+    admin_url: str,
+    *,
+    tenant_id: UUID,
+    principal: str,
+    role: Role,
+    minted_by: str = ADMINISTRATOR,
+    request_id: str | None = None,
+) -> str:
+    """Create a new random token for ``principal`` in ``tenant_id`` and store only its hash, recorded in the
+    ledger of operator actions as ``minted_by``'s (the administrator's name; never the token).
 
     Needs an administrator's connection (no application role may insert tokens); the token itself is
     returned once and never stored or logged.
     """
     token = "fx_" + secrets.token_urlsafe(32)
     await insert_token(
-        admin_url, token_sha256=token_sha256(token), tenant_id=tenant_id, principal=principal, role=role
+        admin_url,
+        token_sha256=token_sha256(token),
+        tenant_id=tenant_id,
+        principal=principal,
+        role=role,
+        minted_by=minted_by,
+        request_id=request_id,
     )
     return token
 

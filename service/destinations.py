@@ -41,11 +41,21 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 
 from db.errors import ConstraintRefused
-from db.rows import DestinationRecord, DestinationVersion
+from db.rows import DestinationEdit, DestinationRecord, DestinationVersion
 from db.stores.api import ApiStore
+from domain.audit import (
+    ActionRecord,
+    Approval,
+    AuditAction,
+    SubjectKind,
+    TwoPersonAction,
+    fields_needing_a_second_person,
+)
 from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint, normalized_host_key
 from domain.evidence import ConnectionReport
 from domain.file_format import ARMORED_PUBLIC_KEY
+from service.approvals import Approvals, Subject
+from service.audit import Ledger, answered
 from service.auth import Caller
 from service.commands import MAX_REASON, REASON_PATTERN, Name, Reason
 from service.connection_tests import ConnectionTests, ConnectionTestUnavailable
@@ -405,12 +415,30 @@ def request_fingerprint(caller: Caller, body: CreateDestination) -> str:
 
 
 class Destinations:
-    """The destination operations over an ``exports_api`` store; ``tests`` runs connection tests on a worker
-    (through Temporal; ``None``: this process has no Temporal client, and a test answers 503)."""
+    """The destination operations over an ``exports_api`` store; every change is in the ledger of operator
+    actions, in its own transaction, and a change of where deliveries go or whom they trust (the fields of
+    ``TWO_PERSON_DESTINATION_FIELDS``: host, port, account, credential, host key, encryption and signing keys)
+    takes two admins (:mod:`service.approvals`). ``tests`` runs connection tests on a worker (through
+    Temporal; ``None``: this process has no Temporal client, and a test answers 503)."""
 
-    def __init__(self, store: ApiStore, tests: ConnectionTests | None = None) -> None:
+    def __init__(
+        self, store: ApiStore, tests: ConnectionTests | None = None, *, approvals: Approvals | None = None
+    ) -> None:
         self.store = store
         self.tests = tests
+        self.approvals = approvals or Approvals(store)
+        self.ledger = Ledger(store)
+
+    def _action(self, caller: Caller, action: AuditAction, subject_id: object, reason: str | None) -> Any:
+        return self.ledger.action(
+            tenant_id=caller.tenant_id,
+            principal=caller.principal,
+            role=caller.role,
+            action=action,
+            subject_kind=SubjectKind.DESTINATION,
+            subject_id=subject_id,
+            reason=reason,
+        )
 
     async def caller(self, tenant_id: UUID, principal: str) -> Caller | None:
         """The command line's caller: the named principal with the role the tenant gave it (``None`` when it
@@ -458,6 +486,12 @@ class Destinations:
     async def create(self, caller: Caller, body: CreateDestination, idempotency_key: str | None) -> Answer:
         """Create a destination once per Idempotency-Key (the same key and request replay the first, 200;
         another request is 409); it is version 1, recorded with who and why, and starts paused."""
+        async with self._action(caller, AuditAction.DESTINATION_CREATE, None, body.reason) as audit:
+            return answered(audit, await self._create(caller, body, idempotency_key, audit))
+
+    async def _create(
+        self, caller: Caller, body: CreateDestination, idempotency_key: str | None, audit: ActionRecord
+    ) -> Answer:
         forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
         if forbidden is not None:
             return forbidden
@@ -481,18 +515,26 @@ class Destinations:
         fields = body.model_dump(exclude={"reason", "contract_starts_on", "contract_ends_on"})
         for attempt in range(2):
             try:
-                created = await self.store.create_destination(
-                    destination_id=uuid.uuid4(),
-                    tenant_id=caller.tenant_id,
-                    fields=fields,
-                    contract_starts_on=body.contract_starts_on,
-                    contract_ends_on=body.contract_ends_on,
-                    changed_by=caller.principal,
-                    changed_role=ADMIN_ROLE,
-                    reason=body.reason,
-                    request_key=idempotency_key,
-                    request_fingerprint=fingerprint,
-                )
+                async with self.store.recording(audit):
+                    created = await self.store.create_destination(
+                        destination_id=uuid.uuid4(),
+                        tenant_id=caller.tenant_id,
+                        fields=fields,
+                        contract_starts_on=body.contract_starts_on,
+                        contract_ends_on=body.contract_ends_on,
+                        changed_by=caller.principal,
+                        changed_role=ADMIN_ROLE,
+                        reason=body.reason,
+                        request_key=idempotency_key,
+                        request_fingerprint=fingerprint,
+                    )
+                    audit.subject_id = str(created.destination_id)
+                    if created.replayed and created.fingerprint != fingerprint:
+                        audit.outcome = Kind.REFUSED.value
+                        audit.detail = "this Idempotency-Key was used for a different request"
+                    else:
+                        audit.outcome = (Kind.DONE if created.replayed else Kind.CREATED).value
+                        audit.after = {"destination": {**given, "version": 1}, "replayed": created.replayed}
                 break
             except ConstraintRefused as exc:
                 # The same key, submitted twice at once: the other submission created it; read its answer.
@@ -524,13 +566,35 @@ class Destinations:
         )
 
     async def edit(
-        self, caller: Caller, destination_id: UUID, body: EditDestination, if_match: str | None
+        self,
+        caller: Caller,
+        destination_id: UUID,
+        body: EditDestination,
+        if_match: str | None,
+        *,
+        approval: Approval | None = None,
     ) -> Answer:
         """Change a destination from the version its author read (``If-Match``): its next version, recorded.
 
         428 without If-Match, 400 when it is malformed, 412 when the destination moved on, 409 once retired,
-        422 when the contract would not hold together. Changing nothing records nothing (200).
+        422 when the contract would not hold together. Changing nothing records nothing (200). A change of its
+        host, port, account, credential, host key or encryption keys takes two admins: asked, it waits for
+        another admin's approval (202); approved, it is made as the approver's, from the version asked about.
         """
+        async with self._action(caller, AuditAction.DESTINATION_EDIT, destination_id, body.reason) as audit:
+            if approval is not None:
+                audit.approval_id, audit.requested_by = approval.id, approval.requested_by
+            return answered(audit, await self._edit(caller, destination_id, body, if_match, audit, approval))
+
+    async def _edit(
+        self,
+        caller: Caller,
+        destination_id: UUID,
+        body: EditDestination,
+        if_match: str | None,
+        audit: ActionRecord,
+        approval: Approval | None,
+    ) -> Answer:
         forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
         if forbidden is not None:
             return forbidden
@@ -572,16 +636,39 @@ class Destinations:
         problem = value_problem(changes) or contract_problem({**current, **changes})
         if problem:
             return refusal(Kind.INVALID, problem)
-        try:
-            edited = await self.store.edit_destination_if_version(
-                tenant_id=caller.tenant_id,
-                destination_id=destination_id,
-                expected_version=record.version,
-                changes=changes,
-                changed_by=caller.principal,
-                changed_role=ADMIN_ROLE,
-                reason=body.reason,
+        audit.before = {k: current.get(k) for k in changes}
+        two_person = fields_needing_a_second_person(changes, current)
+        if two_person and approval is None:
+            return await self.approvals.request(
+                caller,
+                TwoPersonAction.CHANGE_DESTINATION,
+                Subject("destination", destination_id),
+                {
+                    "changes": changes,
+                    "fields": two_person,
+                    "expected_version": record.version,
+                    "body": body.model_dump(mode="json", exclude_unset=True),
+                },
+                body.reason,
+                audit,
             )
+        try:
+            if approval is not None:
+                transaction = self.approvals.executing(self.store, audit, approval, caller)
+            else:
+                transaction = self.store.recording(audit)
+            async with transaction:
+                edited = await self.store.edit_destination_if_version(
+                    tenant_id=caller.tenant_id,
+                    destination_id=destination_id,
+                    expected_version=record.version,
+                    changes=changes,
+                    changed_by=caller.principal,
+                    changed_role=ADMIN_ROLE,
+                    reason=body.reason,
+                )
+                audit.outcome = _edit_outcome(edited).value
+                audit.after = {**changes, "version": edited.version} if edited and edited.matched else None
         except ConstraintRefused as exc:
             return refusal(Kind.INVALID, _refused_contract(exc))
         if edited is None:
@@ -717,17 +804,30 @@ class Destinations:
 
     async def retire(self, caller: Caller, destination_id: UUID, body: RetireDestination) -> Answer:
         """Retire a destination (its next version, recorded): what is building for it stops at cutoff 2, what is
-        queued is rejected. 409 when it is already retired."""
+        queued is rejected. 409 when it is already retired. Stopping takes one person."""
+        async with self._action(caller, AuditAction.DESTINATION_RETIRE, destination_id, body.reason) as audit:
+            return answered(audit, await self._retire(caller, destination_id, body, audit))
+
+    async def _retire(
+        self, caller: Caller, destination_id: UUID, body: RetireDestination, audit: ActionRecord
+    ) -> Answer:
         forbidden = refused(caller.role, Action.MANAGE_DESTINATIONS)
         if forbidden is not None:
             return forbidden
-        retired = await self.store.retire_destination(
-            tenant_id=caller.tenant_id,
-            destination_id=destination_id,
-            retired_by=caller.principal,
-            changed_role=ADMIN_ROLE,
-            reason=body.reason,
-        )
+        async with self.store.recording(audit):
+            retired = await self.store.retire_destination(
+                tenant_id=caller.tenant_id,
+                destination_id=destination_id,
+                retired_by=caller.principal,
+                changed_role=ADMIN_ROLE,
+                reason=body.reason,
+            )
+            audit.outcome = (
+                Kind.NOT_FOUND if retired is None else Kind.DONE if retired.matched else Kind.REFUSED
+            ).value
+            audit.after = (
+                {"retired": True, "version": retired.version} if retired and retired.matched else None
+            )
         if retired is None:
             return refusal(Kind.NOT_FOUND, "no such destination")
         record = await self.store.get_tenant_destination(caller.tenant_id, destination_id)
@@ -814,6 +914,15 @@ def connection_test_message(name: str, settings: Mapping[str, Any], report: Conn
         f"{name}: {presented}, which is pinned; our login was accepted; {settings.get('remote_dir')} {writable} "
         f"(a temporary name was created and removed); posix-rename {rename}; write limit {limit}.{problem}"
     )
+
+
+def _edit_outcome(edited: DestinationEdit | None) -> Kind:
+    """What an edit's statement answered, as the ledger records it (the service's answer says the same)."""
+    if edited is None:
+        return Kind.NOT_FOUND
+    if edited.matched:
+        return Kind.DONE
+    return Kind.REFUSED if edited.retired_at is not None else Kind.STALE
 
 
 def _retired(settings: Mapping[str, Any]) -> Answer:

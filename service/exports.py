@@ -23,11 +23,13 @@ from db.errors import ConstraintRefused, IdempotencyConflict, QueryTimedOut, Unk
 from db.pool import START_RETRY_SECONDS, open_pool
 from db.stores.api import ApiStore
 from db.stores.reconciler import ReconcilerStore
+from domain.audit import ActionRecord, Approval, AuditAction, SubjectKind, TwoPersonAction
 from domain.listing import Count, CountKind, Counts, ExportFilter, id_range
 from domain.models import (
     AttemptEvent,
     CancellationOutcome,
     CancellationRequest,
+    EventKind,
     ExportJob,
     FailureCode,
     JobStatus,
@@ -35,6 +37,8 @@ from domain.models import (
 from observability.metrics import CancellationSource, get_metrics
 from rules.counting import one_pass_cap, plan_counts, status_count, total, within_prefix
 from rules.fingerprint import create_fingerprint
+from service.approvals import DEFAULT_TTL_SECONDS, Approvals, Subject
+from service.audit import Ledger, answered
 from service.auth import Caller
 from service.bulk import BulkCancels
 from service.commands import (
@@ -218,6 +222,7 @@ class Exports:
         cancel_lock_timeout: str = "2s",
         list_timeout_ms: int = 250,
         exact_count_limit: int = 10_000,
+        approval_ttl_seconds: int = DEFAULT_TTL_SECONDS,
     ) -> None:
         self.store = api_store
         self.reconciler_store = reconciler_store
@@ -228,6 +233,45 @@ class Exports:
         self.list_timeout_ms = list_timeout_ms
         self.exact_count_limit = exact_count_limit
         self.bulk = BulkCancels(api_store, self.signaller, lock_timeout=cancel_lock_timeout)
+        # The ledger of operator actions (0031) and the second person's approvals (0032), over the API's store.
+        self.ledger = Ledger(api_store)
+        self.approvals = Approvals(api_store, ttl_seconds=approval_ttl_seconds)
+        self.approvals.register(
+            TwoPersonAction.CORRECT_OUTCOME,
+            lambda approver, a: self.correct(
+                approver, UUID(a.subject_id), CorrectExport(**a.parameters["body"]), approval=a
+            ),
+        )
+        self.approvals.register(
+            TwoPersonAction.REPLACE_WITH_OVERWRITE,
+            lambda approver, a: self.replace(
+                approver, UUID(a.subject_id), ReplaceExport(**a.parameters["body"]), approval=a
+            ),
+        )
+        # The other two-person actions are the switches' and the destinations' operations, which import this
+        # module: they register themselves over the same approvals.
+        from service import two_person
+
+        two_person.register(self)
+
+    def _action(
+        self,
+        caller: Caller,
+        action: AuditAction,
+        subject_kind: SubjectKind,
+        subject_id: object,
+        reason: str | None,
+    ) -> Any:
+        """The ledger row of one operator action by ``caller`` (``Ledger.action``)."""
+        return self.ledger.action(
+            tenant_id=caller.tenant_id,
+            principal=caller.principal,
+            role=caller.role,
+            action=action,
+            subject_kind=subject_kind,
+            subject_id=subject_id,
+            reason=reason,
+        )
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -549,8 +593,22 @@ class Exports:
         """Record one cancellation request and answer as the seed's table says (001 "What the API returns").
 
         Every answer, Busy included, is counted in ``fenced_exports_cancellations_total`` under ``source``
-        (the API and console, or ``cli`` for ``starter.py cancel``).
+        (the API and console, or ``cli`` for ``starter.py cancel``). Every answer but Busy is in the ledger of
+        operator actions; a recorded request's row commits with it, in its one round trip.
         """
+        async with self._action(
+            caller, AuditAction.CANCEL, SubjectKind.EXPORT, job_id, body.reason
+        ) as record:
+            return answered(record, await self._cancel(caller, job_id, body, source, record))
+
+    async def _cancel(
+        self,
+        caller: Caller,
+        job_id: UUID,
+        body: CancelExport,
+        source: CancellationSource,
+        record: ActionRecord,
+    ) -> Answer:
         forbidden = refused(caller.role, Action.CANCEL)
         if forbidden is not None:
             return forbidden
@@ -561,6 +619,7 @@ class Exports:
             requested_by=caller.principal,
             reason=body.reason,
             lock_timeout=self.cancel_lock_timeout,
+            record=record,
         )
         get_metrics().observe_cancellation(result.outcome.value, source=source, tenant_id=caller.tenant_id)
         base: dict[str, Any] = {"outcome": result.outcome.value, "request_id": str(body.request_id)}
@@ -662,11 +721,24 @@ class Exports:
     ) -> Answer:
         """Cancel every live export of a destination (or of one of its lists), each through its own
         request, grouped under the client's batch ID; a retry with the same ID decides only the Busy ones.
-        Each export's answer is counted in ``fenced_exports_cancellations_total`` under ``source``."""
-        forbidden = refused(caller.role, Action.CANCEL)
-        if forbidden is not None:
-            return forbidden
-        return await self.bulk.submit(caller, body, source=source)
+        Each export's answer is counted in ``fenced_exports_cancellations_total`` under ``source``. The ledger of
+        operator actions gets one row per submission, after its exports' own transactions, with the counts of
+        their outcomes (each export's request is in cancellation_requests, under the batch ID)."""
+        async with self._action(
+            caller, AuditAction.BULK_CANCEL, SubjectKind.CANCELLATION_BATCH, body.batch_id, body.reason
+        ) as record:
+            record.before = {"destination_id": body.destination_id, "list_name": body.list_name}
+            forbidden = refused(caller.role, Action.CANCEL)
+            if forbidden is not None:
+                return answered(record, forbidden)
+            answer = await self.bulk.submit(caller, body, source=source)
+            record.after = {
+                "matched": answer.body.get("matched"),
+                "outcomes": answer.body.get("outcomes"),
+                "busy": len(answer.body.get("busy", [])),
+                "replayed": answer.body.get("replayed"),
+            }
+            return answered(record, answer)
 
     async def bulk_cancel_preview(
         self, caller: Caller, destination_id: UUID, list_name: str | None
@@ -683,8 +755,28 @@ class Exports:
 
     # -- replacement, reconciliation, correction --------------------------------------------------------
 
-    async def replace(self, caller: Caller, job_id: UUID, body: ReplaceExport) -> Answer:
-        """Create a replacement for a named person; a replacement of a replacement resolves to its original."""
+    async def replace(
+        self, caller: Caller, job_id: UUID, body: ReplaceExport, *, approval: Approval | None = None
+    ) -> Answer:
+        """Create a replacement for a named person; a replacement of a replacement resolves to its original.
+
+        One with an overwrite agreement takes two people (0032): asked, it waits for another principal's
+        approval (202); approved, it is created as the approver's, in the approval's transaction."""
+        async with self._action(
+            caller, AuditAction.REPLACE, SubjectKind.EXPORT, job_id, body.reason
+        ) as record:
+            if approval is not None:
+                record.approval_id, record.requested_by = approval.id, approval.requested_by
+            return answered(record, await self._replace(caller, job_id, body, record, approval))
+
+    async def _replace(
+        self,
+        caller: Caller,
+        job_id: UUID,
+        body: ReplaceExport,
+        record: ActionRecord,
+        approval: Approval | None,
+    ) -> Answer:
         forbidden = refused(caller.role, Action.EXPORT)
         if forbidden is not None:
             return forbidden
@@ -692,6 +784,36 @@ class Exports:
         if job is None:
             return refusal(Kind.NOT_FOUND, "no such export")
         original_id = job.replaces_job_id or job.id
+        record.subject_id = str(original_id)
+        if body.overwrite_agreement_ref is None:
+            async with self.store.recording(record):
+                answer = await self._create_replacement(caller, original_id, body)
+                record.outcome, record.detail = answer.kind.value, answer.text or None
+                record.after = {"replacement": answer.body.get("export", {}).get("id")}
+            return answer
+        if approval is None:
+            original = await self.store.get_tenant_job(caller.tenant_id, original_id)
+            assert original is not None
+            if not _replaceable(original):
+                return _not_replaceable(original)
+            return await self.approvals.request(
+                caller,
+                TwoPersonAction.REPLACE_WITH_OVERWRITE,
+                Subject("export", original_id),
+                {
+                    "overwrite_agreement_ref": body.overwrite_agreement_ref,
+                    "body": body.model_dump(mode="json"),
+                },
+                body.reason,
+                record,
+            )
+        async with self.approvals.executing(self.store, record, approval, caller):
+            answer = await self._create_replacement(caller, original_id, body)
+            record.outcome, record.detail = answer.kind.value, answer.text or None
+            record.after = {"replacement": answer.body.get("export", {}).get("id")}
+        return answer
+
+    async def _create_replacement(self, caller: Caller, original_id: UUID, body: ReplaceExport) -> Answer:
         try:
             created = await self.store.create_replacement(
                 tenant_id=caller.tenant_id,
@@ -709,12 +831,7 @@ class Exports:
         if created is None:
             original = await self.store.get_tenant_job(caller.tenant_id, original_id)
             assert original is not None
-            code = f" ({original.failure_reason.value})" if original.failure_reason else ""
-            return refusal(
-                Kind.REFUSED,
-                f"the original {original_id} is {original.status.value}{code}; only an OutcomeUnknown original, "
-                "or one that Failed with BuildFailed, AttemptsExhausted or NotDelivered, may be replaced",
-            )
+            return _not_replaceable(original)
         new = await self.store.get_tenant_job(caller.tenant_id, created.job_id)
         assert new is not None
         return Answer(
@@ -725,7 +842,15 @@ class Exports:
 
     async def reconcile(self, caller: Caller, job_id: UUID, body: ReconcileExport) -> Answer:
         """Resolve an OutcomeUnknown attempt to Completed or Failed(NotDelivered) from evidence, once;
-        reconcilers only (403 for others, and nothing is recorded)."""
+        reconcilers only (403 for others, and nothing is recorded but the refusal in the ledger)."""
+        async with self._action(
+            caller, AuditAction.RECONCILE, SubjectKind.EXPORT, job_id, body.evidence_summary
+        ) as record:
+            return answered(record, await self._reconcile(caller, job_id, body, record))
+
+    async def _reconcile(
+        self, caller: Caller, job_id: UUID, body: ReconcileExport, record: ActionRecord
+    ) -> Answer:
         if not may(caller.role, Action.RECONCILE):
             # 000 "Reconciliation": a person with the reconciler's duty records what evidence cannot settle;
             # an operator's "Completed" would let the same contacts reach the partner twice by a replacement.
@@ -744,15 +869,20 @@ class Exports:
         attempt_id = body.attempt_id or job.attempt_id
         if self.reconciler_store is None:
             return refusal(Kind.FORBIDDEN, "reconciliation needs the exports_reconciler database role")
+        store = self._reconciler_for(caller)
+        record.before = {"status": job.status.value, "attempt_id": attempt_id}
         try:
-            done = await self._reconciler_for(caller).reconcile_unknown(
-                tenant_id=caller.tenant_id,
-                job_id=job_id,
-                attempt_id=attempt_id,
-                resolution=JobStatus(body.resolution),
-                reconciled_by=caller.principal,
-                evidence_summary=body.evidence_summary,
-            )
+            async with store.recording(record):
+                done = await store.reconcile_unknown(
+                    tenant_id=caller.tenant_id,
+                    job_id=job_id,
+                    attempt_id=attempt_id,
+                    resolution=JobStatus(body.resolution),
+                    reconciled_by=caller.principal,
+                    evidence_summary=body.evidence_summary,
+                )
+                record.outcome = (Kind.DONE if done else Kind.REFUSED).value
+                record.after = {"status": body.resolution if done else job.status.value}
         except ConstraintRefused as exc:
             if exc.constraint == "uq_attempt_transition":
                 return refusal(Kind.REFUSED, f"attempt {attempt_id} was already reconciled once")
@@ -774,8 +904,26 @@ class Exports:
             return self.reconciler_store
         return ReconcilerStore(self.store.pool)
 
-    async def correct(self, caller: Caller, job_id: UUID, body: CorrectExport) -> Answer:
-        """Correct a recorded Completed/Failed once, with who and why; reconcilers only (403 for others)."""
+    async def correct(
+        self, caller: Caller, job_id: UUID, body: CorrectExport, *, approval: Approval | None = None
+    ) -> Answer:
+        """Correct a recorded Completed/Failed once, with who and why; reconcilers only (403 for others).
+
+        It takes two people (0032): asked, it waits for another reconciler's approval (202); approved, the
+        approver records it, in the approval's transaction."""
+        async with self._action(caller, AuditAction.CORRECT, SubjectKind.EXPORT, job_id, body.why) as record:
+            if approval is not None:
+                record.approval_id, record.requested_by = approval.id, approval.requested_by
+            return answered(record, await self._correct(caller, job_id, body, record, approval))
+
+    async def _correct(
+        self,
+        caller: Caller,
+        job_id: UUID,
+        body: CorrectExport,
+        record: ActionRecord,
+        approval: Approval | None,
+    ) -> Answer:
         if not may(caller.role, Action.RECONCILE) or self.reconciler_store is None:
             return refusal(Kind.FORBIDDEN, "corrections need the reconciler role")
         job = await self.store.get_tenant_job(caller.tenant_id, job_id)
@@ -784,31 +932,98 @@ class Exports:
         attempt_id = body.attempt_id or job.attempt_id
         if attempt_id is None:
             return refusal(Kind.REFUSED, f"the export is {job.status.value} and has no attempt to correct")
-        try:
-            done = await self._reconciler_for(caller).correct_outcome(
-                tenant_id=caller.tenant_id,
-                job_id=job_id,
-                attempt_id=attempt_id,
-                recorded_status=JobStatus(body.recorded_status),
-                corrected_status=JobStatus(body.corrected_status),
-                failure_reason=body.failure_reason,
-                corrected_by=caller.principal,
-                evidence_ref=body.evidence_ref,
-                why=body.why,
+        if job.status.value != body.recorded_status or job.attempt_id != attempt_id:
+            return _nothing_to_correct(job, body, attempt_id)
+        events = await self.store.tenant_job_events(caller.tenant_id, job.id)
+        if any(e.kind == EventKind.CORRECTED and e.attempt_id == attempt_id for e in events):
+            # once per attempt (its outcome_corrections row): not worth a second person's time
+            return refusal(Kind.REFUSED, f"attempt {attempt_id}'s outcome was already corrected once")
+        record.before = {
+            "status": job.status.value,
+            "failure_reason": job.failure_reason,
+            "attempt_id": attempt_id,
+        }
+        if approval is None:
+            return await self.approvals.request(
+                caller,
+                TwoPersonAction.CORRECT_OUTCOME,
+                Subject("export", job_id),
+                {
+                    "attempt_id": str(attempt_id),
+                    "corrected_status": body.corrected_status,
+                    "body": body.model_copy(update={"attempt_id": attempt_id}).model_dump(mode="json"),
+                },
+                body.why,
+                record,
             )
+        store = self.reconciler_store
+        try:
+            async with self.approvals.executing(store, record, approval, caller):
+                done = await store.correct_outcome(
+                    tenant_id=caller.tenant_id,
+                    job_id=job_id,
+                    attempt_id=attempt_id,
+                    recorded_status=JobStatus(body.recorded_status),
+                    corrected_status=JobStatus(body.corrected_status),
+                    failure_reason=body.failure_reason,
+                    corrected_by=caller.principal,
+                    evidence_ref=body.evidence_ref,
+                    why=body.why,
+                )
+                record.outcome = (Kind.DONE if done else Kind.REFUSED).value
+                record.after = {
+                    "status": body.corrected_status if done else job.status.value,
+                    "failure_reason": body.failure_reason if done else job.failure_reason,
+                }
         except ConstraintRefused as exc:
             if exc.constraint in ("pk_outcome_corrections", "uq_attempt_transition"):
                 return refusal(Kind.REFUSED, f"attempt {attempt_id}'s outcome was already corrected once")
             raise
         if not done:
-            return refusal(
-                Kind.REFUSED,
-                f"nothing matched: the export is {job.status.value}, not a recorded {body.recorded_status} "
-                f"of attempt {attempt_id}",
-            )
+            now = await self.store.get_tenant_job(caller.tenant_id, job_id)
+            assert now is not None
+            return _nothing_to_correct(now, body, attempt_id)
         now = await self.store.get_tenant_job(caller.tenant_id, job_id)
         assert now is not None
-        return Answer(Kind.DONE, {"export": export_json(now)})
+        return Answer(
+            Kind.DONE,
+            {
+                "export": export_json(now),
+                "approval_id": str(approval.id),
+                "message": f"Corrected to {now.status.value}: asked by {approval.requested_by}, approved by "
+                f"{caller.principal}.",
+            },
+        )
+
+
+def _replaceable(original: ExportJob) -> bool:
+    """Whether an original may be replaced (create_replacement's condition, checked before asking for a second
+    person; the statement checks it again)."""
+    return original.replaces_job_id is None and (
+        original.status == JobStatus.OUTCOME_UNKNOWN
+        or (
+            original.status == JobStatus.FAILED
+            and original.failure_reason
+            in (FailureCode.BUILD_FAILED, FailureCode.ATTEMPTS_EXHAUSTED, FailureCode.NOT_DELIVERED)
+        )
+    )
+
+
+def _not_replaceable(original: ExportJob) -> Answer:
+    code = f" ({original.failure_reason.value})" if original.failure_reason else ""
+    return refusal(
+        Kind.REFUSED,
+        f"the original {original.id} is {original.status.value}{code}; only an OutcomeUnknown original, "
+        "or one that Failed with BuildFailed, AttemptsExhausted or NotDelivered, may be replaced",
+    )
+
+
+def _nothing_to_correct(job: ExportJob, body: CorrectExport, attempt_id: UUID) -> Answer:
+    return refusal(
+        Kind.REFUSED,
+        f"nothing matched: the export is {job.status.value}, not a recorded {body.recorded_status} "
+        f"of attempt {attempt_id}",
+    )
 
 
 @contextlib.asynccontextmanager
@@ -818,6 +1033,7 @@ async def open_exports(
     reconciler: bool = True,
     signaller: StopSignaller | None = None,
     connect_retry_seconds: float = START_RETRY_SECONDS,
+    approval_ttl_seconds: int | None = None,
 ) -> AsyncIterator[Exports]:
     """The operations over pools opened from ``settings.database_url`` (``exports_api``, and
     ``exports_reconciler`` for corrections), closed on exit. The signaller defaults to one that connects
@@ -853,6 +1069,7 @@ async def open_exports(
             cancel_lock_timeout=lock_timeout(settings),
             list_timeout_ms=settings.list_query_timeout_ms,
             exact_count_limit=settings.list_exact_count_limit,
+            approval_ttl_seconds=approval_ttl_seconds or settings.approval_ttl_seconds,
         )
 
 

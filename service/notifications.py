@@ -13,6 +13,7 @@ Another tenant's endpoint or delivery answers exactly as a missing one does.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -20,8 +21,10 @@ from uuid import UUID
 from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
 
 from db.stores.api import ApiStore
+from domain.audit import AuditAction, SubjectKind
 from domain.notifications import DeliveryState, EndpointSummary, NotificationKind, WebhookDelivery
 from rules.webhooks import MAX_URL, new_secret, secret_key, url_origin, url_problem
+from service.audit import Ledger, answered
 from service.auth import Caller
 from service.commands import _NAME_SCHEMA, Body, Name
 from service.exports import ANY_VERSION, if_match_versions
@@ -152,6 +155,40 @@ class Notifications:
     def __init__(self, store: ApiStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
+        self.ledger = Ledger(store)
+
+    async def _recorded(
+        self,
+        caller: Caller,
+        action: AuditAction,
+        subject_id: object | None,
+        run: Callable[[], Awaitable[Answer]],
+    ) -> Answer:
+        """An endpoint change and its row of the ledger of operator actions in one transaction (0031): what the
+        endpoint is after (its URL's origin, its events, whether enabled; never its secret), and the answer's
+        outcome; a refusal's row is the only write of its transaction."""
+        async with self.ledger.action(
+            tenant_id=caller.tenant_id,
+            principal=caller.principal,
+            role=caller.role,
+            action=action,
+            subject_kind=SubjectKind.WEBHOOK_ENDPOINT,
+            subject_id=subject_id,
+        ) as record:
+            async with self.store.recording(record):
+                answer = await run()
+                endpoint = answer.body.get("endpoint")
+                if isinstance(endpoint, dict):
+                    record.subject_id = endpoint["id"]
+                    record.after = {
+                        "url_origin": url_origin(endpoint["url"]),
+                        "events": endpoint["events"],
+                        "enabled": endpoint["enabled"],
+                        "version": endpoint["version"],
+                        "signing_key_rotated": "secret" in answer.body and action == AuditAction.WEBHOOK_EDIT,
+                    }
+                record.outcome, record.detail = answer.kind.value, answer.text or None
+            return answered(record, answer)
 
     async def _endpoint(self, caller: Caller, endpoint_id: UUID) -> EndpointSummary | None:
         rows = await self.store.tenant_webhook_endpoints(caller.tenant_id, endpoint_id)
@@ -180,6 +217,12 @@ class Notifications:
         return Answer(Kind.DONE, {"endpoint": endpoint_json(endpoint, caller)}, version=endpoint.version)
 
     async def create(self, caller: Caller, body: CreateEndpoint) -> Answer:
+        """The operation, and its row of the ledger of operator actions in its transaction."""
+        return await self._recorded(
+            caller, AuditAction.WEBHOOK_CREATE, None, lambda: self._create(caller, body)
+        )
+
+    async def _create(self, caller: Caller, body: CreateEndpoint) -> Answer:
         """``POST /webhook-endpoints``: 201 with the endpoint and its secret (the only answer that has it)."""
         forbidden = refused(caller.role, Action.MANAGE_NOTIFICATIONS)
         if forbidden is not None:
@@ -223,6 +266,17 @@ class Notifications:
         )
 
     async def edit(
+        self, caller: Caller, endpoint_id: UUID, body: EditEndpoint, if_match: str | None
+    ) -> Answer:
+        """The operation, and its row of the ledger of operator actions in its transaction."""
+        return await self._recorded(
+            caller,
+            AuditAction.WEBHOOK_EDIT,
+            endpoint_id,
+            lambda: self._edit(caller, endpoint_id, body, if_match),
+        )
+
+    async def _edit(
         self, caller: Caller, endpoint_id: UUID, body: EditEndpoint, if_match: str | None
     ) -> Answer:
         """``PATCH /webhook-endpoints/{id}`` for the version read (``If-Match``): 428 without it, 412 when
@@ -281,6 +335,12 @@ class Notifications:
         return Answer(Kind.DONE, answer, version=now.version)
 
     async def delete(self, caller: Caller, endpoint_id: UUID) -> Answer:
+        """The operation, and its row of the ledger of operator actions in its transaction."""
+        return await self._recorded(
+            caller, AuditAction.WEBHOOK_DELETE, endpoint_id, lambda: self._delete(caller, endpoint_id)
+        )
+
+    async def _delete(self, caller: Caller, endpoint_id: UUID) -> Answer:
         """``DELETE /webhook-endpoints/{id}``: the endpoint and its deliveries go; the events stay."""
         forbidden = refused(caller.role, Action.MANAGE_NOTIFICATIONS)
         if forbidden is not None:
@@ -302,6 +362,15 @@ class Notifications:
         return Answer(Kind.DONE, {"deliveries": [delivery_json(d) for d in rows]})
 
     async def redeliver(self, caller: Caller, endpoint_id: UUID, delivery_id: UUID) -> Answer:
+        """The operation, and its row of the ledger of operator actions in its transaction."""
+        return await self._recorded(
+            caller,
+            AuditAction.WEBHOOK_REDELIVER,
+            endpoint_id,
+            lambda: self._redeliver(caller, endpoint_id, delivery_id),
+        )
+
+    async def _redeliver(self, caller: Caller, endpoint_id: UUID, delivery_id: UUID) -> Answer:
         """``POST /webhook-endpoints/{id}/deliveries/{delivery_id}/redelivery``: due now, with a fresh retry
         window, the same event ID (202: the worker sends it)."""
         forbidden = refused(caller.role, Action.MANAGE_NOTIFICATIONS)

@@ -10,6 +10,14 @@ command line exits with its refusal code, and nothing is recorded.
   corrections (000 "Reconciliation": a role only reconciliation operators hold).
 - ``admin`` may do what an operator may, and manages the tenant's partner contracts (destinations), its
   recurring exports and its notification endpoints; reconciliation stays the reconciler's.
+- Admins and reconcilers read the ledger of operator actions (``GET /audit``); operators and viewers do not.
+
+Stopping takes one person (a cancel, a bulk cancel, a pause). What re-opens deliveries takes two
+(:mod:`service.approvals`): one who requests and another principal of the tenant who approves in time, each
+with a role that may do the action (resuming a pause someone else set or a host-key change tripped: operator,
+reconciler or admin; pinning a host key or changing a destination's host, credentials or encryption keys:
+admin; correcting a recorded outcome: reconciler; a replacement with an overwrite agreement: operator,
+reconciler or admin). ``TWO_PERSON_ROLES`` states it, and the database's ``approval_roles`` the same.
 
 The database backs the parts it can see: the roles that may export are the policy check's
 (``rules.policy.EXPORTING_ROLES``) and cutoff 2's, and reconciliation runs over the reconciler's pool only.
@@ -36,6 +44,7 @@ class Action(StrEnum):
     MANAGE_DESTINATIONS = "manage destinations"
     MANAGE_RECURRING = "manage recurring exports"
     MANAGE_NOTIFICATIONS = "manage notification endpoints"
+    READ_AUDIT = "read the ledger of operator actions"
 
 
 _OPERATOR = frozenset({Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH, Action.TEST_CONNECTION})
@@ -43,8 +52,23 @@ _OPERATOR = frozenset({Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH,
 PERMISSIONS: dict[str, frozenset[Action]] = {
     "viewer": frozenset({Action.READ}),
     "operator": _OPERATOR,
-    "reconciler": _OPERATOR | {Action.RECONCILE},
-    "admin": _OPERATOR | {Action.MANAGE_DESTINATIONS, Action.MANAGE_RECURRING, Action.MANAGE_NOTIFICATIONS},
+    "reconciler": _OPERATOR | {Action.RECONCILE, Action.READ_AUDIT},
+    "admin": _OPERATOR
+    | {Action.MANAGE_DESTINATIONS, Action.MANAGE_RECURRING, Action.MANAGE_NOTIFICATIONS, Action.READ_AUDIT},
+}
+
+# What a two-person action needs of both people (the requester and the approver): the permission of the
+# action itself. The database's approval_roles() says the same by role (tests/db/test_two_person.py).
+TWO_PERSON_PERMISSION: dict[str, Action] = {
+    "resume_pause": Action.SWITCH,
+    "pin_host_key": Action.MANAGE_DESTINATIONS,
+    "change_destination": Action.MANAGE_DESTINATIONS,
+    "correct_outcome": Action.RECONCILE,
+    "replace_with_overwrite": Action.EXPORT,
+}
+TWO_PERSON_ROLES: dict[str, list[str]] = {
+    action: sorted(role for role, actions in PERMISSIONS.items() if permission in actions)
+    for action, permission in TWO_PERSON_PERMISSION.items()
 }
 
 _WHO_MAY = {

@@ -27,12 +27,14 @@ from uuid import UUID
 from db.errors import QueryTimedOut
 from db.rows import ListingRequestRow, QueueSummaryRow
 from db.stores.api import ApiStore
+from domain.audit import AuditAction, SubjectKind
 from domain.models import ExportJob, JobStatus
 from rules.recovery import (
     LISTING_REQUEST_OBSERVER_PREFIX,
     LISTING_REQUEST_WINDOW_SECONDS,
     RECOVERY_OBSERVER_PREFIX,
 )
+from service.audit import Ledger, answered
 from service.auth import Caller
 from service.commands import CorrectExport
 from service.evidence import EvidenceReading, read_evidence, when
@@ -242,6 +244,7 @@ class Reconciliation:
     def __init__(self, store: ApiStore, *, recovery_every_seconds: float = 30.0) -> None:
         self.store = store
         self.recovery_every_seconds = recovery_every_seconds
+        self.ledger = Ledger(store)
 
     async def page(self, caller: Caller, *, after: str | None = None, limit: int = QUEUE_PAGE_SIZE) -> Answer:
         """``GET /reconciliation-queue``: one page of the caller's tenant's OutcomeUnknown exports, oldest
@@ -302,7 +305,24 @@ class Reconciliation:
         """Ask for today's listing of an OutcomeUnknown export's final name: recorded now (202), listed by
         recovery's next run on a worker and kept as the attempt's evidence. Reconcilers only; refused while
         the partner's deliveries are paused (no session is opened to a paused partner) or while an earlier
-        request still waits for its answer."""
+        request still waits for its answer. In the ledger of operator actions, in the request's transaction."""
+        async with self.ledger.action(
+            tenant_id=caller.tenant_id,
+            principal=caller.principal,
+            role=caller.role,
+            action=AuditAction.LISTING_REQUEST,
+            subject_kind=SubjectKind.EXPORT,
+            subject_id=job_id,
+        ) as record:
+            async with self.store.recording(record):
+                answer = await self._request_listing(caller, job_id)
+                record.outcome, record.detail = answer.kind.value, answer.text or None
+                record.after = (
+                    {"request_id": answer.body["request_id"]} if "request_id" in answer.body else None
+                )
+            return answered(record, answer)
+
+    async def _request_listing(self, caller: Caller, job_id: UUID) -> Answer:
         if not may(caller.role, Action.RECONCILE):
             return refusal(
                 Kind.FORBIDDEN,
@@ -366,7 +386,7 @@ class Reconciliation:
 
 
 async def request_correction(exports: Exports, caller: Caller, job_id: UUID, body: CorrectExport) -> Answer:
-    """The console's correction request, through this one function: today the correction itself, by a
-    reconciler (``Exports.correct``: once per attempt, with who and why). Issue 26 item 3 sends corrections to
-    a second person's approval; when that lands, this is the one place to point at the approval request."""
+    """The console's correction request, through this one function (``Exports.correct``): a correction takes two
+    people (issue 26 item 3), so it is asked here and waits for another reconciler's approval (202), which runs it
+    as theirs, once per attempt, with who and why."""
     return await exports.correct(caller, job_id, body)

@@ -18,9 +18,11 @@ from pydantic import AwareDatetime, ConfigDict, Field, WithJsonSchema, model_val
 
 from db.errors import UnknownReference
 from db.stores.api import ApiStore
+from domain.audit import ActionRecord, AuditAction, SubjectKind
 from domain.models import JobStatus
 from domain.recurring import Firing, RecurringExport
 from rules.recurring import MAX_INTERVAL_SECONDS, MIN_INTERVAL_SECONDS, definition_problems
+from service.audit import Ledger, answered
 from service.auth import Caller
 from service.commands import MAX_NAME, NAME_PATTERN, Body, Name, Reason
 from service.exports import if_match_versions
@@ -123,6 +125,26 @@ class PauseRecurringExport(Body):
     reason: Reason | None = None
 
 
+def recurring_audit_json(row: RecurringExport) -> dict[str, Any]:
+    """What the ledger keeps of a recurring export before or after a change: its terms, timing and state."""
+    return row.model_dump(
+        mode="json",
+        include={
+            "destination_id",
+            "list_name",
+            "cron",
+            "interval_seconds",
+            "time_zone",
+            "starts_at",
+            "ends_at",
+            "paused",
+            "paused_reason",
+            "deleted_at",
+            "version",
+        },
+    )
+
+
 def recurring_json(row: RecurringExport) -> dict[str, Any]:
     """One recurring export as JSON, with its Schedule's ID and its timing in words."""
     data = row.model_dump(mode="json")
@@ -175,6 +197,21 @@ class RecurringExports:
     def __init__(self, store: ApiStore, sync: ScheduleSync) -> None:
         self.store = store
         self.sync = sync
+        self.ledger = Ledger(store)
+
+    def _action(
+        self, caller: Caller, action: AuditAction, subject_id: object, reason: str | None = None
+    ) -> Any:
+        """The ledger row of one change (0031): in the change's transaction, or on its own for a refusal."""
+        return self.ledger.action(
+            tenant_id=caller.tenant_id,
+            principal=caller.principal,
+            role=caller.role,
+            action=action,
+            subject_kind=SubjectKind.RECURRING_EXPORT,
+            subject_id=subject_id,
+            reason=reason,
+        )
 
     async def _mine(self, caller: Caller, recurring_export_id: UUID) -> RecurringExport | None:
         return await self.store.get_recurring_export(caller.tenant_id, recurring_export_id)
@@ -182,6 +219,10 @@ class RecurringExports:
     async def create(self, caller: Caller, body: DefineRecurringExport) -> Answer:
         """Define a recurring export for the caller's tenant, created by the caller (its firings' exports are
         the caller's: the claim's policy check evaluates the caller as their creator)."""
+        async with self._action(caller, AuditAction.RECURRING_CREATE, None) as record:
+            return answered(record, await self._create(caller, body, record))
+
+    async def _create(self, caller: Caller, body: DefineRecurringExport, record: ActionRecord) -> Answer:
         forbidden = refused(caller.role, Action.MANAGE_RECURRING)
         if forbidden is not None:
             return forbidden
@@ -189,20 +230,24 @@ class RecurringExports:
         if problems:
             return _invalid(problems)
         try:
-            row = await self.store.insert_recurring_export(
-                tenant_id=caller.tenant_id,
-                id=uuid4(),
-                destination_id=body.destination_id,
-                list_name=body.list_name,
-                cron=body.cron.strip() if body.cron else None,
-                interval_seconds=body.interval_seconds,
-                time_zone=body.time_zone,
-                starts_at=body.starts_at,
-                ends_at=body.ends_at,
-                paused=False,
-                paused_reason=None,
-                created_by=caller.principal,
-            )
+            async with self.store.recording(record):
+                row = await self.store.insert_recurring_export(
+                    tenant_id=caller.tenant_id,
+                    id=uuid4(),
+                    destination_id=body.destination_id,
+                    list_name=body.list_name,
+                    cron=body.cron.strip() if body.cron else None,
+                    interval_seconds=body.interval_seconds,
+                    time_zone=body.time_zone,
+                    starts_at=body.starts_at,
+                    ends_at=body.ends_at,
+                    paused=False,
+                    paused_reason=None,
+                    created_by=caller.principal,
+                )
+                record.subject_id = str(row.id)
+                record.after = recurring_audit_json(row)
+                record.outcome = Kind.CREATED.value
         except UnknownReference as exc:
             if "creator" in (exc.constraint or ""):
                 return refusal(Kind.INVALID, f"{caller.principal} is not a principal of this tenant")
@@ -252,6 +297,17 @@ class RecurringExports:
     ) -> Answer:
         """Change its terms or timing for the version read (If-Match): 428 without it, 412 when it moved on,
         409 when it is deleted, 422 when the result is not a valid definition (nothing stored)."""
+        async with self._action(caller, AuditAction.RECURRING_EDIT, recurring_export_id) as record:
+            return answered(record, await self._edit(caller, recurring_export_id, body, if_match, record))
+
+    async def _edit(
+        self,
+        caller: Caller,
+        recurring_export_id: UUID,
+        body: EditRecurringExport,
+        if_match: str | None,
+        record: ActionRecord,
+    ) -> Answer:
         forbidden = refused(caller.role, Action.MANAGE_RECURRING)
         if forbidden is not None:
             return forbidden
@@ -296,14 +352,18 @@ class RecurringExports:
         )
         if problems:
             return _invalid(problems)
+        record.before = recurring_audit_json(row)
         try:
-            edited = await self.store.edit_recurring_export_if_version(
-                tenant_id=caller.tenant_id,
-                id=row.id,
-                expected_version=row.version,
-                updated_by=caller.principal,
-                **merged,
-            )
+            async with self.store.recording(record):
+                edited = await self.store.edit_recurring_export_if_version(
+                    tenant_id=caller.tenant_id,
+                    id=row.id,
+                    expected_version=row.version,
+                    updated_by=caller.principal,
+                    **merged,
+                )
+                record.after = recurring_audit_json(edited) if edited else None
+                record.outcome = (Kind.DONE if edited else Kind.STALE).value
         except UnknownReference:
             return refusal(Kind.INVALID, "destination_id: no such destination in this tenant")
         if edited is None:
@@ -323,25 +383,44 @@ class RecurringExports:
     async def pause(self, caller: Caller, recurring_export_id: UUID, body: PauseRecurringExport) -> Answer:
         """Pause it: no new export until resumed (a firing meanwhile is recorded skipped); the exports it
         created are untouched, and the answer counts them."""
-        return await self._set_paused(caller, recurring_export_id, True, body.reason)
+        async with self._action(
+            caller, AuditAction.RECURRING_PAUSE, recurring_export_id, body.reason
+        ) as record:
+            return answered(
+                record, await self._set_paused(caller, recurring_export_id, True, body.reason, record)
+            )
 
     async def resume(self, caller: Caller, recurring_export_id: UUID) -> Answer:
         """Resume it: its next firing creates an export again (missed ones are not run)."""
-        return await self._set_paused(caller, recurring_export_id, False, None)
+        async with self._action(caller, AuditAction.RECURRING_RESUME, recurring_export_id) as record:
+            return answered(record, await self._set_paused(caller, recurring_export_id, False, None, record))
 
     async def _set_paused(
-        self, caller: Caller, recurring_export_id: UUID, paused: bool, reason: str | None
+        self,
+        caller: Caller,
+        recurring_export_id: UUID,
+        paused: bool,
+        reason: str | None,
+        record: ActionRecord,
     ) -> Answer:
         forbidden = refused(caller.role, Action.MANAGE_RECURRING)
         if forbidden is not None:
             return forbidden
-        changed = await self.store.set_recurring_export_paused(
-            tenant_id=caller.tenant_id,
-            recurring_export_id=recurring_export_id,
-            paused=paused,
-            reason=reason,
-            updated_by=caller.principal,
-        )
+        async with self.store.recording(record):
+            changed = await self.store.set_recurring_export_paused(
+                tenant_id=caller.tenant_id,
+                recurring_export_id=recurring_export_id,
+                paused=paused,
+                reason=reason,
+                updated_by=caller.principal,
+            )
+            record.outcome = Kind.DONE.value  # the answer below says otherwise for a missing or deleted one
+            record.after = recurring_audit_json(changed) if changed else None
+            if changed is None:
+                current = await self._mine(caller, recurring_export_id)
+                record.outcome = (
+                    Kind.NOT_FOUND if current is None else Kind.REFUSED if current.deleted_at else Kind.DONE
+                ).value
         row = changed or await self._mine(caller, recurring_export_id)
         if row is None:
             return refusal(Kind.NOT_FOUND, "no such recurring export")
@@ -377,12 +456,23 @@ class RecurringExports:
     async def delete(self, caller: Caller, recurring_export_id: UUID) -> Answer:
         """Delete it: its Schedule goes, its row and firings stay as history, and the exports it created are
         untouched (the answer counts them)."""
+        async with self._action(caller, AuditAction.RECURRING_DELETE, recurring_export_id) as record:
+            return answered(record, await self._delete(caller, recurring_export_id, record))
+
+    async def _delete(self, caller: Caller, recurring_export_id: UUID, record: ActionRecord) -> Answer:
         forbidden = refused(caller.role, Action.MANAGE_RECURRING)
         if forbidden is not None:
             return forbidden
-        deleted = await self.store.delete_recurring_export(
-            tenant_id=caller.tenant_id, recurring_export_id=recurring_export_id, deleted_by=caller.principal
-        )
+        async with self.store.recording(record):
+            deleted = await self.store.delete_recurring_export(
+                tenant_id=caller.tenant_id,
+                recurring_export_id=recurring_export_id,
+                deleted_by=caller.principal,
+            )
+            record.after = recurring_audit_json(deleted) if deleted else None
+            record.outcome = (
+                Kind.DONE if deleted or await self._mine(caller, recurring_export_id) else Kind.NOT_FOUND
+            ).value
         row = deleted or await self._mine(caller, recurring_export_id)
         if row is None:
             return refusal(Kind.NOT_FOUND, "no such recurring export")

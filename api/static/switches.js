@@ -12,8 +12,11 @@
         message.textContent = "Give a reason: it is recorded with the change.";
         return;
       }
-      const body = { scope: row.dataset.scope, reason };
-      if (row.dataset.destination) body.destination_id = row.dataset.destination;
+      // a scope's row (data-scope), or one active pause's row (data-pause-scope, and the pause it names)
+      const body = { scope: row.dataset.scope || row.dataset.pauseScope, reason };
+      const destination = row.dataset.destination || row.dataset.pauseDestination;
+      if (destination) body.destination_id = destination;
+      if (row.dataset.pause) body.pause_id = row.dataset.pause;
       button.disabled = true;
       try {
         const response = await fetch(`/switches/${button.dataset.action}`, {

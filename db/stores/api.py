@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from db.stores.audit import ApprovalStatements, AuditReads
 from db.stores.destinations import DestinationStatements
 from db.stores.endpoints import EndpointStatements
 from db.stores.ledger import LedgerStatements
@@ -23,7 +24,10 @@ class ApiStore(
     EndpointStatements,
     ReconciliationStatements,
     ListingStatements,
+    AuditReads,
+    ApprovalStatements,
 ):
     """The API's store: creation, edits, the cancellation ledger, switches, sessions, recurring exports and
     their firings, destinations, webhook endpoints, the reconciler's queue and listing requests, the bounded
-    export list and its counts, and the reads."""
+    export list and its counts, the ledger of operator actions, approvals of two-person actions, and the
+    reads."""

@@ -10,6 +10,7 @@ import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
@@ -17,14 +18,17 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from db.errors import (
+    InvariantViolation,
     StoreError,
     TransientStoreError,
     translated,
 )
 from db.queries import execute, fetch
 from db.rows import (
+    ActionIdRow,
     StoppedRow,
 )
+from domain.audit import ActionRecord
 from domain.models import (
     OwnershipState,
     Statement,
@@ -40,6 +44,12 @@ Answer = TypeVar("Answer")
 
 # Bounded: a worker must not hang in a re-read during shutdown with the database unreachable.
 REREAD_TIMEOUT_SECONDS = 5.0
+
+# The transaction an operator action and its ledger row share (StoreBase.recording): while it is open in this
+# task, the statements of every store over the same pool run on its connection, each in a savepoint.
+_AMBIENT: ContextVar[tuple[AsyncConnectionPool[Any], AsyncConnection[Any]] | None] = ContextVar(
+    "fenced_exports_ambient_transaction", default=None
+)
 
 
 def transition(
@@ -91,8 +101,46 @@ class StoreBase:
         self.lease_seconds = lease_seconds
         self.reread_timeout = reread_timeout
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection of this store's pool: the one of an action being recorded in this task
+        (:meth:`recording`), in a savepoint, so a statement that fails undoes itself only; else one checked out
+        for this use."""
+        ambient = _AMBIENT.get()
+        if ambient is not None and ambient[0] is self.pool:
+            conn = ambient[1]
+            async with conn.transaction():
+                yield conn
+            return
+        async with self.pool.connection() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def recording(self, record: ActionRecord) -> AsyncIterator[ActionRecord]:
+        """An operator action and its ledger row in one transaction (0031): the block runs the action's
+        statements (through any store over this pool) and sets ``record.outcome``; its row is appended as the
+        last statement before COMMIT. An exception rolls both back: an action that did not happen is not in
+        the ledger. The block must not run statements of this pool concurrently (one connection)."""
+        async with translated(), self.pool.connection() as conn, conn.transaction():
+            token = _AMBIENT.set((self.pool, conn))
+            try:
+                yield record
+            finally:
+                _AMBIENT.reset(token)
+            if record.outcome is None:
+                raise InvariantViolation(f"{record.action} ended without an outcome to record")
+            await execute(conn, "record_operator_action", record.params())
+        record.written = True
+
+    async def record_operator_action(self, record: ActionRecord) -> int:
+        """Append one ledger row on its own (a refusal, or an action that is no database write)."""
+        async with translated(), self._connection() as conn:
+            rows = await fetch(conn, "record_operator_action", record.params(), ActionIdRow)
+        record.written = True
+        return rows[0].id
+
     async def _rows(self, name: str, params: dict[str, Any], row: type[Row]) -> list[Row]:
-        async with translated(), self.pool.connection() as conn:
+        async with translated(), self._connection() as conn:
             return await fetch(conn, name, params, row)
 
     async def _row(self, name: str, params: dict[str, Any], row: type[Row]) -> Row | None:
@@ -119,7 +167,7 @@ class StoreBase:
 
     async def _matched(self, name: str, **params: Any) -> bool:
         """Run a conditional write; True when it matched a row (and so wrote its event)."""
-        async with translated(), self.pool.connection() as conn:
+        async with translated(), self._connection() as conn:
             return await execute(conn, name, params) > 0
 
     async def _unless_lost(self, name: str, params: dict[str, Any], row: type[Row]) -> list[Row] | None:

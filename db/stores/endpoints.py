@@ -79,7 +79,7 @@ class EndpointStatements(StoreBase):
             "clear_description": clear_description,
             "enabled": enabled,
         }
-        async with translated(), self.pool.connection() as conn, conn.transaction():
+        async with translated(), self._connection() as conn, conn.transaction():
             updated = await fetch_maybe(conn, "update_webhook_endpoint", params, WebhookEndpoint)
             if updated is not None and secret is not None:
                 await fetch(

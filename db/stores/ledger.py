@@ -25,6 +25,7 @@ from db.errors import (
 )
 from db.queries import execute, fetch_maybe, send
 from db.rows import (
+    ActionIdRow,
     CancellationBatch,
     JobIdRow,
     LedgerAnswer,
@@ -33,6 +34,7 @@ from db.rows import (
     StopToSignal,
 )
 from db.stores.reads import Reads
+from domain.audit import ActionRecord
 from domain.models import (
     CancellationOutcome,
     CancellationRequest,
@@ -67,6 +69,7 @@ class LedgerStatements(Reads):
         lock_timeout: str = "2s",
         before_commit: BeforeCommit | None = None,
         batch_id: UUID | None = None,
+        record: ActionRecord | None = None,
     ) -> CancellationResult:
         """Decide and record one cancellation request under a lock on this tenant's job row (000).
 
@@ -75,6 +78,9 @@ class LedgerStatements(Reads):
         when the lock wait outlasts ``lock_timeout`` (nothing recorded; retry with the same ID).
         ``before_commit`` is a test seam awaited with the lock held, after the decision is written (the
         COMMIT then follows in a second round trip). ``batch_id`` names the bulk cancel it belongs to.
+        With ``record``, the request's row of the ledger of operator actions goes in the same pipeline, before
+        the COMMIT (``record_cancellation_action``; no extra round trip), and ``record.written`` says whether
+        it was appended (not when nothing was recorded: no such export, a request ID of another request).
         """
         async with translated(), self.pool.connection() as conn:
             return await self._request_cancellation_on(
@@ -87,6 +93,7 @@ class LedgerStatements(Reads):
                 lock_timeout=lock_timeout,
                 before_commit=before_commit,
                 batch_id=batch_id,
+                record=record,
             )
 
     async def _request_cancellation_on(
@@ -101,6 +108,7 @@ class LedgerStatements(Reads):
         lock_timeout: str,
         before_commit: BeforeCommit | None = None,
         batch_id: UUID | None = None,
+        record: ActionRecord | None = None,
     ) -> CancellationResult:
         params = {
             "tenant_id": tenant_id,
@@ -112,7 +120,7 @@ class LedgerStatements(Reads):
         }
         try:
             async with translated():
-                answers = await _cancellation_ledger(conn, params, lock_timeout, before_commit)
+                answers = await _cancellation_ledger(conn, params, lock_timeout, before_commit, record)
         except LockTimeout:
             return CancellationResult(request_id=request_id, outcome=CancellationOutcome.BUSY)
         except ConstraintRefused as exc:
@@ -425,12 +433,17 @@ async def _observed(name: str, params: dict[str, Any]) -> AsyncIterator[None]:
 
 
 async def _cancellation_ledger(
-    conn: AsyncConnection[Any], params: dict[str, Any], lock_timeout: str, before_commit: BeforeCommit | None
+    conn: AsyncConnection[Any],
+    params: dict[str, Any],
+    lock_timeout: str,
+    before_commit: BeforeCommit | None,
+    record: ActionRecord | None = None,
 ) -> list[LedgerAnswer]:
     """The ledger transaction of one cancellation request in one round trip: BEGIN; the locking read
     (which first sets this transaction's lock_timeout); the statement that classifies, updates and records;
-    COMMIT, sent together in pipeline mode. The server runs them in order, so the decision's snapshot is taken after
-    the lock wait. With ``before_commit`` (a test seam) the COMMIT waits for it, in a second round trip.
+    with ``record``, the request's row of the operator-action ledger; COMMIT, sent together in pipeline mode.
+    The server runs them in order, so the decision's snapshot is taken after the lock wait. With
+    ``before_commit`` (a test seam) the COMMIT waits for it, in a second round trip.
 
     On any error the transaction is rolled back before the error propagates, so the connection goes back
     to its pool idle.
@@ -438,16 +451,31 @@ async def _cancellation_ledger(
     try:
         # Leaving the pipeline block sends the Sync and reads every result: the one round trip, observed
         # (span and latency) as the statement that decides.
+        noted = None
         async with _observed("cancel_and_record", params), conn.pipeline():
             await send(conn, "begin_transaction", {})
             await send(conn, "lock_job_for_cancel", {**params, "timeout": lock_timeout})
             decided = await send(conn, "cancel_and_record", params, LedgerAnswer)
+            if record is not None:
+                noted = await send(
+                    conn,
+                    "record_cancellation_action",
+                    {
+                        **record.params(),
+                        "cancellation_request_id": params["request_id"],
+                        "job_id": params["job_id"],
+                    },
+                    ActionIdRow,
+                )
             if before_commit is None:
                 await send(conn, "commit_transaction", {})
         answers: list[LedgerAnswer] = await decided.fetchall()
+        appended = bool(await noted.fetchall()) if noted is not None else False
         if before_commit is not None:
             await before_commit()
             await execute(conn, "commit_transaction", {})
+        if record is not None and appended:
+            record.written = True
         return answers
     except BaseException:
         with contextlib.suppress(psycopg.Error):

@@ -15,6 +15,7 @@ from db.rows import (
     EventIdRow,
     JobIdRow,
 )
+from db.stores.audit import ApprovalDecisions
 from db.stores.base import transition
 from db.stores.reads import Reads
 from domain.models import (
@@ -84,7 +85,7 @@ class ReconcilerStatements(Reads):
             "evidence_ref": evidence_ref,
             "why": why,
         }
-        async with translated(), self.pool.connection() as conn:
+        async with translated(), self._connection() as conn:
             try:
                 async with conn.transaction():
                     if not await fetch(conn, "record_correction", params, JobIdRow):
@@ -100,5 +101,6 @@ class _NothingMatched(Exception):
     """Rolls back a short transaction whose conditional write matched nothing."""
 
 
-class ReconcilerStore(ReconcilerStatements):
-    """The reconciler's store (role ``exports_reconciler``): reconciliations and corrections."""
+class ReconcilerStore(ReconcilerStatements, ApprovalDecisions):
+    """The reconciler's store (role ``exports_reconciler``): reconciliations and corrections, and the decision
+    on a correction's approval in the correction's own transaction."""

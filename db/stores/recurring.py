@@ -155,7 +155,7 @@ class RecurringStatements(StoreBase):
             "nominal_time": nominal_time,
             "late_after_seconds": late_after_seconds,
         }
-        async with translated(), self.pool.connection() as conn, conn.transaction():
+        async with translated(), self._connection() as conn, conn.transaction():
             # The lock first, alone: the facts statement's snapshot then sees a firing committed meanwhile.
             if (
                 await fetch_maybe(

@@ -11,6 +11,7 @@ from uuid import UUID
 
 from db.rows import JobIdRow
 from db.stores.switching import SwitchChanges
+from domain.audit import DeliveryPause
 from domain.controls import DeliverySwitch, ScopeActivity, SwitchChange
 from observability.tracing import current_traceparent
 
@@ -48,6 +49,17 @@ class SwitchStatements(SwitchChanges):
         """The global switch, the tenant's and one per destination of the tenant (``enabled`` is
         ``None`` where no row exists: never enabled, so paused); with no tenant, the global one."""
         return await self._rows("tenant_switches", {"tenant_id": tenant_id}, DeliverySwitch)
+
+    async def tenant_pauses(self, tenant_id: UUID | None) -> list[DeliveryPause]:
+        """The active pauses a tenant's operators see (the global scope's, the tenant's, its destinations'),
+        oldest first."""
+        return await self._rows("tenant_pauses", {"tenant_id": tenant_id}, DeliveryPause)
+
+    async def find_delivery_pause(self, tenant_id: UUID | None, pause_id: UUID) -> DeliveryPause | None:
+        """One active pause of the tenant (or the global one), or ``None``: another tenant's looks missing."""
+        return await self._row(
+            "find_delivery_pause", {"tenant_id": tenant_id, "pause_id": pause_id}, DeliveryPause
+        )
 
     async def switch_history(self, tenant_id: UUID | None, limit: int = 50) -> list[SwitchChange]:
         """The latest switch changes a tenant's operators may see (global and their tenant's), newest first."""

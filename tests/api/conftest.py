@@ -67,6 +67,26 @@ async def make_tenant(factory: Factory, database: TestDatabase, name: str) -> Te
     )
 
 
+async def another(
+    database: TestDatabase, keys: TenantKeys, role: str, name: str | None = None
+) -> dict[str, str]:
+    """The headers of another principal of ``keys``' tenant with ``role`` (a second person, issue #26)."""
+    principal = name or f"{role}.two.{uuid.uuid4().hex[:6]}"
+    token = await mint_token(database.admin_url, tenant_id=keys.id, principal=principal, role=role)  # type: ignore[arg-type]
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def approve(
+    client: httpx.AsyncClient, answer: httpx.Response, headers: dict[str, str], reason: str | None = None
+) -> httpx.Response:
+    """Approve the approval a 202 answered with, as ``headers``' principal: the action's own answer."""
+    assert answer.status_code == 202, answer.text
+    approval = answer.json()["approval"]["id"]
+    return await client.post(
+        f"/approvals/{approval}/approval", json={"reason": reason} if reason else {}, headers=headers
+    )
+
+
 @pytest.fixture(scope="module")
 async def acme(factory: Factory, database: TestDatabase) -> TenantKeys:
     return await make_tenant(factory, database, "acme")

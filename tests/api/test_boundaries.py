@@ -3,6 +3,7 @@ input (a clear 4xx, never a 500, recording nothing), and callers without a valid
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -335,3 +336,105 @@ async def test_the_console_shows_another_tenants_webhook_endpoint_as_not_found(c
     assert theirs.status_code == absent.status_code == 404
     assert theirs.text == absent.text
     assert listed.status_code == 200 and globex_hook["endpoint"] not in listed.text
+
+
+# -- the ledger and the approvals (issue #26): another tenant's looks like a missing one ------------------
+
+
+@pytest.fixture(scope="module")
+async def globex_approval(client, factory, globex) -> dict[str, Any]:
+    """A waiting approval of globex's (a correction its reconciler asked for), and a pause of its own."""
+    completed, _ = await factory.in_status(
+        JobStatus.COMPLETED, job=await factory.queued(globex.id, globex.destination_id)
+    )
+    asked = await client.post(
+        f"/exports/{completed.id}/corrections", json=CORRECTION, headers=globex.reconciler
+    )
+    assert asked.status_code == 202, asked.text
+    paused = await client.post(
+        "/switches/pause",
+        json={"scope": "destination", "destination_id": str(globex.destination_id), "reason": "globex's own"},
+        headers=globex.operator,
+    )
+    return {"approval": asked.json()["approval"]["id"], "pause": paused.json()["pause_id"]}
+
+
+APPROVAL_ROUTES = [
+    ("read", "GET", "", None),
+    ("approve", "POST", "/approval", {"reason": "mine now"}),
+    ("decline", "POST", "/refusal", {"reason": "mine now"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "suffix", "body"), APPROVAL_ROUTES, ids=[r[0] for r in APPROVAL_ROUTES]
+)
+async def test_another_tenants_approval_looks_exactly_like_a_missing_one(
+    client, factory, acme, globex_approval, name, method, suffix, body
+):
+    theirs = await client.request(
+        method, f"/approvals/{globex_approval['approval']}{suffix}", json=body, headers=acme.reconciler
+    )
+    absent = await client.request(
+        method, f"/approvals/{uuid.uuid4()}{suffix}", json=body, headers=acme.reconciler
+    )
+
+    assert theirs.status_code == absent.status_code == 404
+    assert theirs.json() == absent.json()
+    [row] = await factory.admin(
+        "SELECT decision FROM approvals WHERE id = %(a)s", {"a": globex_approval["approval"]}
+    )
+    assert row["decision"] is None
+
+
+async def test_another_tenants_approvals_and_ledger_rows_are_never_listed(
+    client, acme, globex, globex_approval
+):
+    listed = await client.get("/approvals", headers=acme.admin)
+    assert globex_approval["approval"] not in listed.text
+    # acme's ledger holds acme's own actions only (its probes of globex's IDs above included: they are acme's)
+    page = (await client.get("/audit", params={"limit": 500}, headers=acme.admin)).json()["actions"]
+    lines = [
+        json.loads(line) for line in (await client.get("/audit.jsonl", headers=acme.admin)).text.splitlines()
+    ]
+    for rows in (page, lines):
+        assert rows and {r["tenant_id"] for r in rows} == {str(acme.id)}
+        assert not any(r["principal"].endswith("@globex") for r in rows)
+    # globex's request of that approval is globex's: acme filtering by it finds only its own probes
+    theirs = (
+        await client.get("/audit", params={"subject_id": globex_approval["approval"]}, headers=acme.admin)
+    ).json()
+    assert all(r["principal"].endswith("@acme") for r in theirs["actions"])
+
+
+async def test_another_tenants_pause_looks_like_a_missing_one_to_a_resume(
+    client, factory, acme, globex_approval
+):
+    body = {"scope": "destination", "destination_id": str(acme.destination_id), "reason": "mine now"}
+    theirs = await client.post(
+        "/switches/resume", json={**body, "pause_id": globex_approval["pause"]}, headers=acme.operator
+    )
+    absent = await client.post(
+        "/switches/resume", json={**body, "pause_id": str(uuid.uuid4())}, headers=acme.operator
+    )
+
+    assert theirs.status_code == absent.status_code == 422
+    assert theirs.json() == absent.json()
+    [row] = await factory.admin(
+        "SELECT released_at FROM delivery_pauses WHERE id = %(p)s", {"p": globex_approval["pause"]}
+    )
+    assert row["released_at"] is None
+
+
+async def test_the_console_shows_another_tenants_ledger_and_approvals_to_no_one(
+    client, acme, globex_approval
+):
+    await sign_in(client, acme, as_role="admin")
+    try:
+        audit = await client.get("/console/audit")
+        approvals = await client.get("/console/approvals")
+    finally:
+        client.cookies.clear()
+    assert audit.status_code == approvals.status_code == 200
+    assert globex_approval["approval"] not in approvals.text
+    assert "globex" not in audit.text + approvals.text  # no row of theirs (their principals are *@globex)

@@ -32,7 +32,7 @@ from service.exports import Exports
 from service.signals import TemporalStopSignaller
 from settings import Settings
 from testbed import pg
-from tests.api.conftest import TenantKeys, client_for
+from tests.api.conftest import TenantKeys, another, approve, client_for
 from tests.api.test_destinations import recorded
 from tests.api.test_starter import ROOT
 from tests.support.factories import Factory
@@ -210,7 +210,7 @@ async def test_only_an_admin_pins_or_removes_a_key_and_a_refusal_records_nothing
 
 
 async def test_an_admin_pins_a_key_beside_the_others_and_removes_the_old_one_each_a_version(
-    api, factory, acme, local_sftp_server
+    api, factory, acme, local_sftp_server, database
 ):
     old = local_sftp_server.host_key_line
     destination_id = await on_partner(factory, acme, local_sftp_server)
@@ -226,14 +226,17 @@ async def test_an_admin_pins_a_key_beside_the_others_and_removes_the_old_one_eac
         json={"key": "ssh-ed25519 -----BEGIN OPENSSH PRIVATE KEY-----", "reason": "oops"},
         headers={**acme.admin, "If-Match": '"1"'},
     )
-    pinned = await api.post(
+    asked = await api.post(
         path,
         json={"key": f"[sftp.partner.example]:22 {new} partner@2026", "reason": "rotation announced"},
         headers={**acme.admin, "If-Match": '"1"'},
     )
+    # trusting a new key takes two admins (issue #26.3): asked, then another admin approves, and it is made
+    pinned = await approve(api, asked, await another(database, acme, "admin"))
 
     assert (missing.status_code, stale.status_code, secret.status_code) == (428, 412, 422)
     assert "PRIVATE" not in secret.text
+    assert asked.json()["approval"]["parameters"]["changes"]["host_keys"][-1] == new
     assert pinned.status_code == 200, pinned.text
     assert pinned.headers["ETag"] == '"2"' and pinned.json()["delivery_changed"] is True
     shown = pinned.json()["destination"]
@@ -356,6 +359,21 @@ async def test_the_command_line_tests_pins_and_unpins_as_the_roles_allow(
         "checked with the partner",
         tenant=acme.id,
         principal="ada.admin@acme",
+    )
+    assert code == 0, err
+    asked = json.loads(out)["approval"]  # trusting a new key takes a second admin (issue #26.3)
+    assert asked["state"] == "pending"
+    await another(database, acme, "admin", name="ann.admin@acme")
+    code, out, err = await starter_on(
+        dev_env,
+        database,
+        queue,
+        "--json",
+        "approvals",
+        "approve",
+        asked["id"],
+        tenant=acme.id,
+        principal="ann.admin@acme",
     )
     assert code == 0, err
     assert json.loads(out)["destination"]["version"] == 2

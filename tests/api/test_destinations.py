@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import TenantKeys, client_for, sign_in
+from tests.api.conftest import TenantKeys, another, approve, client_for, sign_in
 from tests.api.test_starter import starter
 
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPkLLBUVE9SUkdp3lQTifL94fdkAhpAlZBUlQmAzSPsD"
@@ -99,16 +99,19 @@ async def test_an_admin_creates_a_destination_as_version_1_paused_with_its_refer
 
 
 async def test_an_edit_is_the_next_version_recorded_with_who_why_and_each_field_before_and_after(
-    client, factory, acme
+    client, factory, database, acme
 ):
     created = await create(client, acme)
     path = f"/destinations/{created['id']}"
 
-    r = await client.patch(
+    asked = await client.patch(
         path,
         json={"host": "sftp2.partner.example", "credential_ref": "/etc/keys/rotated", "reason": "new server"},
         headers={**acme.admin, "If-Match": '"1"'},
     )
+    # where deliveries go and as whom: a second admin approves, and the change is theirs (issue #26)
+    assert asked.status_code == 202 and "/etc/keys/rotated" not in asked.text
+    r = await approve(client, asked, await another(database, acme, "admin", name="ann.admin@acme"))
 
     assert r.status_code == 200, r.text
     assert r.headers["ETag"] == '"2"'
@@ -122,7 +125,7 @@ async def test_an_edit_is_the_next_version_recorded_with_who_why_and_each_field_
     assert (latest["version"], latest["change"], latest["changed_by"], latest["reason"]) == (
         2,
         "edited",
-        "ada.admin@acme",
+        "ann.admin@acme",
         "new server",
     )
     assert latest["changes"] == [
@@ -144,7 +147,10 @@ async def test_an_edit_is_the_next_version_recorded_with_who_why_and_each_field_
 async def test_an_edit_needs_the_version_it_was_read_at(client, factory, acme):
     created = await create(client, acme)
     path = f"/destinations/{created['id']}"
-    change = {"port": 2200, "reason": "port moved"}
+    change = {
+        "remote_dir": "/moved",
+        "reason": "directory moved",
+    }  # one admin suffices (not where or as whom)
 
     assert (await client.patch(path, json=change, headers=acme.admin)).status_code == 428
     malformed = await client.patch(path, json=change, headers={**acme.admin, "If-Match": "1"})
@@ -156,7 +162,7 @@ async def test_an_edit_needs_the_version_it_was_read_at(client, factory, acme):
     ).status_code == 200
 
     stale = await client.patch(
-        path, json={"port": 2201, "reason": "again"}, headers={**acme.admin, "If-Match": '"1"'}
+        path, json={"remote_dir": "/again", "reason": "again"}, headers={**acme.admin, "If-Match": '"1"'}
     )
     assert stale.status_code == 412 and stale.json()["version"] == 2
     assert len((await recorded(factory, created["id"]))["versions"]) == 2
@@ -339,7 +345,29 @@ async def test_the_command_line_adds_shows_edits_and_retires_as_an_admin(databas
         tenant=acme.id,
         principal="ada.admin@acme",
     )
-    assert code == 0 and out.startswith("Destination partner-cli is at version 2.")
+    # pinning a new host key takes two admins (issue #26): it waits for another's approval
+    assert code == 0 and out.startswith("Waiting for approval: changing a destination's host"), out
+    [waiting] = [
+        a
+        for a in (
+            await factory.admin(
+                "SELECT id, requested_by FROM approvals WHERE subject_id = %(d)s", {"d": destination_id}
+            )
+        )
+    ]
+    assert waiting["requested_by"] == "ada.admin@acme"
+    await another(database, acme, "admin", name="ann.admin@acme")
+    code, out, _ = await starter(
+        database,
+        "approvals",
+        "approve",
+        str(waiting["id"]),
+        "--reason",
+        "fingerprint checked by phone",
+        tenant=acme.id,
+        principal="ann.admin@acme",
+    )
+    assert code == 0 and out.startswith("Destination partner-cli is at version 2."), out
 
     code, out, _ = await starter(
         database, "destination", "show", destination_id, tenant=acme.id, principal="vic.view@acme"
@@ -397,7 +425,7 @@ async def test_the_command_line_adds_shows_edits_and_retires_as_an_admin(databas
     versions = (await recorded(factory, destination_id))["versions"]
     assert [(v["change"], v["changed_by"]) for v in versions] == [
         ("created", "ada.admin@acme"),
-        ("edited", "ada.admin@acme"),
+        ("edited", "ann.admin@acme"),
         ("retired", "ada.admin@acme"),
     ]
 

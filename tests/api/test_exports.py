@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from domain.models import DeliveryOutcome, FailureCode, FinishResult, JobStatus
-from tests.api.conftest import snapshot
+from tests.api.conftest import another, approve, snapshot
 
 
 def create_body(tenant, list_name: str = "main") -> dict:
@@ -184,21 +184,24 @@ async def test_a_replacements_terms_cannot_be_edited_and_the_answer_says_why(cli
     assert await snapshot(factory, uuid.UUID(replacement["id"])) == before
 
 
-async def test_a_replacement_is_created_by_the_named_caller_with_its_reason(client, factory, acme):
+async def test_a_replacement_is_created_by_the_named_caller_with_its_reason(client, factory, database, acme):
     original, _ = await factory.in_status(
         JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)
     )
 
-    r = await client.post(
+    asked = await client.post(
         f"/exports/{original.id}/replacements",
         json={"reason": "partner lost the file", "overwrite_agreement_ref": "AGR-7"},
         headers=acme.operator,
     )
+    # an overwrite agreement takes two people (issue #26): it waits, then runs as the approver's
+    second = await another(database, acme, "operator", name="olga.ops@acme")
+    r = await approve(client, asked, second)
 
     assert r.status_code == 201
     new = r.json()["export"]
     assert new["replaces_job_id"] == str(original.id)
-    assert new["created_by"] == acme.operator_name
+    assert new["created_by"] == "olga.ops@acme"
     assert new["replacement_reason"] == "partner lost the file"
     assert new["overwrite_agreement_ref"] == "AGR-7"
     assert new["delivery_key"] == original.delivery_key
@@ -301,7 +304,7 @@ CORRECTION = {
 }
 
 
-async def test_only_a_reconciler_may_correct_and_only_once(client, factory, acme):
+async def test_only_a_reconciler_may_correct_and_only_once(client, factory, database, acme):
     job, _ = await factory.in_status(
         JobStatus.COMPLETED, job=await factory.queued(acme.id, acme.destination_id)
     )
@@ -310,12 +313,16 @@ async def test_only_a_reconciler_may_correct_and_only_once(client, factory, acme
     assert as_operator.status_code == 403
     assert await factory.status(job.id) == JobStatus.COMPLETED
 
-    corrected = await client.post(f"/exports/{job.id}/corrections", json=CORRECTION, headers=acme.reconciler)
+    asked = await client.post(f"/exports/{job.id}/corrections", json=CORRECTION, headers=acme.reconciler)
+    assert await factory.status(job.id) == JobStatus.COMPLETED  # a correction takes two people (issue #26)
+    corrected = await approve(
+        client, asked, await another(database, acme, "reconciler", name="ron.recon@acme")
+    )
     assert corrected.status_code == 200
     assert corrected.json()["export"]["status"] == "Failed"
     assert corrected.json()["export"]["failure_reason"] == "NotDelivered"
     event = [e for e in await factory.worker.job_events(job.id) if e.kind.value == "Corrected"][0]
-    assert event.observed_by == acme.reconciler_name
+    assert event.observed_by == "ron.recon@acme"
     assert "TICKET-42" in event.detail and "never arrived" in event.detail
 
     back = {

@@ -13,7 +13,7 @@ import pytest
 
 from api.auth import CONSOLE_HEADER
 from domain.models import DeliveryOutcome, FinishResult, JobStatus
-from tests.api.conftest import sign_in, snapshot
+from tests.api.conftest import another, approve, sign_in, snapshot
 
 BASELINE_ABSENT = {"observation": "baseline", "present": False, "size": None, "mtime": None, "sha256": None}
 
@@ -306,7 +306,7 @@ def correction_body(recorded: str) -> dict[str, Any]:
 
 
 async def test_a_correction_request_from_the_console_needs_the_console_and_a_reconciler(
-    client, factory, acme
+    client, factory, database, acme
 ):
     job, _ = await factory.in_status(
         JobStatus.COMPLETED, job=await factory.queued(acme.id, acme.destination_id)
@@ -328,13 +328,18 @@ async def test_a_correction_request_from_the_console_needs_the_console_and_a_rec
         client.cookies.clear()
 
     assert by_operator.status_code == 403 and forged.status_code == 403
-    assert done.status_code == 200, done.text
+    # a correction takes two people (issue 26 item 3): the request waits for another reconciler's approval
+    assert done.status_code == 202, done.text
+    assert done.json()["approval"]["parameters"]["body"]["evidence_ref"] == "TICKET-26"
+    assert (await factory.job(job.id)).status == JobStatus.COMPLETED
+    approved = await approve(client, done, await another(database, acme, "reconciler", name="ron.recon@acme"))
+    assert approved.status_code == 200, approved.text
     now = await factory.job(job.id)
     assert (now.status, now.failure_reason) == (JobStatus.FAILED, "NotDelivered")
     rows = await factory.admin(
         "SELECT corrected_by, evidence_ref FROM outcome_corrections WHERE job_id = %(id)s", {"id": job.id}
     )
-    assert rows == [{"corrected_by": acme.reconciler_name, "evidence_ref": "TICKET-26"}]
+    assert rows == [{"corrected_by": "ron.recon@acme", "evidence_ref": "TICKET-26"}]
 
 
 async def test_the_console_pages_offer_what_the_role_may_do(client, factory, worker_store, acme):

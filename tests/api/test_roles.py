@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from domain.models import JobStatus
 from service.permissions import PERMISSIONS, ROLES, Action, may
 from tests.api.conftest import cancel_body, snapshot
 
@@ -17,11 +18,12 @@ def test_each_role_may_do_exactly_what_its_row_says():
     assert {a for a in Action if may("viewer", a)} == {Action.READ}
     operator = {a for a in Action if may("operator", a)}
     assert operator == {Action.READ, Action.EXPORT, Action.CANCEL, Action.SWITCH, Action.TEST_CONNECTION}
-    assert {a for a in Action if may("reconciler", a)} == operator | {Action.RECONCILE}
+    assert {a for a in Action if may("reconciler", a)} == operator | {Action.RECONCILE, Action.READ_AUDIT}
     assert {a for a in Action if may("admin", a)} == operator | {
         Action.MANAGE_DESTINATIONS,
         Action.MANAGE_RECURRING,
         Action.MANAGE_NOTIFICATIONS,
+        Action.READ_AUDIT,
     }
     assert not any(may("nobody", a) for a in Action)
 
@@ -137,3 +139,26 @@ async def test_the_console_offers_a_viewer_no_cancel_no_bulk_cancel_and_no_switc
     assert str(job.id) in listing
     assert 'id="cancel"' not in detail and "Your role (viewer) reads exports" in detail
     assert "switch-action" not in switches
+
+
+async def test_an_operators_reconcile_is_refused_by_the_database_even_without_the_services_check(
+    client, factory, acme, monkeypatch
+):
+    # Issue #26: take the service's check away (as a bug would): the operator's request now goes over the
+    # reconciler's pool, and the statement, which names who reconciles, still changes nothing.
+    import service.exports
+
+    monkeypatch.setattr(service.exports, "may", lambda role, action: True)
+    job, _ = await factory.in_status(
+        JobStatus.OUTCOME_UNKNOWN, job=await factory.queued(acme.id, acme.destination_id)
+    )
+    before = await snapshot(factory, job.id)
+
+    r = await client.post(
+        f"/exports/{job.id}/reconciliation",
+        json={"resolution": "Completed", "evidence_summary": "trust me"},
+        headers=acme.operator,
+    )
+
+    assert r.status_code == 409 and "nothing matched" in r.json()["detail"]
+    assert await snapshot(factory, job.id) == before

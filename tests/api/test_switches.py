@@ -208,10 +208,11 @@ async def test_the_global_switch_from_the_command_line(database, factory):
     try:
         assert code == 0
         assert json.loads(out)["change"]["scope"] == "global"
+        # the pause is sam.ops's own row (0032), which the gate reads beside the switch
         rows = await factory.admin(
-            "SELECT enabled, changed_by FROM delivery_switches WHERE scope = 'global'", {}
+            "SELECT owner, reason FROM delivery_pauses WHERE scope = 'global' AND released_at IS NULL", {}
         )
-        assert rows == [{"enabled": False, "changed_by": "sam.ops"}]
+        assert rows == [{"owner": "sam.ops", "reason": "partner-wide incident"}]
     finally:
         code, out, _ = await starter(database, "resume", "--global", "--reason", "incident over")
     assert code == 0 and out.startswith("Resumed deliveries globally: incident over.")
@@ -227,3 +228,32 @@ async def test_command_line_usage_errors_exit_2(database, factory):
         database, "--json", "pause", "--destination", str(uuid.uuid4()), "--reason", "x", tenant=tenant
     )
     assert code == 2 and json.loads(out)["outcome_kind"] == "invalid"
+
+
+async def test_a_pause_may_have_an_expiry_and_one_already_past_is_refused(client, factory, database):
+    acme = await make_tenant(factory, database, "acme-expiring")
+    [row] = await factory.admin(
+        "SELECT clock_timestamp() + interval '2 hours' AS later, clock_timestamp() AS now", {}
+    )
+    late = await client.post(
+        "/switches/pause",
+        json={"scope": "tenant", "reason": "deploy", "expires_at": row["now"].isoformat()},
+        headers=acme.operator,
+    )
+    assert late.status_code == 422 and late.json()["detail"] == "expires_at: must be later than now"
+
+    paused = await client.post(
+        "/switches/pause",
+        json={"scope": "tenant", "reason": "deploy", "expires_at": row["later"].isoformat()},
+        headers=acme.operator,
+    )
+
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["message"].startswith("Paused deliveries for this tenant: deploy until ")
+    [pause] = (await client.get("/switches", headers=acme.viewer)).json()["pauses"]
+    assert (pause["id"], pause["owner"], pause["reason"]) == (
+        paused.json()["pause_id"],
+        acme.operator_name,
+        "deploy",
+    )
+    assert pause["expires_at"] is not None

@@ -302,6 +302,14 @@ async def test_the_delivery_finish_statement_cannot_write_failed_without_a_code(
 
 async def test_replacement_carries_the_original_key_destination_and_scope(factory):
     original = await replaceable(factory, JobStatus.OUTCOME_UNKNOWN)
+    # a replacement with an overwrite agreement takes two people (0032): another asked, its creator approved
+    await factory.approve(
+        original.tenant_id,
+        "replace_with_overwrite",
+        original.id,
+        {"overwrite_agreement_ref": "partner-agreement-12"},
+        approved_by="lee.reconciler",
+    )
     created = await create_replacement(factory, original, overwrite_agreement_ref="partner-agreement-12")
     assert created is not None
 

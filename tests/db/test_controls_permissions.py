@@ -225,6 +225,7 @@ async def test_the_exact_grants_on_the_controls_tables(database):
         ("exports_api", "delivery_switches", "changed_at"),
         ("exports_api", "delivery_switches", "changed_by"),
         ("exports_api", "delivery_switches", "enabled"),
+        ("exports_api", "delivery_switches", "held_until"),  # kept by the pauses' trigger (0032)
         ("exports_api", "delivery_switches", "reason"),
         # an admin's changes of a destination (0021): each through a statement that records the version
         *[
@@ -260,6 +261,7 @@ async def test_the_exact_grants_on_the_controls_tables(database):
         ("exports_platform", "delivery_switches", "changed_at"),
         ("exports_platform", "delivery_switches", "changed_by"),
         ("exports_platform", "delivery_switches", "enabled"),
+        ("exports_platform", "delivery_switches", "held_until"),
         ("exports_platform", "delivery_switches", "reason"),
         ("exports_worker", "delivery_switches", "scope"),  # for FOR SHARE only; the trigger refuses updates
         ("exports_worker", "destinations", "id"),  # likewise

@@ -25,6 +25,10 @@ def switch_params(job, *, scope: str, enabled: bool, was_enabled: bool | None = 
         "reason": "held in a test",
         "changed_by": "sam.ops",
         "was_enabled": was_enabled,
+        # 0032: a pause is its owner's row (sam.ops's own, until released); a resume releases sam.ops's
+        "expires_at": None,
+        "kind": "manual",
+        "pause_ids": None,
     }
 
 

@@ -61,6 +61,19 @@ def correction_to_completed(original: ExportJob, attempt: UUID) -> dict[str, Any
     }
 
 
+async def approve_correction(
+    factory, job: ExportJob, attempt: UUID, to: JobStatus = JobStatus.COMPLETED, by: str = "lee.reconciler"
+) -> None:
+    """A correction takes two people (0032): another reconciler asked for it, ``by`` approved it (and runs it)."""
+    await factory.approve(
+        job.tenant_id,
+        "correct_outcome",
+        job.id,
+        {"attempt_id": str(attempt), "corrected_status": to.value},
+        approved_by=by,
+    )
+
+
 async def correct_to_completed(store, original: ExportJob, attempt: UUID) -> bool:
     params = correction_to_completed(original, attempt)
     return await store.correct_outcome(
@@ -84,6 +97,7 @@ async def test_correction_committed_first_makes_the_replacement_cutoff_report_or
 ):
     original, original_attempt = await failed_original(factory)
     replacement, attempt = await factory.running(await replacement_of(factory, original))
+    await approve_correction(factory, original, original_attempt)
 
     correction = await kit.hold("exports_reconciler")
     assert await correction.run("record_correction", correction_to_completed(original, original_attempt))
@@ -114,6 +128,8 @@ async def test_correction_committed_first_makes_the_replacement_cutoff_report_or
 async def test_correction_waits_for_a_replacement_cutoff_committed_first_then_succeeds(factory, kit):
     original, original_attempt = await failed_original(factory)
     replacement, attempt = await factory.running(await replacement_of(factory, original))
+    # before cutoff 2 holds the creator's principal row FOR SHARE (setting up the approval updates it)
+    await approve_correction(factory, original, original_attempt)
 
     cutoff = await kit.hold("exports_worker")
     assert matched(await cutoff.run("authorize_delivery_if_running", authorize_params(replacement, attempt)))
@@ -136,6 +152,7 @@ async def test_replacement_still_queued_when_the_original_is_corrected_is_refuse
 ):
     original, original_attempt = await failed_original(factory)
     replacement = await replacement_of(factory, original)
+    await approve_correction(factory, original, original_attempt)
     assert await correct_to_completed(reconciler_store, original, original_attempt)
 
     # The claim deliberately ignores the original: a refused claim would leave the job Queued forever.
@@ -149,6 +166,7 @@ async def test_replacement_still_queued_when_the_original_is_corrected_is_refuse
 
 async def test_replacement_creation_waits_for_a_correction_to_completed_then_inserts_nothing(factory, kit):
     original, original_attempt = await failed_original(factory)
+    await approve_correction(factory, original, original_attempt)
     correction = await kit.hold("exports_reconciler")
     assert await correction.run("record_correction", correction_to_completed(original, original_attempt))
     assert await correction.run("correct_outcome", correction_to_completed(original, original_attempt))
@@ -176,6 +194,7 @@ async def test_replacement_creation_waits_for_a_correction_to_completed_then_ins
 
 async def test_replacement_creation_succeeds_when_the_held_correction_rolls_back(factory, kit):
     original, original_attempt = await failed_original(factory)
+    await approve_correction(factory, original, original_attempt)
     correction = await kit.hold("exports_reconciler")
     assert await correction.run("record_correction", correction_to_completed(original, original_attempt))
     assert await correction.run("correct_outcome", correction_to_completed(original, original_attempt))
@@ -265,6 +284,7 @@ async def insert_event_as_api(factory, job_id: UUID, attempt_id: UUID, kind: Eve
 
 async def test_correction_is_recorded_once_with_who_and_why(factory, reconciler_store):
     original, attempt = await failed_original(factory)
+    await approve_correction(factory, original, attempt)
 
     assert await correct_to_completed(reconciler_store, original, attempt) is True
 
@@ -276,8 +296,9 @@ async def test_correction_is_recorded_once_with_who_and_why(factory, reconciler_
     assert corrected[0].observed_by == "lee.reconciler"
     assert corrected[0].detail == "Failed to Completed: ack-4711; partner acknowledged the original file"
 
-    # Refused a second time, in either direction: one correction per attempt (its row's primary key; the
-    # unique index on Corrected events stands behind it).
+    # Refused a second time, in either direction, even approved: one correction per attempt (its row's primary
+    # key; the unique index on Corrected events stands behind it).
+    await approve_correction(factory, original, attempt, JobStatus.FAILED, by="kim.reconciler")
     with pytest.raises(ConstraintRefused) as refused:
         await reconciler_store.correct_outcome(
             tenant_id=original.tenant_id,
@@ -341,12 +362,14 @@ async def test_correction_to_failed_needs_a_code_and_to_completed_drops_it(facto
         evidence_ref="listing",
         why="file never appeared",
     )
+    await approve_correction(factory, completed, attempt, JobStatus.FAILED)
     with pytest.raises(ConstraintRefused) as refused:
         await reconciler_store.correct_outcome(failure_reason=None, **to_failed)
     assert refused.value.constraint == "ck_export_jobs_failure"
     assert (await factory.job(completed.id)).status == JobStatus.COMPLETED
 
     failed, failed_attempt = await failed_original(factory)
+    await approve_correction(factory, failed, failed_attempt)
     assert await reconciler_store.correct_outcome(
         tenant_id=failed.tenant_id,
         job_id=failed.id,
@@ -364,6 +387,7 @@ async def test_correction_to_failed_needs_a_code_and_to_completed_drops_it(facto
     # non-Failed row: the correction to Completed records none, and the row ends with the code its correction
     # recorded (0019's trigger, which refuses before ck_export_jobs_failure would).
     other, other_attempt = await failed_original(factory)
+    await approve_correction(factory, other, other_attempt)
     direct = await kit.hold("exports_reconciler")
     assert await direct.run("record_correction", correction_to_completed(other, other_attempt))
     with pytest.raises(psycopg.errors.CheckViolation) as check:
@@ -388,6 +412,8 @@ async def test_correction_matches_nothing_unless_it_names_the_recorded_outcome(
 ):
     job, attempt = await factory.in_status(status)
     assert attempt is not None
+    corrected = JobStatus.COMPLETED if recorded != JobStatus.COMPLETED else JobStatus.FAILED
+    await approve_correction(factory, job, attempt, corrected)  # approved: it is the status that refuses
     assert (
         await reconciler_store.correct_outcome(
             tenant_id=job.tenant_id,

@@ -22,6 +22,7 @@ from psycopg import sql
 from db.admin import edit_destination, retire_destination
 from db.errors import DestinationNotFound
 from db.pool import Role
+from domain.audit import TWO_PERSON_DESTINATION_FIELDS
 from domain.models import AuthorizationResult, JobStatus
 from tests.db.race import authorize_params, matched, still_waiting
 from tests.db.test_permissions import acting_as
@@ -48,7 +49,10 @@ async def row(factory, destination_id) -> dict[str, Any]:
     return found
 
 
-async def edit(api_store, tenant_id, destination_id, expected: int | None, **changes: Any):
+async def edit(factory, api_store, tenant_id, destination_id, expected: int | None, **changes: Any):
+    if set(changes) & TWO_PERSON_DESTINATION_FIELDS:
+        # where deliveries go, as whom, whom they trust: another admin asked, ada.admin approved (0032)
+        await approve_change(factory, tenant_id, destination_id, **changes)
     return await api_store.edit_destination_if_version(
         tenant_id=tenant_id,
         destination_id=destination_id,
@@ -57,6 +61,12 @@ async def edit(api_store, tenant_id, destination_id, expected: int | None, **cha
         changed_by="ada.admin",
         changed_role="admin",
         reason="partner asked",
+    )
+
+
+async def approve_change(factory, tenant_id, destination_id, **changes: Any) -> None:
+    await factory.approve(
+        tenant_id, "change_destination", destination_id, {"changes": changes}, approved_by="ada.admin"
     )
 
 
@@ -76,8 +86,8 @@ async def test_each_change_steps_the_version_and_records_who_why_and_the_row_bef
     tenant = await factory.tenant()
     destination = await factory.destination(tenant)
 
-    renamed = await edit(api_store, tenant, destination, 1, name="partner-renamed")
-    moved = await edit(api_store, tenant, destination, 2, host="10.0.0.9", port=2022)
+    renamed = await edit(factory, api_store, tenant, destination, 1, name="partner-renamed")
+    moved = await edit(factory, api_store, tenant, destination, 2, host="10.0.0.9", port=2022)
 
     assert (renamed.matched, renamed.version, renamed.changed_fields, renamed.delivery_changed) == (
         True,
@@ -103,9 +113,9 @@ async def test_each_change_steps_the_version_and_records_who_why_and_the_row_bef
 async def test_an_edit_from_a_version_that_moved_on_matches_nothing_and_records_nothing(factory, api_store):
     tenant = await factory.tenant()
     destination = await factory.destination(tenant)
-    assert (await edit(api_store, tenant, destination, 1, port=2000)).matched
+    assert (await edit(factory, api_store, tenant, destination, 1, port=2000)).matched
 
-    stale = await edit(api_store, tenant, destination, 1, port=2001)
+    stale = await edit(factory, api_store, tenant, destination, 1, port=2001)
 
     assert (stale.matched, stale.version) == (False, 2)
     assert (await row(factory, destination))["port"] == 2000
@@ -121,7 +131,7 @@ async def test_a_name_or_contract_change_keeps_the_delivery_version_and_a_delive
         {"name": "partner-x"},
         {"contract_ends_on": "2099-01-01"},
     ):
-        await edit(api_store, tenant, destination, None, **changes)
+        await edit(factory, api_store, tenant, destination, None, **changes)
     assert (await row(factory, destination))["delivery_version"] == 1
     for field, value in (
         ("host", "h2"),
@@ -130,7 +140,7 @@ async def test_a_name_or_contract_change_keeps_the_delivery_version_and_a_delive
         ("remote_dir", "/elsewhere"),
         ("hash_evidence", "read_back"),
     ):
-        edited = await edit(api_store, tenant, destination, None, **{field: value})
+        edited = await edit(factory, api_store, tenant, destination, None, **{field: value})
         assert edited.delivery_changed, field
         assert (await row(factory, destination))["delivery_version"] == edited.version
 
@@ -224,7 +234,7 @@ async def test_a_credential_is_a_reference_and_the_database_refuses_key_material
 async def test_nobody_updates_or_deletes_a_recorded_version(database, factory, api_store, role):
     tenant = await factory.tenant()
     destination = await factory.destination(tenant)
-    await edit(api_store, tenant, destination, 1, port=2200)
+    await edit(factory, api_store, tenant, destination, 1, port=2200)
     before = await versions(factory, destination)
     for statement in (
         "UPDATE destination_versions SET reason = 'tampered' WHERE destination_id = %(d)s",
@@ -283,7 +293,7 @@ async def test_cutoff_2_refuses_a_file_built_for_a_version_whose_delivery_terms_
     factory, api_store, worker_store
 ):
     job, attempt = await factory.running()
-    await edit(api_store, job.tenant_id, job.destination_id, 1, host="sftp.new.example")
+    await edit(factory, api_store, job.tenant_id, job.destination_id, 1, host="sftp.new.example")
 
     assert await authorize_for(worker_store, job, attempt, 1) == AuthorizationResult.DESTINATION_CHANGED
 
@@ -296,7 +306,7 @@ async def test_cutoff_2_authorizes_across_a_rename_and_records_the_version_it_au
     factory, api_store, worker_store
 ):
     job, attempt = await factory.running()
-    await edit(api_store, job.tenant_id, job.destination_id, 1, name="partner-renamed")
+    await edit(factory, api_store, job.tenant_id, job.destination_id, 1, name="partner-renamed")
 
     assert await authorize_for(worker_store, job, attempt, 1) == AuthorizationResult.AUTHORIZED
 
@@ -308,6 +318,7 @@ async def test_cutoff_2_authorizes_across_a_rename_and_records_the_version_it_au
 
 async def test_an_edit_held_open_makes_cutoff_2_wait_then_refuse(factory, kit):
     job, attempt = await factory.running()
+    await approve_change(factory, job.tenant_id, job.destination_id, port=2200)
     editing = await kit.hold("exports_api")
     [edited] = await editing.run(
         "edit_destination_if_version",
@@ -342,7 +353,9 @@ async def test_cutoff_2_held_open_makes_an_edit_wait_and_the_delivery_keeps_its_
     assert matched(await cutoff.run("authorize_delivery_if_running", params))
 
     editor = await kit.solo("exports_api")
-    editing = asyncio.create_task(edit(editor.store, job.tenant_id, job.destination_id, 1, port=2200))
+    editing = asyncio.create_task(
+        edit(factory, editor.store, job.tenant_id, job.destination_id, 1, port=2200)
+    )
     await kit.wait_until_blocked_by(editor.pid, cutoff.pid)
     await still_waiting(editing)
 
@@ -374,9 +387,9 @@ async def test_each_recorded_version_loads_as_it_was_whatever_the_row_says_now(
 ):
     tenant = await factory.tenant()
     destination = await factory.destination(tenant)  # inserted by hand: no 'created' record
-    await edit(api_store, tenant, destination, 1, port=2001)
-    await edit(api_store, tenant, destination, 2, port=2002, remote_dir="/v3")
-    await edit(api_store, tenant, destination, 3, name="renamed")
+    await edit(factory, api_store, tenant, destination, 1, port=2001)
+    await edit(factory, api_store, tenant, destination, 2, port=2002, remote_dir="/v3")
+    await edit(factory, api_store, tenant, destination, 3, name="renamed")
 
     loaded = [await worker_store.load_destination(tenant, destination, v) for v in (1, 2, 3, 4)]
     assert [(d.version, d.port, d.remote_dir, d.name) for d in loaded] == [

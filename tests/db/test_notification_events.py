@@ -139,6 +139,14 @@ async def test_an_outcome_unknown_then_reconciled_reports_each_outcome_once(
         reconciled_by="lee.reconciler",
         evidence_summary="partner confirmed",
     )
+    # a correction takes two people (issue 26 item 3): another reconciler asked, lee approved and records it
+    await factory.approve(
+        job.tenant_id,
+        "correct_outcome",
+        job.id,
+        {"attempt_id": str(attempt_id), "corrected_status": "Failed"},
+        approved_by="lee.reconciler",
+    )
     assert await reconciler_store.correct_outcome(
         tenant_id=job.tenant_id,
         job_id=job.id,

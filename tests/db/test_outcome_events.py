@@ -168,6 +168,17 @@ def correction(job, to_status: str, code: str | None) -> dict[str, Any]:
 CORRECTIONS = [("Completed", "Failed"), ("Failed", "Completed")]
 
 
+async def approve(factory, job, to_status: str, attempt=None, by: str = "lee.reconciler") -> None:
+    """A correction takes two people (0032): another reconciler asked for it, ``by`` approved it."""
+    await factory.approve(
+        job.tenant_id,
+        "correct_outcome",
+        job.id,
+        {"attempt_id": str(attempt or job.attempt_id), "corrected_status": to_status},
+        approved_by=by,
+    )
+
+
 async def recorded(factory, status: str):
     job, _ = await factory.in_status(JobStatus(status), code=FailureCode.NOT_DELIVERED)
     return job
@@ -179,6 +190,7 @@ async def test_a_correction_by_bare_update_fails_at_commit_without_its_corrected
     factory, kit, actor, from_status, to_status
 ):
     job = await recorded(factory, from_status)
+    await approve(factory, job, to_status)
     held = await acting(kit, actor)
     code = "NotDelivered" if to_status == "Failed" else None
 
@@ -194,6 +206,7 @@ async def test_a_correction_by_bare_update_fails_at_commit_without_its_corrected
 @pytest.mark.parametrize("actor", CORRECTION_ACTORS, ids=actor_id)
 async def test_a_correction_to_failed_ends_with_the_code_it_recorded(factory, kit, actor):
     job = await recorded(factory, "Completed")
+    await approve(factory, job, "Failed")
     held = await acting(kit, actor)
     assert await held.run("record_correction", correction(job, "Failed", "NotDelivered"))
 
@@ -218,6 +231,7 @@ async def test_a_correction_to_completed_is_refused_when_its_row_records_a_code(
     # A correction row written directly with a code (record_correction writes none for Completed): the job
     # cannot end as what its correction says, so it does not change.
     job = await recorded(factory, "Failed")
+    await approve(factory, job, "Completed", by="lee")
     held = await acting(kit, actor)
     await held.execute(
         "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, failure_reason,"
@@ -252,6 +266,7 @@ async def test_the_protocols_statements_commit_their_event_and_pass_on_one_conne
             reconciled_by="lee.reconciler",
             evidence_summary="partner acknowledged",
         )
+        await approve(factory, job, "Failed", attempt)
         assert await reconciler.store.correct_outcome(
             tenant_id=job.tenant_id,
             job_id=job.id,

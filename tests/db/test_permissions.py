@@ -231,7 +231,13 @@ async def test_the_platform_roles_grants_are_on_the_switch_tables_only(factory):
         " WHERE grantee = 'exports_platform'",
         {},
     )
-    assert {r["table_name"] for r in rows} == {"delivery_switches", "delivery_switch_changes"}
+    # 0031/0032: its pauses of the global scope, and the ledger rows of its own actions
+    assert {r["table_name"] for r in rows} == {
+        "delivery_switches",
+        "delivery_switch_changes",
+        "delivery_pauses",
+        "operator_actions",
+    }
 
 
 # -- export_jobs: each role writes only the columns of its own transitions ----------------------------

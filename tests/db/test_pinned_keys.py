@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 from db.errors import ConstraintRefused
+from domain.audit import TWO_PERSON_DESTINATION_FIELDS
+from domain.controls import SwitchScope
 from tests.db.race import still_waiting
 
 OLD = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOldOldOldOldOldOldOldOldOldOldOldOldOldO"
@@ -31,7 +33,12 @@ async def destination_row(factory, destination_id: uuid.UUID) -> dict[str, Any]:
     return row
 
 
-async def edit(api_store, tenant_id, destination_id, **changes: Any):
+async def edit(factory, api_store, tenant_id, destination_id, **changes: Any):
+    if set(changes) & TWO_PERSON_DESTINATION_FIELDS:
+        # whom deliveries trust: another admin asked, ada.admin approved (0032, 0036)
+        await factory.approve(
+            tenant_id, "change_destination", destination_id, {"changes": changes}, approved_by="ada.admin"
+        )
     return await api_store.edit_destination_if_version(
         tenant_id=tenant_id,
         destination_id=destination_id,
@@ -50,8 +57,8 @@ async def test_a_destination_pins_its_one_key_and_host_key_is_always_the_first_o
     destination_id = await factory.destination(tenant_id, host_key=OLD)
     assert (await destination_row(factory, destination_id))["host_keys"] == [OLD]
 
-    pinned = await edit(api_store, tenant_id, destination_id, host_keys=[OLD, NEW])
-    rotated = await edit(api_store, tenant_id, destination_id, host_keys=[NEW])
+    pinned = await edit(factory, api_store, tenant_id, destination_id, host_keys=[OLD, NEW])
+    rotated = await edit(factory, api_store, tenant_id, destination_id, host_keys=[NEW])
     row = await destination_row(factory, destination_id)
 
     assert pinned.matched and pinned.delivery_changed and pinned.changed_fields == ["host_keys"]
@@ -60,7 +67,7 @@ async def test_a_destination_pins_its_one_key_and_host_key_is_always_the_first_o
     assert (row["host_keys"], row["host_key"], row["version"], row["delivery_version"]) == ([NEW], NEW, 3, 3)
 
     alone = await edit(
-        api_store, tenant_id, destination_id, host_key=THIRD
+        factory, api_store, tenant_id, destination_id, host_key=THIRD
     )  # an edit of host_key pins it alone
     assert alone.matched
     assert (await destination_row(factory, destination_id))["host_keys"] == [THIRD]
@@ -72,7 +79,7 @@ async def test_no_destination_pins_no_key_a_key_twice_or_more_than_ten(factory, 
     destination_id = await factory.destination(tenant_id, host_key=OLD)
 
     with pytest.raises(ConstraintRefused) as refused:
-        await edit(api_store, tenant_id, destination_id, host_keys=keys)
+        await edit(factory, api_store, tenant_id, destination_id, host_keys=keys)
 
     assert refused.value.constraint == "ck_destinations_host_keys"
     row = await destination_row(factory, destination_id)
@@ -83,8 +90,8 @@ async def test_the_session_limit_is_no_delivery_term_and_its_slots_follow_it(fac
     tenant_id = await factory.tenant()
     destination_id = await factory.destination(tenant_id)
 
-    limited = await edit(api_store, tenant_id, destination_id, max_sessions=2)
-    raised = await edit(api_store, tenant_id, destination_id, max_sessions=3)
+    limited = await edit(factory, api_store, tenant_id, destination_id, max_sessions=2)
+    raised = await edit(factory, api_store, tenant_id, destination_id, max_sessions=3)
 
     assert limited.matched and not limited.delivery_changed and limited.changed_fields == ["max_sessions"]
     assert raised.matched and not raised.delivery_changed
@@ -95,7 +102,7 @@ async def test_the_session_limit_is_no_delivery_term_and_its_slots_follow_it(fac
     )
     assert [s["slot"] for s in slots] == [1, 2, 3]
     with pytest.raises(ConstraintRefused) as refused:
-        await edit(api_store, tenant_id, destination_id, max_sessions=0)
+        await edit(factory, api_store, tenant_id, destination_id, max_sessions=0)
     assert refused.value.constraint == "ck_destinations_max_sessions"
 
 
@@ -105,7 +112,7 @@ async def test_a_version_recorded_before_pinned_key_sets_trusts_its_one_host_key
     tenant_id = await factory.tenant()
     destination_id = await factory.destination(tenant_id, host_key=OLD)
     await edit(
-        api_store, tenant_id, destination_id, host_key=NEW
+        factory, api_store, tenant_id, destination_id, host_key=NEW
     )  # version 2 (its record keeps version 1's row)
     # As a record written before 0029 reads: no host_keys in it.
     await factory.admin(
@@ -127,9 +134,10 @@ REASON = "host key changed: presented SHA256:AAAAbbbbCCCCddddEEEEffffGGGGhhhhIII
 
 
 async def switch(factory, destination_id) -> dict[str, Any]:
+    """The destination's switch as the gate reads it: on and held by no pause (0032); its latest reason."""
     [row] = await factory.admin(
-        "SELECT enabled, reason, changed_by FROM delivery_switches WHERE scope = 'destination'"
-        " AND destination_id = %(d)s",
+        "SELECT enabled AND NOT coalesce(held_until > clock_timestamp(), false) AS enabled, reason, changed_by"
+        " FROM delivery_switches WHERE scope = 'destination' AND destination_id = %(d)s",
         {"d": destination_id},
     )
     return row
@@ -167,6 +175,11 @@ async def test_the_worker_pauses_a_destination_it_must_not_trust_once_with_its_r
         "reason": REASON,
         "changed_by": "worker w1",
     }
+    # an owned pause of kind host_key: releasing it takes two people (0032's guard, 0036)
+    assert await factory.admin(
+        "SELECT kind, owner, reason, released_at FROM delivery_pauses WHERE destination_id = %(d)s",
+        {"d": destination_id},
+    ) == [{"kind": "host_key", "owner": "worker w1", "reason": REASON, "released_at": None}]
 
 
 async def test_the_worker_pauses_only_for_a_partner_it_must_not_trust(factory, worker_store):
@@ -187,7 +200,9 @@ async def test_no_pause_for_a_destination_an_admin_changed_since_the_version_che
 ):
     tenant_id = await factory.tenant()
     destination_id = await factory.destination(tenant_id, host_key=OLD)
-    await edit(api_store, tenant_id, destination_id, host_keys=[OLD, NEW])  # the admin pinned the new key
+    await edit(
+        factory, api_store, tenant_id, destination_id, host_keys=[OLD, NEW]
+    )  # the admin pinned the new key
 
     answer = await worker_store.pause_destination_for_partner(
         tenant_id, destination_id, 1, REASON, "worker w1"
@@ -214,6 +229,13 @@ def edit_params(tenant_id, destination_id, **changes: Any) -> dict[str, Any]:
 async def test_a_pause_waits_for_an_admins_pin_in_progress_then_pauses_nothing(factory, kit):
     tenant_id = await factory.tenant()
     destination_id = await factory.destination(tenant_id, host_key=OLD)
+    await factory.approve(
+        tenant_id,
+        "change_destination",
+        destination_id,
+        {"changes": {"host_keys": [OLD, NEW]}},
+        approved_by="ada.admin",
+    )
     pinning = await kit.hold("exports_api")
     await pinning.run(
         "edit_destination_if_version", edit_params(tenant_id, destination_id, host_keys=[OLD, NEW])
@@ -249,10 +271,44 @@ async def test_an_admins_pin_waits_for_a_pause_in_progress_and_the_pause_stands(
     assert paused["paused"] is True
 
     admin = await kit.solo("exports_api")
-    pinning = asyncio.create_task(edit(admin.store, tenant_id, destination_id, host_keys=[OLD, NEW]))
+    pinning = asyncio.create_task(edit(factory, admin.store, tenant_id, destination_id, host_keys=[OLD, NEW]))
     await kit.wait_until_blocked_by(admin.pid, pausing.pid)
     await still_waiting(pinning)
     await pausing.commit()
 
     assert (await pinning).matched
     assert (await switch(factory, destination_id))["enabled"] is False  # resumed by an operator, not by a pin
+
+
+async def test_the_workers_pause_is_released_only_with_a_second_persons_approval(
+    factory, worker_store, api_store
+):
+    # 0036: the worker's pause is an owned pause of kind host_key, so one operator's resume leaves it paused;
+    # 0029's turned the switch off, and any resume turned it on again.
+    tenant_id = await factory.tenant()
+    destination_id = await factory.destination(tenant_id)
+    assert (
+        await worker_store.pause_destination_for_partner(tenant_id, destination_id, 1, REASON, "worker w1")
+    ).paused
+    [pause] = await factory.admin(
+        "SELECT id FROM delivery_pauses WHERE destination_id = %(d)s AND released_at IS NULL",
+        {"d": destination_id},
+    )
+    resume = {
+        "scope": SwitchScope.DESTINATION,
+        "tenant_id": tenant_id,
+        "destination_id": destination_id,
+        "enabled": True,
+        "reason": "pinned the new key",
+        "changed_by": "sam.ops",
+    }
+
+    alone = await api_store.set_delivery_switch(**resume)
+    named = await api_store.set_delivery_switch(**resume, pause_ids=[pause["id"]])
+    assert (alone.enabled, alone.pause_ids, named.enabled, named.pause_ids) == (False, [], False, [])
+    assert (await switch(factory, destination_id))["enabled"] is False
+
+    await factory.approve(tenant_id, "resume_pause", pause["id"], {}, approved_by="sam.ops")
+    released = await api_store.set_delivery_switch(**resume, pause_ids=[pause["id"]])
+    assert (released.enabled, released.pause_ids) == (True, [pause["id"]])
+    assert (await switch(factory, destination_id))["enabled"] is True

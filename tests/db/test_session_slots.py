@@ -187,6 +187,8 @@ async def test_two_attempts_racing_for_the_last_slot_the_second_waits_then_finds
 
     answer = await taking
     assert (answer.slot, answer.eligible) == (None, True)
+    # what the waiting attempt shows: every slot held, though its snapshot predates the first take
+    assert (answer.in_use, answer.max_sessions) == (1, 1)
     assert [s["holder"] for s in await slots(factory, destination_id)] == [first_attempt]
 
 

@@ -183,6 +183,14 @@ async def test_each_edge_is_open_to_its_roles_and_refused_to_every_other(
         await factory.expire_lease(job.id)
         job = await factory.job(job.id)
     if from_status in ("Completed", "Failed"):
+        # a correction takes two people (0032): another reconciler asked for it, lee approved it
+        await factory.approve(
+            job.tenant_id,
+            "correct_outcome",
+            job.id,
+            {"attempt_id": str(job.attempt_id), "corrected_status": to_status},
+            approved_by="lee",
+        )
         await connections["exports_reconciler"].execute(
             "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status,"
             " failure_reason, corrected_by, evidence_ref, why)"
@@ -278,6 +286,14 @@ async def test_the_reconciler_changes_a_recorded_outcome_only_by_changing_its_st
     flip = "UPDATE export_jobs SET status = 'Failed', failure_reason = 'NotDelivered' WHERE id = %(id)s"
     refused = await refusal(reconciler, flip, {"id": job.id})
     assert refused.diag.constraint_name == "ck_export_jobs_correction"
+    for to_status in ("Failed", "Completed"):  # two people approved each (0032); the second is refused anyway
+        await factory.approve(
+            job.tenant_id,
+            "correct_outcome",
+            job.id,
+            {"attempt_id": str(job.attempt_id), "corrected_status": to_status},
+            approved_by="lee",
+        )
     await reconciler.execute(
         "INSERT INTO outcome_corrections (tenant_id, job_id, attempt_id, from_status, to_status, failure_reason,"
         " corrected_by, evidence_ref, why)"

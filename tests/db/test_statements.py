@@ -71,6 +71,7 @@ DOCUMENTED_CONSUMERS: dict[str, str] = {
     "seed_switch": "db/admin.py: a tenant or destination created enabled, as an administrator",
     "upsert_principal": "db/admin.py: granting a principal its role, as an administrator",
     "revoke_principal": "db/admin.py: revoking a principal, as an administrator",
+    "revoke_api_tokens": "db/admin.py: revoking a principal's tokens, as an administrator",
     "record_destination_seeded": "db/admin.py: a seeded destination's version 1, as an administrator",
     "set_build_scope": "db/builder.py: the COPY's scope, on the builder's own connection",
     "copy_contacts": "db/builder.py: the COPY itself, read by libpq in a thread",

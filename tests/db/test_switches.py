@@ -205,7 +205,8 @@ async def test_the_sweeper_skips_a_paused_scope_and_its_sweep_count_does_not_cli
         assert job.id not in await worker_store.sweep_stale_queued(older_than_seconds=30 * 60, batch=10_000)
     assert (await factory.job(job.id)).sweep_count == 0
 
-    await factory.switch(job.tenant_id, job.destination_id, enabled=True)
+    # the pause is its owner's row (0032): its owner's resume releases it (a switch row alone would not)
+    await switch(api_store, job.tenant_id, job.destination_id, enabled=True)
     assert job.id in await worker_store.sweep_stale_queued(older_than_seconds=30 * 60, batch=10_000)
     assert (await factory.job(job.id)).sweep_count == 1
 

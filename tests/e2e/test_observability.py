@@ -419,13 +419,15 @@ def test_each_export_is_one_trace_from_its_workflow_start_to_its_terminal_write(
         decided = next(s for s in ours if s.name == decisive(scenario.final_status))
         assert "RunActivity:export.claim" in ancestors(decided, by_id)
         if scenario.final_status == "Completed":
-            # The SFTP steps ran in the delivery thread, inside the deliver activity's span.
+            # The partner session is opened and verified before cutoff 2, inside prepare_delivery's span; the
+            # upload uses that session, its steps inside the deliver activity's span.
             sftp = [s for s in spans if s.name.startswith("sftp ")]
             assert {"sftp connect", "sftp list", "sftp upload", "sftp rename", "sftp read_back"} <= {
                 s.name for s in sftp
             }
             for span in sftp:
-                assert "RunActivity:export.deliver" in ancestors(span, by_id), span.name
+                activity = "prepare_delivery" if span.name == "sftp connect" else "deliver"
+                assert f"RunActivity:export.{activity}" in ancestors(span, by_id), span.name
             upload = next(s for s in sftp if s.name == "sftp upload")
             assert attribute(upload, "bytes") > 0
             rename_fence = next(s for s in ours if s.name == "fence_rename_if_delivering")

@@ -59,8 +59,16 @@ async def site(api_store, reconciler_store, factory, database, module_sftp_targe
     tenant_id = await factory.tenant("acme")
     destination_id = await factory.destination(tenant_id, **module_sftp_target.destination_row())
     tokens = {
-        role: await mint_token(database.admin_url, tenant_id=tenant_id, principal=name, role=role)
-        for role, name in (("reconciler", "rita.recon"), ("operator", "sam.ops"))
+        key: await mint_token(database.admin_url, tenant_id=tenant_id, principal=name, role=role)
+        for key, role, name in (
+            ("reconciler", "reconciler", "rita.recon"),
+            ("operator", "operator", "sam.ops"),
+            (
+                "second reconciler",
+                "reconciler",
+                "ron.recon",
+            ),  # a correction's second person (issue 26 item 3)
+        )
     }
     other = await factory.tenant("globex")
     other_destination = await factory.destination(other)
@@ -320,15 +328,27 @@ async def test_a_replacement_and_a_correction_request_are_made_from_the_evidence
     await page.fill("#correct input[name=evidence_ref]", "TICKET-4")
     await page.fill("#correct input[name=why]", "the partner's listing shows no file")
     await page.click("#correct button[type=submit]")
-    await expect(page.locator("#status")).to_have_text("Failed NotDelivered", timeout=15_000)
+    # a correction takes two people (issue 26 item 3): it waits, and the export is as it was
+    await expect(page.locator("#action-message")).to_contain_text("Waiting for approval")
+    await expect(page.locator("#status")).to_have_text("Completed", timeout=15_000)
+    await page.context.close()
+
+    second = await signed_in(browser, site, "second reconciler")
+    await second.click("#nav-approvals")
+    row = second.locator("tr.approval-pending")
+    await expect(row.locator(".approval-requester")).to_contain_text("rita.recon")
+    await row.locator("button[data-action='approval']").click()
+    await expect(second.locator("#approval-message")).to_contain_text("approved by ron.recon")
+    await second.goto(f"{site.url}/console/reconciliation/{completed.id}")
+    await expect(second.locator("#status")).to_have_text("Failed NotDelivered", timeout=15_000)
     [correction] = await factory.admin(
         "SELECT attempt_id, corrected_by, evidence_ref, why FROM outcome_corrections WHERE job_id = %(id)s",
         {"id": completed.id},
     )
     assert correction == {
         "attempt_id": attempt,
-        "corrected_by": "rita.recon",
+        "corrected_by": "ron.recon",
         "evidence_ref": "TICKET-4",
         "why": "the partner's listing shows no file",
     }
-    await page.context.close()
+    await second.context.close()

@@ -11,6 +11,7 @@ created enabled unless ``enabled=False``.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -51,6 +52,16 @@ DEFAULT_PRINCIPALS = (
 )
 
 
+# The role a test's two people hold for each two-person action (one that may do it: approval_roles(), 0032).
+TWO_PERSON_TEST_ROLE = {
+    "correct_outcome": "reconciler",
+    "change_destination": "admin",
+    "pin_host_key": "admin",
+    "resume_pause": "operator",
+    "replace_with_overwrite": "operator",
+}
+
+
 class Factory:
     """Fresh uuid identifiers every call; nothing shared between tests."""
 
@@ -81,7 +92,7 @@ class Factory:
         self, name: str = "acme", *, enabled: bool = True, principals: tuple[str, ...] = DEFAULT_PRINCIPALS
     ) -> UUID:
         """A tenant, created enabled (its delivery switch on) unless ``enabled=False``, whose
-        ``principals`` are operators."""
+        ``principals`` are operators (reconcilers, those whose name says so)."""
         tenant_id = uuid.uuid4()
         await self.admin(
             "INSERT INTO tenants (id, name) VALUES (%(id)s, %(n)s)", {"id": tenant_id, "n": name}
@@ -89,7 +100,10 @@ class Factory:
         if enabled:
             await self.switch(tenant_id, None, enabled=True)
         for principal in principals:
-            await self.principal(tenant_id, principal)
+            # a reconciler's name holds the reconciler role: only a reconciler reconciles (0032)
+            await self.principal(
+                tenant_id, principal, "reconciler" if "reconciler" in principal else "operator"
+            )
         return tenant_id
 
     async def principal(
@@ -102,6 +116,46 @@ class Factory:
             " export_lists = EXCLUDED.export_lists, revoked_at = NULL, revoked_by = NULL",
             {"t": tenant_id, "n": name, "r": role, "l": export_lists},
         )
+
+    async def approve(
+        self,
+        tenant_id: UUID,
+        action: str,
+        subject_id: object,
+        parameters: dict[str, Any],
+        *,
+        approved_by: str,
+        requested_by: str = "asker@two-person",
+    ) -> UUID:
+        """An approval of a two-person action (0032), asked by ``requested_by`` and approved by ``approved_by``
+        (who runs it), both made principals of the tenant with a role that may do it: set-up for a statement
+        that needs one (the service asks and decides them through the API)."""
+        role = TWO_PERSON_TEST_ROLE.get(action, "operator")
+        for name in (requested_by, approved_by):
+            await self.principal(tenant_id, name, role)
+        [row] = await self.admin(
+            "INSERT INTO approvals (tenant_id, action, subject_kind, subject_id, parameters, reason, requested_by,"
+            " requested_role, expires_at)"
+            " VALUES (%(t)s, %(a)s, %(k)s, %(s)s, %(p)s::jsonb, 'set up by a test', %(r)s, %(role)s,"
+            " clock_timestamp() + interval '1 hour') RETURNING id",
+            {
+                "t": tenant_id,
+                "a": action,
+                "k": {"resume_pause": "delivery_pause", "correct_outcome": "export"}.get(
+                    action, "destination" if "destination" in action or "host_key" in action else "export"
+                ),
+                "s": str(subject_id),
+                "p": json.dumps(parameters, default=str),
+                "r": requested_by,
+                "role": role,
+            },
+        )
+        await self.admin(
+            "UPDATE approvals SET decision = 'approved', decided_by = %(b)s, decided_role = %(role)s"
+            " WHERE id = %(id)s",
+            {"b": approved_by, "role": role, "id": row["id"]},
+        )
+        return UUID(str(row["id"]))
 
     async def switch(
         self, tenant_id: UUID | None, destination_id: UUID | None, *, enabled: bool, reason: str = "factory"

@@ -27,7 +27,9 @@ from domain.destination import host_key_fingerprint
 from domain.models import EventKind, FailureCode, JobStatus
 from service.auth import Caller
 from service.destinations import Destinations, PinHostKey, UnpinHostKey
-from service.switches import DestinationSwitch, Operator, Switches
+from service.exports import Exports
+from service.outcomes import Kind
+from service.switches import DestinationResume, Operator, Switches
 from testbed.sftp import Sshd, TcpProxy, sshd_available
 from tests.workflows.harness import Harness, SftpTarget
 from workflows.models import AttemptOutcome
@@ -90,29 +92,53 @@ async def evidence(harness: Harness, job_id: uuid.UUID) -> list[dict[str, Any]]:
 
 
 async def destination_switch(harness: Harness, destination_id: uuid.UUID) -> dict[str, Any]:
+    """The destination's switch as the gate reads it (on, and held by no pause), and its latest reason."""
     [row] = await harness.factory.admin(
-        "SELECT enabled, reason, changed_by FROM delivery_switches"
-        " WHERE scope = 'destination' AND destination_id = %(d)s",
+        "SELECT enabled AND NOT coalesce(held_until > clock_timestamp(), false) AS enabled, reason, changed_by"
+        " FROM delivery_switches WHERE scope = 'destination' AND destination_id = %(d)s",
         {"d": destination_id},
     )
     return row
 
 
 async def pin(harness: Harness, job, key: str, version: int) -> None:
-    answer = await Destinations(harness.factory.api).pin_key(
+    """An admin pins ``key``; trusting a new key takes a second admin (issue #26.3), who approves it."""
+    exports = Exports(harness.factory.api)
+    asked = await Destinations(exports.store, approvals=exports.approvals).pin_key(
         admin(job.tenant_id),
         job.destination_id,
         PinHostKey(key=key, reason="fingerprint confirmed with the partner by phone"),
         f'"{version}"',
     )
+    assert asked.kind == Kind.ACCEPTED, asked.body
+    await harness.factory.principal(job.tenant_id, "ann.admin", "admin")
+    second = Caller(tenant_id=job.tenant_id, principal="ann.admin", role="admin")
+    answer = await exports.approvals.approve(second, uuid.UUID(asked.body["approval"]["id"]))
     assert answer.ok and answer.body["delivery_changed"] is True, answer.body
 
 
 async def resume(harness: Harness, job) -> None:
-    answer = await Switches(harness.factory.api).resume(
-        Operator(principal="sam.ops", tenant_id=job.tenant_id),
-        DestinationSwitch(scope="destination", destination_id=job.destination_id, reason="new key pinned"),
+    """An operator asks to release the worker's pause (it names it: another's pause is released only so), and
+    another operator approves: a pause a changed host key tripped takes two people (issue #26.3)."""
+    exports = Exports(harness.factory.api)
+    [pause] = await harness.factory.admin(
+        "SELECT id FROM delivery_pauses WHERE destination_id = %(d)s AND released_at IS NULL",
+        {"d": job.destination_id},
     )
+    for name in ("sam.ops", "rita.ops"):
+        await harness.factory.principal(job.tenant_id, name, "operator")
+    asked = await Switches(exports.store, approvals=exports.approvals).resume(
+        Operator(principal="sam.ops", tenant_id=job.tenant_id),
+        DestinationResume(
+            scope="destination",
+            destination_id=job.destination_id,
+            reason="new key pinned",
+            pause_id=pause["id"],
+        ),
+    )
+    assert asked.kind == Kind.ACCEPTED, asked.body
+    second = Caller(tenant_id=job.tenant_id, principal="rita.ops", role="operator")
+    answer = await exports.approvals.approve(second, uuid.UUID(asked.body["approval"]["id"]))
     assert answer.ok, answer.body
 
 

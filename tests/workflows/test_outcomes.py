@@ -53,7 +53,7 @@ async def test_a_replacement_whose_original_was_corrected_to_completed_is_refuse
             job_id=original.id,
             attempt_id=original_attempt,
             resolution=JobStatus.COMPLETED,
-            reconciled_by="rita.ops",
+            reconciled_by="lee.reconciler",  # a reconciler of the tenant (0032)
             evidence_summary="partner confirmed receipt",
         )
 
