@@ -16,10 +16,10 @@ runs six exports through the real system:
    resume wakes it and it is delivered;
 7. onboarding a partner from the command line (``starter.py`` in child processes, each command printed):
    ``northwind``, a second local SFTP server, is added with its OpenPGP public key (made with Debian's gpg in
-   the partner's own GNUPGHOME), its connection tested (the presented key not pinned), the key pinned and the
-   destination resumed; an export is delivered encrypted and the partner decrypts and hashes it as it would.
+   the partner's own GNUPGHOME), its connection tested (the presented key not pinned), the key pinned (a second
+   admin approves) and the destination resumed; an export is delivered encrypted and the partner decrypts and hashes it as it would.
    Then the partner's server restarts with a new host key: an export waits Queued with the reason shown, and
-   is delivered after the admin pins the key and the operator resumes.
+   is delivered after the admins pin the key and the operators release the worker's pause (two people each).
 
 Deliveries 1-4 and 6 go to ``partner-new``, 7's to ``northwind``.
 
@@ -293,6 +293,10 @@ async def run_demo(
         token = await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="sam.ops", role="operator")
         # the admin who onboards a partner in scenario 7 (the command line acts with the role a principal holds)
         await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="ada.admin", role="admin")
+        # and the second people the two-person rule asks for: another admin (a pin), another operator (the
+        # release of the worker's pause after a host key changed)
+        await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="ann.admin", role="admin")
+        await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="olga.ops", role="operator")
 
         settings = settings.model_copy(
             update={
@@ -634,12 +638,18 @@ class Operator:
             raise RuntimeError(f"{shown or shlex.join(argv)} exited {proc.returncode}:\n{text}")
         return text
 
-    async def starter(self, *args: str) -> str:
-        """``python starter.py ARGS`` from the project's directory."""
+    async def starter(self, words: str, *values: str) -> str:
+        """``python starter.py WORDS VALUES...`` from the project's directory: ``words`` split at spaces, each of
+        ``values`` one argument (a key, a reason)."""
         import shlex
 
+        args = [*words.split(), *values]
         shown = "python starter.py " + shlex.join(args)
         return await self.run("$", [sys.executable, str(STARTER), *args], cwd=STARTER.parent, shown=shown)
+
+    async def partner(self, words: str, *values: str, cwd: Path) -> str:
+        """A command the partner runs, in its own directory and GnuPG home."""
+        return await self.run("partner$", [*words.split(), *values], cwd=cwd)
 
 
 async def _manifest_supported(env: dict[str, str]) -> bool:
@@ -660,7 +670,9 @@ async def _run_onboarding(
 ) -> None:
     """Scenario 7: onboard partner ``northwind`` from the command line, deliver it an encrypted file it checks
     as it would, then rotate its host key: the export that meets the new key waits, and is delivered after
-    the admin pins the key and an operator resumes."""
+    two admins pin the key and two operators release the worker's pause (the two-person rule, issue #26.3)."""
+    import asyncssh
+
     from domain.destination import host_key_fingerprint
 
     ops = Operator(progress, onboarding.transcript, env)
@@ -671,187 +683,138 @@ async def _run_onboarding(
     )
     progress.say(
         "     (commands run with EXPORTS_DATABASE_URL, EXPORTS_TEMPORAL_ADDRESS and EXPORTS_TENANT set to the"
-        " demo's; ada.admin is an admin, sam.ops an operator)"
+        " demo's; ada.admin and ann.admin are admins, sam.ops and olga.ops operators)"
     )
-    gnupg = {"GNUPGHOME": str(onboarding.workspace / "gnupg")}
-    (onboarding.workspace / "gnupg").mkdir(mode=0o700)
-    partner_env = {**env, **gnupg}
-    partner_ops = Operator(progress, onboarding.transcript, partner_env)
+    home = onboarding.workspace
+    (home / "gnupg").mkdir(mode=0o700)
+    theirs = Operator(progress, onboarding.transcript, {**env, "GNUPGHOME": str(home / "gnupg")})
     # The partner makes its key pair and sends us the public key (no network: a file here).
-    await partner_ops.run(
-        "partner$",
-        [
-            "gpg",
-            "--batch",
-            "--quiet",
-            "--pinentry-mode",
-            "loopback",
-            "--passphrase",
-            "",
-            "--quick-gen-key",
-            PARTNER_UID,
-            "future-default",
-            "default",
-            "never",
-        ],
-        cwd=onboarding.workspace,
+    await theirs.partner(
+        "gpg --batch --quiet --pinentry-mode loopback --passphrase",
+        "",  # no passphrase: a demo's key
+        "--quick-gen-key",
+        PARTNER_UID,
+        *"future-default default never".split(),
+        cwd=home,
     )
-    await partner_ops.run(
-        "partner$",
-        ["gpg", "--armor", "--output", "northwind.asc", "--export", "data@northwind.example"],
-        cwd=onboarding.workspace,
-    )
-    listing = await _output(["gpg", "--with-colons", "--list-keys", "data@northwind.example"], partner_env)
+    await theirs.partner("gpg --armor --output northwind.asc --export data@northwind.example", cwd=home)
+    listing = await _output(["gpg", "--with-colons", "--list-keys", "data@northwind.example"], theirs.env)
     onboarding.recipient_fingerprint = next(
         line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")
     )
 
     # The partner's onboarding sheet gave a host key that is no longer the one its server presents.
-    import asyncssh
-
     sheet_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
     onboarding.sheet_fingerprint = host_key_fingerprint(sheet_key) or ""
     onboarding.manifest = await _manifest_supported(env)
     manifest_option = ["--manifest", "both"] if onboarding.manifest else []  # MANIFEST STEP
     added = await ops.starter(
-        "destination",
-        "add",
-        "--as",
-        "ada.admin",
-        "--name",
-        PARTNER,
-        "--host",
-        partner.host,
-        "--port",
-        str(partner.port),
-        "--user",
-        PARTNER,
-        "--host-key",
-        sheet_key,
-        "--credential-ref",
-        str(partner.client_key_path),
-        "--remote-dir",
-        "/",
-        "--pgp-recipient-key",
-        str(onboarding.workspace / "northwind.asc"),
+        f"destination add --as ada.admin --name {PARTNER} --host {partner.host} --port {partner.port}"
+        f" --user {PARTNER} --remote-dir / --pgp-recipient-key {home / 'northwind.asc'}",
         *manifest_option,
-        "--reason",
-        "onboarding northwind: host key from its onboarding sheet",
+        *("--host-key", sheet_key, "--credential-ref", str(partner.client_key_path)),
+        *("--reason", "onboarding northwind: host key from its onboarding sheet"),
     )
     destination = _found(r"\(destination ([0-9a-f-]{36});", added)
     onboarding.destination_id = UUID(destination)
-    tested = await ops.starter("destination", "test", destination, "--as", "sam.ops")
+    tested = await ops.starter(f"destination test {destination} --as sam.ops")
     presented_key = _found(r"host key presented\s+(\S+ \S+)", tested)
     onboarding.first_fingerprint = host_key_fingerprint(presented_key) or ""
-    await ops.starter(
-        "destination",
-        "pin-key",
-        destination,
-        "--as",
-        "ada.admin",
-        "--version",
-        "1",
-        "--key",
+    # Trusting a new key takes two admins: the pin waits for a second admin's approval.
+    asked = await ops.starter(
+        f"destination pin-key {destination} --as ada.admin --version 1 --key",
         presented_key,
         "--reason",
         f"fingerprint {onboarding.first_fingerprint} read to us by northwind on the phone",
     )
-    await ops.starter("destination", "test", destination, "--as", "sam.ops")
-    await ops.starter(
-        "resume", "--destination", destination, "--as", "sam.ops", "--reason", "connection checked"
-    )
+    await ops.starter(f"approvals approve {_approval(asked)} --as ann.admin --reason", "fingerprint checked")
+    await ops.starter(f"destination test {destination} --as sam.ops")
+    await ops.starter(f"resume --destination {destination} --as sam.ops --reason", "connection checked")
 
     # The first delivery: encrypted to the partner's key.
-    created = await ops.starter(
-        "create", "--destination", destination, "--list", list_name, "--as", "sam.ops"
-    )
+    created = await ops.starter(f"create --destination {destination} --list {list_name} --as sam.ops")
     onboarding.delivered = UUID(_found(r"export ([0-9a-f-]{36})", created))
     await _until(http, onboarding.delivered, lambda view: view["export"]["status"] in _TERMINAL)
-    await ops.starter("status", str(onboarding.delivered), "--as", "sam.ops")
+    await ops.starter(f"status {onboarding.delivered} --as sam.ops")
     job = await _job(admin_url, onboarding.delivered)
     name = job["expected_file_name"]
-    await partner_ops.run("partner$", ["ls", "-l", "incoming"], cwd=onboarding.workspace)
-    await partner_ops.run(
-        "partner$",
-        ["gpg", "--batch", "--output", "contacts.csv", "--decrypt", f"incoming/{name}"],
-        cwd=onboarding.workspace,
-    )
-    hashed = await partner_ops.run("partner$", ["sha256sum", "contacts.csv"], cwd=onboarding.workspace)
-    onboarding.decrypted_sha256 = hashed.split()[0]
+    await theirs.partner("ls -l incoming", cwd=home)
+    await theirs.partner(f"gpg --batch --output contacts.csv --decrypt incoming/{name}", cwd=home)
+    onboarding.decrypted_sha256 = (await theirs.partner("sha256sum contacts.csv", cwd=home)).split()[0]
     if onboarding.manifest:  # MANIFEST STEP: the sidecar published after the file, as the partner checks it
-        onboarding.manifest_check = await partner_ops.run(
-            "partner$", ["sha256sum", "-c", f"{name}.sha256"], cwd=onboarding.incoming
+        onboarding.manifest_check = await theirs.partner(
+            f"sha256sum -c {name}.sha256", cwd=onboarding.incoming
         )
     evidence = await _authorized_evidence(admin_url, onboarding.delivered)
     plaintext = evidence["plaintext"]["sha256"]
     same = "the same" if plaintext == onboarding.decrypted_sha256 else "NOT the same"
+    manifest = (
+        f"sha256sum -c: {onboarding.manifest_check}"
+        if onboarding.manifest
+        else "none asked for: `destination add --manifest` comes with branch 'manifest'"
+    )
     ops.say(f"     export   {onboarding.delivered} to {PARTNER}")
     ops.say(
         f"     final    {job['status']}; attempts {job['attempt_count']}; partner has {name}, "
         f"{job['expected_file_bytes']:,} bytes"
     )
-    ops.say(
-        f"     recipients {', '.join(evidence.get('recipients') or [])} (the partner's key: "
-        f"{onboarding.recipient_fingerprint})"
-    )
+    recipients = ", ".join(evidence.get("recipients") or [])
+    ops.say(f"     recipients {recipients} (the partner's key: {onboarding.recipient_fingerprint})")
     ops.say(
         f"     decrypted contacts.csv: sha256 {onboarding.decrypted_sha256}, {same} as the evidence's"
-        f" plaintext sha256"
+        " plaintext sha256"
     )
-    ops.say(
-        "     manifest "
-        + (
-            f"sha256sum -c: {onboarding.manifest_check}"
-            if onboarding.manifest
-            else "none asked for: `destination add --manifest` comes with branch 'manifest'"
-        )
-    )
+    ops.say(f"     manifest {manifest}")
 
     # The partner rotates its server's host key without telling us in time.
     new_key = await partner.restart_with_new_host_key()
     onboarding.rotated_fingerprint = host_key_fingerprint(new_key) or ""
     ops.say(f"     partner  restarts its SFTP server with a new host key, {onboarding.rotated_fingerprint}")
-    created = await ops.starter(
-        "create", "--destination", destination, "--list", list_name, "--as", "sam.ops"
-    )
+    created = await ops.starter(f"create --destination {destination} --list {list_name} --as sam.ops")
     onboarding.waited = UUID(_found(r"export ([0-9a-f-]{36})", created))
     await _until(
         http,
         onboarding.waited,
         lambda view: view["export"]["status"] == "Queued" and "paused" in view["status_line"],
     )
-    waiting = await ops.starter("status", str(onboarding.waited), "--as", "sam.ops")
+    waiting = await ops.starter(f"status {onboarding.waited} --as sam.ops")
     onboarding.waiting_line = waiting.splitlines()[1].strip()
-    await ops.starter(
-        "destination",
-        "pin-key",
-        destination,
-        "--as",
-        "ada.admin",
-        "--version",
-        "2",
-        "--key",
+    switches = await ops.starter("switches --as sam.ops")
+    pause = _found(
+        rf"([0-9a-f-]{{36}})  destination +{destination}  by worker \S+ \[host key changed\]", switches
+    )
+    asked = await ops.starter(
+        f"destination pin-key {destination} --as ada.admin --version 2 --key",
         new_key,
         "--reason",
         f"northwind rotated its host key to {onboarding.rotated_fingerprint} (confirmed by phone)",
     )
-    await ops.starter(
-        "resume", "--destination", destination, "--as", "sam.ops", "--reason", "new host key pinned"
+    await ops.starter(f"approvals approve {_approval(asked)} --as ann.admin --reason", "fingerprint checked")
+    # The worker's pause is not sam.ops's own: releasing it takes a second operator.
+    asked = await ops.starter(
+        f"resume --destination {destination} --pause {pause} --as sam.ops --reason", "new host key pinned"
     )
+    await ops.starter(f"approvals approve {_approval(asked)} --as olga.ops --reason", "the new key is pinned")
     await _until(http, onboarding.waited, lambda view: view["export"]["status"] in _TERMINAL)
-    await ops.starter("status", str(onboarding.waited), "--as", "sam.ops")
+    await ops.starter(f"status {onboarding.waited} --as sam.ops")
     job = await _job(admin_url, onboarding.waited)
+    released = job["attempts_released"]
+    replacements = await _replacements(admin_url, onboarding.waited)
     ops.say(f"     rotated  {onboarding.waited} to {PARTNER}")
     ops.say(f'     waited   Queued; "{onboarding.waiting_line}"')
-    released = job["attempts_released"]
     ops.say(
         f"     then     {job['status']}; attempts {job['attempt_count']} ({released} given back uncounted,"
-        f" {job['transient_releases']} counted); replacements {await _replacements(admin_url, onboarding.waited)};"
+        f" {job['transient_releases']} counted); replacements {replacements};"
         f" partner has {job['expected_file_name']}"
     )
 
 
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
+
+
+def _approval(asked: str) -> str:
+    """The approval a two-person action waits for, from its answer ("... (POST /approvals/<id>/approval) ...")."""
+    return _found(r"/approvals/([0-9a-f-]{36})/approval", asked)
 
 
 def _found(pattern: str, text: str) -> str:

@@ -120,8 +120,8 @@ async def test_every_printed_outcome_matches_the_database():
 
 async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: DemoContext) -> None:
     """Scenario 7, onboarding: through starter.py, a destination created by the admin with the partner's OpenPGP
-    key and a stale host key; a connection test showing the presented key not pinned; the key pinned (a recorded
-    version); the destination resumed; an export delivered encrypted to the partner's key. The partner's own
+    key and a stale host key; a connection test showing the presented key not pinned; the key pinned (asked by one
+    admin, approved by another: a recorded version); the destination resumed; an export delivered encrypted to the partner's key. The partner's own
     gpg --decrypt gives the CSV whose SHA-256 cutoff 2 recorded."""
     onboarding = ctx.onboarding
     assert onboarding is not None and onboarding.destination_id is not None
@@ -131,14 +131,18 @@ async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: Dem
         "destination add",
         "destination test",
         "destination pin-key",
+        "approvals approve",  # a second admin: trusting a new key takes two (issue #26.3)
         "destination test",
         "resume --destination",
         "create --destination",
         "status " + str(onboarding.delivered),
         "create --destination",
         "status " + str(onboarding.waited),
+        "switches --as",  # where the operator finds the worker's pause
         "destination pin-key",
+        "approvals approve",
         "resume --destination",
+        "approvals approve",  # a second operator: the worker's pause is not sam.ops's own
         "status " + str(onboarding.waited),
     ]
     assert f"fingerprint          {onboarding.first_fingerprint} (NOT pinned)" in transcript
@@ -166,12 +170,41 @@ async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: Dem
             {"d": onboarding.destination_id},
         )
     ).fetchall()
+    # A pin is recorded as the approving admin's: ada.admin asked, ann.admin approved (the two-person rule).
     assert [(v["version"], v["change"], v["changed_by"], v["changed_role"]) for v in versions] == [
         (1, "created", "ada.admin", "admin"),
-        (2, "edited", "ada.admin", "admin"),  # the first pin
-        (3, "edited", "ada.admin", "admin"),  # the rotated key's pin
+        (2, "edited", "ann.admin", "admin"),  # the first pin
+        (3, "edited", "ann.admin", "admin"),  # the rotated key's pin
     ]
     assert all("host_keys" in v["changed_fields"] for v in versions[1:])
+    [pause] = await (
+        await conn.execute(
+            "SELECT id, kind, owner, released_by FROM delivery_pauses WHERE destination_id = %(d)s",
+            {"d": onboarding.destination_id},
+        )
+    ).fetchall()
+    assert (pause["kind"], pause["owner"], pause["released_by"]) == (
+        "host_key",
+        "worker worker-3",
+        "olga.ops",
+    )
+    approvals = await (
+        await conn.execute(
+            "SELECT action, subject_kind, subject_id, requested_by, decided_by, decision,"
+            " executed_at IS NOT NULL AS executed FROM approvals WHERE tenant_id = %(t)s ORDER BY requested_at",
+            {"t": ctx.tenant_id},
+        )
+    ).fetchall()
+    destination_id = str(onboarding.destination_id)
+    assert [
+        (a["subject_kind"], a["subject_id"], a["requested_by"], a["decided_by"], a["decision"], a["executed"])
+        for a in approvals
+    ] == [
+        ("destination", destination_id, "ada.admin", "ann.admin", "approved", True),  # the first pin
+        ("destination", destination_id, "ada.admin", "ann.admin", "approved", True),  # the rotated key's pin
+        ("delivery_pause", str(pause["id"]), "sam.ops", "olga.ops", "approved", True),  # the worker's pause
+    ]
+    assert approvals[2]["action"] == "resume_pause"
 
     job = await (
         await conn.execute("SELECT * FROM export_jobs WHERE id = %(id)s", {"id": onboarding.delivered})
@@ -228,8 +261,8 @@ async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: Dem
 async def _rotated_key_waited_then_delivered(conn, block: dict[str, str], ctx: DemoContext) -> None:
     """Scenario 7, rotation: the partner's server restarted with a new key; the export that met it sent nothing,
     paused the destination with the presented fingerprint as the reason, and went back to Queued without using an
-    attempt; `starter.py status` said why it waited; after the admin pinned the new key and the operator resumed,
-    the same export was delivered, with no replacement."""
+    attempt; `starter.py status` said why it waited; after two admins pinned the new key and two operators released
+    the worker's pause, the same export was delivered, with no replacement."""
     onboarding = ctx.onboarding
     assert onboarding is not None
     reason = f"host key changed: presented {onboarding.rotated_fingerprint}"
@@ -276,7 +309,8 @@ async def _rotated_key_waited_then_delivered(conn, block: dict[str, str], ctx: D
     assert changes == [
         {"enabled": True, "changed_by": "sam.ops", "reason": "connection checked"},
         {"enabled": False, "changed_by": "worker worker-3", "reason": reason},
-        {"enabled": True, "changed_by": "sam.ops", "reason": "new host key pinned"},
+        # released by the second operator's approval, as theirs, with the reason sam.ops gave
+        {"enabled": True, "changed_by": "olga.ops", "reason": "new host key pinned"},
     ]
     waiting = f"Queued (v1): deliveries to northwind are paused: {reason}; it waits for a resume."
     assert onboarding.waiting_line == waiting
