@@ -59,7 +59,11 @@ class Settings(BaseSettings):
     # -- leases, recovery and the sweeper ---------------------------------------------------------------
     lease_seconds: float = Field(default=60.0, description="the lease a claim or renewal sets")
     renew_every_seconds: float = Field(default=20.0, description="how often a worker renews its lease")
-    max_attempts: int = Field(default=3, description="attempt cap: recovery fails a job after this many")
+    max_attempts: int = Field(
+        default=3,
+        description="attempt cap: recovery fails a job after this many, and a transient delivery failure is "
+        "tried again only while the job has used fewer",
+    )
     release_backoff_base_seconds: float = Field(
         default=5.0,
         gt=0,
@@ -72,6 +76,15 @@ class Settings(BaseSettings):
         default=6,
         ge=0,
         description="give-backs for a failure a job may take; the next one ends it Failed (AttemptsExhausted)",
+    )
+    delivery_retry_base_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="the wait before a delivery that failed for a transient cause (the partner down, a cut "
+        "session, no space) is tried again; it doubles with each attempt the job used, within EXPORTS_MAX_ATTEMPTS",
+    )
+    delivery_retry_cap_seconds: float = Field(
+        default=900.0, gt=0, description="the longest wait before a delivery is tried again (before jitter)"
     )
     window_rename_margin_seconds: float = Field(
         default=5.0,

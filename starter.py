@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from domain.audit import AuditAction, SubjectKind
+from domain.manifest import MANIFEST_CHOICES
 from service.outcomes import Kind
 from service.permissions import ROLES
 from settings import Settings
@@ -455,6 +456,7 @@ def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
         "intake_hours": args.intake_hours,
         "blackout_dates": args.blackout_dates,
         "max_sessions": args.max_sessions,
+        "manifest": args.manifest,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     if getattr(args, "pgp_recipient_keys", None):
@@ -1248,6 +1250,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--max-sessions",
             type=int,
             help="how many SFTP sessions the partner allows at once (held as slots across all workers)",
+        )
+        sub.add_argument(
+            "--manifest",
+            choices=MANIFEST_CHOICES,
+            help="what is published beside each file after its rename: none, sha256 (a sidecar for "
+            "sha256sum -c), json, or both (a delivery term: an edit during a build rebuilds the file)",
         )
 
     sub = destination_action("add", "create a destination (it starts paused: resume it once checked)")

@@ -16,6 +16,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,23 +25,40 @@ from uuid import UUID
 from temporalio import activity
 
 from activities.heartbeat import keep_heartbeating, run_to_end
-from activities.host import ExportHost
+from activities.host import ExportHost, JobSeam
 from db.builder import remove_export_file
 from db.errors import StoreError
 from db.stores.protocol import WorkerStore
 from db.stores.slots import CLEANUP
 from domain.destination import Destination
-from domain.models import DeliveryOutcome, ExportJob, FailureCode, FenceResult, FinishResult, JobStatus
+from domain.manifest import manifests_for_job
+from domain.models import (
+    DeliveryOutcome,
+    ExportJob,
+    FailureCode,
+    FenceResult,
+    FinishResult,
+    JobStatus,
+    RetryResult,
+)
 from observability import logs
 from observability.metrics import get_metrics
 from partner.protocol import DeliveryHooks, DeliveryReport, FileToDeliver, OriginalFile
 from rules.ownership import held_by
+from rules.retries import retry_cause
 from runtime.attempts import Attempt
 from workflows.models import DeliverInput, DeliverResult
 
 log = logging.getLogger(__name__)
 
 EVIDENCE_TIMEOUT_SECONDS = 30.0
+# The retry's answer as a terminal write: Retried and Failed both wrote this attempt's end.
+_RETRY_FINISH = {
+    RetryResult.RETRIED: FinishResult.WRITTEN,
+    RetryResult.FAILED: FinishResult.WRITTEN,
+    RetryResult.NOT_OWNER: FinishResult.NOT_OWNER,
+    RetryResult.UNKNOWN: FinishResult.UNKNOWN,
+}
 FENCE_TIMEOUT_SECONDS = 30.0
 
 
@@ -161,6 +179,16 @@ class DeliverActivity:
             if self.host.seams.during_upload is not None:
                 asyncio.run_coroutine_threadsafe(self.host.seams.during_upload(job.id, sent), loop).result()
 
+        def seam(hook: JobSeam | None) -> Callable[..., None] | None:
+            # A seam of the delivering thread, run on the event loop (it may wait, or raise: a crash there).
+            if hook is None:
+                return None
+
+            async def reached() -> None:
+                await hook(job.id)
+
+            return lambda *_: asyncio.run_coroutine_threadsafe(reached(), loop).result()
+
         def authorize_rename() -> bool:
             # In the delivering thread: the rename fence, on the event loop, bounded.
             async def fenced() -> bool:
@@ -184,6 +212,8 @@ class DeliverActivity:
             final_name=inp.file.final_name,
             size=inp.file.size,
             sha256=bytes.fromhex(inp.file.sha256),
+            # what the version cutoff 2 authorized asks for beside it, published last (issue #24.6)
+            manifests=manifests_for_job(job),
         )
         started = time.perf_counter()
         # The session opened and verified before cutoff 2 (issue #24.4), handed to the upload, which closes it.
@@ -202,7 +232,12 @@ class DeliverActivity:
                     original=original,
                     overwrite_agreed=job.overwrite_agreement_ref is not None,
                     on_evidence=recorder.observe_from_thread,
-                    hooks=DeliveryHooks(during_upload=during_upload, authorize_rename=authorize_rename),
+                    hooks=DeliveryHooks(
+                        during_upload=during_upload,
+                        authorize_rename=authorize_rename,
+                        after_rename=seam(self.host.seams.after_rename),
+                        before_manifest_rename=seam(self.host.seams.before_manifest_rename),
+                    ),
                     session=kept,
                 ),
             )
@@ -223,9 +258,20 @@ class DeliverActivity:
         # A cleanup opens one more session after the terminal write, which ends the attempt's slot: the
         # cleanup takes the slot over first, so the partner still sees no more sessions than slots.
         cleanup_slot = await self._slot_for_cleanup(job, inp.attempt_id) if cleanup else None
-        finished = await self.host.store.finish_delivery(
-            job.id, inp.attempt_id, report.outcome, code, summary=report.summary
-        )
+        # A NotDelivered whose evidence names a transient cause (the partner down, a cut session, no space) is
+        # tried again after a backoff, within the attempt cap (issue #25.4); its terminal write is the retry's.
+        cause = retry_cause(report.outcome, code, report.evidence)
+        retried = False
+        if cause is not None:
+            answer = await self.host.store.retry_delivery_if_delivering(
+                job.id, inp.attempt_id, cause, report.summary, self.host.retry_policy
+            )
+            retried = answer == RetryResult.RETRIED
+            finished = _RETRY_FINISH[answer]
+        else:
+            finished = await self.host.store.finish_delivery(
+                job.id, inp.attempt_id, report.outcome, code, summary=report.summary
+            )
         if cleanup:
             try:
                 if cleanup_slot is not False:
@@ -246,6 +292,8 @@ class DeliverActivity:
             finish=finished,
             evidence_appended=recorder.appended,
             evidence_lost=len(recorder.pending),
+            failure_cause=cause.value if cause is not None else None,
+            retried=retried,
         )
 
     async def _slot_for_cleanup(self, job: ExportJob, attempt_id: UUID) -> uuid.UUID | bool:
@@ -272,7 +320,8 @@ class DeliverActivity:
         self, job: ExportJob, attempt_id: UUID, destination: Destination, finished: FinishResult
     ) -> None:
         """Under the partner's cleanup agreement, remove this attempt's temporary and set-aside files once
-        its export is recorded Failed NotDelivered (no other failure uploads anything): by this write, or
+        its export is recorded Failed NotDelivered (no other failure uploads anything), or sent back to be
+        tried again (issue #25.4: a new attempt uploads under its own temporary name): by this write, or
         by recovery before it (the row says Failed for this attempt). An uncertain write, or a row that says
         anything else (an OutcomeUnknown keeps its files as evidence), removes nothing. What the removal
         found, a failure included, is evidence, never a change of outcome."""

@@ -21,6 +21,7 @@ from db.stores.protocol import WorkerStore
 from domain.models import ExportJob
 from partner.protocol import PartnerFor
 from rules.releases import ReleasePolicy
+from rules.retries import RetryPolicy
 from runtime.attempts import Attempt, AttemptRegistry
 from settings import Settings
 
@@ -52,6 +53,8 @@ class ExportSeams:
     during_upload: UploadSeam | None = None  # forwarded to DeliveryHooks.during_upload (bytes sent)
     before_rename_fence: JobSeam | None = None  # after the upload, before the rename fence
     after_rename_fence: JobSeam | None = None  # the rename fence matched, the rename not yet sent
+    after_rename: JobSeam | None = None  # the data file renamed into place, its manifests not yet (#24.6)
+    before_manifest_rename: JobSeam | None = None  # a manifest's temporary file written, its rename not sent
     before_renewal: Callable[[], Awaitable[None]] | None = None  # each lease renewal; may raise
     watcher_disabled: bool = False  # stop requests are then caught by cutoff 2 alone
     lease_timer_disabled: bool = False  # a paused worker: only on-demand renewals
@@ -86,6 +89,7 @@ class ExportHost:
     seams: ExportSeams = field(default_factory=ExportSeams)
     attempts: AttemptRegistry = field(init=False)
     release_policy: ReleasePolicy = field(init=False)
+    retry_policy: RetryPolicy = field(init=False)
 
     def __post_init__(self) -> None:
         self.attempts = AttemptRegistry(self.store, self.settings)
@@ -93,6 +97,11 @@ class ExportHost:
             base_seconds=self.settings.release_backoff_base_seconds,
             cap_seconds=self.settings.release_backoff_cap_seconds,
             max_releases=self.settings.max_transient_releases,
+        )
+        self.retry_policy = RetryPolicy(
+            base_seconds=self.settings.delivery_retry_base_seconds,
+            cap_seconds=self.settings.delivery_retry_cap_seconds,
+            max_attempts=self.settings.max_attempts,
         )
 
     def open(self, job_id: UUID, attempt_id: UUID) -> tuple[Attempt, bool]:

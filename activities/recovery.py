@@ -57,6 +57,7 @@ from db.stores.recovery import RecoveryStore
 from db.stores.slots import RECOVERY
 from domain.destination import Destination
 from domain.evidence import Observation, SetAside
+from domain.manifest import IN_PLACE_RESULTS, manifests_for_job, manifests_in_place
 from domain.models import ExpiredLease, ExportJob, JobStatus, UnknownToRecheck
 from observability import logs
 from partner.protocol import PartnerFor
@@ -327,7 +328,59 @@ class RecoveryActivities:
         verdict = decide_delivery(job, evidence, observation, destination, observe_error=error)
         if may_set_aside(job, verdict, observation):
             return await self._set_aside(job, destination, evidence, verdict, run_id)
+        if verdict.resolution == JobStatus.COMPLETED:
+            return await self._manifests_in_place(job, destination, evidence, verdict, run_id)
         return verdict
+
+    async def _manifests_in_place(
+        self,
+        job: ExportJob,
+        destination: Destination,
+        evidence: list[dict[str, Any]],
+        verdict: Verdict,
+        run_id: str,
+    ) -> Verdict:
+        """The data file is proven in place (``verdict`` is Completed): publish the manifests the authorized
+        version asks for that the attempt's own evidence does not show in place (issue #24.6), on a new session,
+        and never send the data again. Completed only when every one is in place (the terminal statements repeat
+        it, 0037); else OutcomeUnknown: a session lost on the way (an ``error`` in the evidence, so the re-check
+        asks again), or a name that holds other bytes (never replaced: a person looks)."""
+        assert job.attempt_id is not None
+        wanted = manifests_for_job(job)
+        placed = manifests_in_place(evidence)
+        missing = [m for m in wanted if m.name not in placed]
+        if not missing:
+            return verdict
+        publisher = uuid.uuid4()  # recovery's own temporary names: a paused worker may still write its own
+        overwrite = job.overwrite_agreement_ref is not None  # the form the data file's rename could use
+        try:
+            records = await asyncio.wait_for(
+                asyncio.to_thread(
+                    self.partners(destination).publish_manifests,
+                    destination,
+                    job.attempt_id,
+                    publisher,
+                    missing,
+                    overwrite=overwrite,
+                ),
+                timeout=OBSERVE_TIMEOUT_SECONDS,
+            )
+        except Exception as exc:  # noqa: BLE001 - a publication that did not answer proves nothing
+            records = [{"observation": "manifest", "result": "interrupted", "error": type(exc).__name__}]
+        for record in records:
+            await self.store.append_delivery_evidence(
+                job.id, job.attempt_id, run_id, {**record, "destination_version": destination.version}
+            )
+        results = {str(r.get("name")): str(r.get("result")) for r in records}
+        if all(results.get(m.name) in IN_PLACE_RESULTS for m in missing):
+            return Verdict(
+                resolution=JobStatus.COMPLETED,
+                summary=f"{verdict.summary}; manifest published by recovery (the data file was not sent again)",
+            )
+        return Verdict(
+            resolution=JobStatus.OUTCOME_UNKNOWN,
+            summary=f"the data file is in place, but its manifest is not ({', '.join(sorted(set(results.values())))})",
+        )
 
     # -- the re-check of OutcomeUnknowns (0013) ------------------------------------------------------
 

@@ -31,6 +31,7 @@ from chaos.histories import connect, delivery_fate, job_of_workflow, open_export
 from chaos.stack import PRINCIPAL, Exit
 from chaos.textual import normalize
 from chaos.webhooks import audit_webhooks
+from domain.manifest import JSON_SUFFIX, SHA256_SUFFIX, manifest_names
 from domain.recurring import firing_key
 from testbed.gpg import GpgIdentity
 from testbed.partner_watch import FinalWrite, WatchEvent, final_writes, parse_temp_name, temp_files_created
@@ -142,6 +143,7 @@ class Auditor:
         self.list_sizes: dict[str, int] = {}
         self.writes: list[FinalWrite] = []
         self.temps: dict[str, list[WatchEvent]] = {}
+        self.manifest_writes: list[FinalWrite] = []
         self.attempt_job: dict[str, str] = {}
         self.open_workflow_jobs: set[str] = set()
         self.db_now: float = 0.0
@@ -156,8 +158,16 @@ class Auditor:
 
     async def run(self) -> AuditResult:
         await asyncio.to_thread(self._load_database)
-        self.writes = final_writes(self.inp.watch_events)
-        self.temps = {str(k): v for k, v in temp_files_created(self.inp.watch_events).items()}
+        # A manifest (issue #24.6) is published beside its file under a name of its own, by its own temporary
+        # name (recovery's under an ID of its own): checked by _manifests, never counted as a data file's write.
+        every = final_writes(self.inp.watch_events)
+        self.writes = [w for w in every if not _is_manifest_name(w.name)]
+        self.manifest_writes = [w for w in every if _is_manifest_name(w.name)]
+        self.temps = {
+            str(k): [e for e in v if not _is_manifest_name(e.name)]
+            for k, v in temp_files_created(self.inp.watch_events).items()
+            if any(not _is_manifest_name(e.name) for e in v)
+        }
         client = await connect(self.inp.temporal_address)
         if client is not None:
             self.open_workflow_jobs = await open_export_jobs(client)
@@ -166,6 +176,7 @@ class Auditor:
             self._partner_files,
             self._renames_inside_windows,
             self._completed_files,
+            self._manifests,
             self._stranded,
             self._cancellations,
             self._client_answers,
@@ -175,6 +186,7 @@ class Auditor:
             self._http_5xx,
             self._outcomes,
             self._give_backs,
+            self._retries,
             self._slow_to_settle,
             self._process_exits,
             self._drains,
@@ -486,6 +498,66 @@ class Auditor:
                 self.violate(
                     "completed_file_mismatch", job_id, "; ".join(problems), events=self._summary(job_id)
                 )
+
+    def _manifests(self) -> None:
+        """Every Completed export whose authorized version asks for a manifest has each one on the partner
+        (issue #24.6), written once, saying the hash and size of the file there and in the evidence: the
+        sidecar is ``sha256sum``'s own line, the JSON manifest names the file, its bytes, rows and hash. A
+        manifest name written twice, or one with no Completed export under it, is a violation too."""
+        on_disk = {p.name: p for p in self.inp.upload_dir.iterdir() if p.is_file()}
+        checked = 0
+        names: dict[str, str] = {}
+        for job_id, job in self.jobs.items():
+            wanted = manifest_names(job["expected_file_name"] or "", job.get("expected_manifest"))
+            for name in wanted:
+                names[name] = job_id
+            if job["status"] != "Completed" or not wanted:
+                continue
+            name = job["expected_file_name"]
+            expected = bytes(job["expected_file_sha256"] or b"").hex()
+            data = on_disk.get(name)
+            actual = hashlib.sha256(data.read_bytes()).hexdigest() if data is not None else None
+            problems: list[str] = []
+            for manifest in wanted:
+                path = on_disk.get(manifest)
+                if path is None:
+                    problems.append(f"{manifest} is missing")
+                    continue
+                content = path.read_bytes()
+                if manifest.endswith(SHA256_SUFFIX):
+                    if content != f"{expected}  {name}\n".encode():
+                        problems.append(f"{manifest} is not sha256sum's line for the recorded hash")
+                else:
+                    try:
+                        said = json.loads(content)
+                    except ValueError:
+                        said = None
+                    if not isinstance(said, dict) or (
+                        said.get("file"),
+                        said.get("sha256"),
+                        said.get("bytes"),
+                        said.get("rows"),
+                        said.get("export_id"),
+                    ) != (name, expected, job["expected_file_bytes"], job["expected_file_rows"], job_id):
+                        problems.append(f"{manifest} does not say the recorded file, hash, size and rows")
+            if actual is not None and actual != expected:
+                problems.append("the file there does not hash to what its manifest says")
+            checked += 1
+            if problems:
+                self.violate(
+                    "completed_without_manifest", job_id, "; ".join(problems), events=self._summary(job_id)
+                )
+        self.result.counts["manifests_checked"] = checked
+        self.result.counts["manifest_writes"] = len(self.manifest_writes)
+        seen: Counter[str] = Counter(w.name for w in self.manifest_writes)
+        for name, times in seen.items():
+            owner = names.get(name)
+            if owner is None:
+                self.violate(
+                    "unknown_file", None, f"{name} appeared on the partner and names no export's manifest"
+                )
+            elif times > 1 and self.jobs[owner]["overwrite_agreement_ref"] is None:
+                self.violate("manifest_written_twice", owner, f"{name} written {times} times")
 
     def _decrypted(self, job_id: str, job: dict[str, Any], path: Path, problems: list[str]) -> bytes:
         """The partner's ``gpg --decrypt`` (and gunzip) of a Completed OpenPGP file, checked against the
@@ -997,6 +1069,55 @@ class Auditor:
             1 for job in self.jobs.values() if job["transient_releases"]
         )
 
+    def _retries(self) -> None:
+        """Every retried export was delivered at most once (issue #25.4), by the partner's own witness (the watch
+        on its directory): the final name was written at most once by the job's attempts, never by an attempt
+        that was sent back to be tried again, and no such attempt had fenced its rename (the row's proof that
+        its rename was never sent). Retries are counted by cause."""
+        writes_by_attempt: dict[str, list[FinalWrite]] = defaultdict(list)
+        for write in self.writes:
+            if write.attempt_id is not None:
+                writes_by_attempt[str(write.attempt_id)].append(write)
+        by_cause: Counter[str] = Counter()
+        retried_jobs = delivered_after = 0
+        for job_id, job in self.jobs.items():
+            retries = self._job_events(job_id, kind="RetryScheduled")
+            if not retries:
+                continue
+            retried_jobs += 1
+            delivered_after += job["status"] == "Completed"
+            by_cause.update((e["detail"] or "").split(":", 1)[0] for e in retries)
+            attempts = {str(e["attempt_id"]) for e in self._job_events(job_id, kind="Claimed")}
+            writes = [w for a in attempts for w in writes_by_attempt.get(a, [])]
+            if len(writes) > 1:
+                self.violate(
+                    "retried_export_delivered_twice",
+                    job_id,
+                    f"{len(writes)} writes of {self._final_name(job)} by its attempts after {len(retries)} retries",
+                    writes=[(w.t, str(w.attempt_id), w.how) for w in writes],
+                    events=self._summary(job_id),
+                )
+            for event in retries:
+                retried = str(event["attempt_id"])
+                if writes_by_attempt.get(retried):
+                    self.violate(
+                        "retried_attempt_wrote_the_final_name",
+                        job_id,
+                        f"attempt {retried} was sent back to be tried again, but the partner saw it write "
+                        f"{self._final_name(job)}",
+                        events=self._summary(job_id),
+                    )
+                if self._job_events(job_id, retried, "RenameFenced"):
+                    self.violate(
+                        "retried_after_its_rename_fence",
+                        job_id,
+                        f"attempt {retried} was sent back to be tried again after its rename fence",
+                        events=self._summary(job_id),
+                    )
+        self.result.counts["retries_by_cause"] = dict(by_cause.most_common())
+        self.result.counts["exports_retried"] = retried_jobs
+        self.result.counts["exports_delivered_after_a_retry"] = delivered_after
+
     def _unknown_cause(self, job_id: str, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         attempt = str(job["attempt_id"])
         evidence = self._attempt_evidence(job_id, attempt)
@@ -1334,3 +1455,8 @@ def _evidence_word(event: dict[str, Any]) -> str:
         if detail.get(key) is not None:
             words.append(str(detail[key]))
     return " ".join(words)
+
+
+def _is_manifest_name(name: str) -> bool:
+    """A manifest's name, or its temporary name (issue #24.6): beside a data file, never one."""
+    return name.endswith((SHA256_SUFFIX, JSON_SUFFIX))

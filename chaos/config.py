@@ -12,6 +12,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "worker_drain",  # SIGTERM a worker (graceful drain), restart it
     "pg_sever",  # cut every worker connection to PostgreSQL at the proxy (and refuse new ones briefly)
     "sftp_sever",  # cut every worker connection to the partner at the proxy (and refuse new ones briefly)
+    "partner_outage",  # the partner is down for seconds (every connection refused): deliveries retry (#25.4)
     "pg_restart_immediate",  # pg_ctl stop -m immediate, start again
     "pg_restart_fast",  # pg_ctl stop -m fast, start again
     "temporal_restart",  # stop the dev server (SIGTERM or SIGKILL), start it on the same --db-filename
@@ -67,6 +68,9 @@ class SoakConfig:
     # give-backs for failures (23.1): short waits, so a job given back after a fault settles within the run
     release_backoff_base_seconds: float = 1.0
     release_backoff_cap_seconds: float = 8.0
+    # retries that wait (issue #25.4): short, so an export that met a partner outage is delivered within the run
+    delivery_retry_base_seconds: float = 2.0
+    delivery_retry_cap_seconds: float = 8.0
     max_transient_releases: int = 6
     lists: dict[str, int] = field(default_factory=lambda: dict(LISTS))
     verbose: bool = False

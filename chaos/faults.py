@@ -122,6 +122,16 @@ class FaultInjector:
                 await asyncio.sleep(fault.hold)
                 for p in proxies:
                     p.refuse_new_connections(False)
+            case "partner_outage":
+                # issue #25.4: the partner is down long enough that deliveries fail NotDelivered (connect
+                # refused) and wait to be tried again; the auditor checks each was delivered at most once
+                assert stack.sftp_proxy is not None
+                record.target = "workers->partner proxies"
+                proxies = [p for p in (stack.sftp_proxy, stack.sftp_pgp_proxy) if p is not None]
+                record.detail = "; ".join(_sever(p, fault.hold) for p in proxies) + " (partner down)"
+                await asyncio.sleep(fault.hold)
+                for p in proxies:
+                    p.refuse_new_connections(False)
             case "pg_restart_immediate" | "pg_restart_fast":
                 mode = fault.kind.removeprefix("pg_restart_")
                 record.target = "postgres"
@@ -303,4 +313,6 @@ def _resource(fault: FaultPlan) -> str:
         return "postgres"
     if fault.kind.startswith("workflow_"):
         return f"workflow-{fault.index}"  # independent of each other
+    if fault.kind == "partner_outage":
+        return "sftp_sever"  # the same proxies: one fault at a time on them
     return fault.kind

@@ -135,6 +135,9 @@ def _hold(rng: random.Random, kind: str, config: SoakConfig) -> float:
             return rng.uniform(0.5, 3.0)  # down this long before the restart
         case "pg_sever" | "sftp_sever":
             return rng.uniform(0.0, 2.0)  # new connections refused this long after the cut
+        case "partner_outage":
+            # longer than a delivery's own connect tries (about 3 s), so the delivery fails and is retried
+            return rng.uniform(5.0, 12.0)
         case "pg_restart_immediate" | "pg_restart_fast" | "temporal_restart" | "api_restart":
             return rng.uniform(0.3, 3.0)  # down this long
         case _:

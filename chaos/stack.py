@@ -323,6 +323,8 @@ class Stack:
                 "compression": "gzip",
                 "pgp_recipient_keys": [self.partner_key.public_key],
                 "pgp_signing_key_ref": str(self.tenant_key.secret_key_file),
+                # both manifests beside each file, published last (issue #24.6): the auditor checks them
+                "manifest": "both",
             },
         )
 
@@ -372,6 +374,8 @@ class Stack:
             "EXPORTS_MAX_ATTEMPTS": str(c.max_attempts),
             "EXPORTS_RELEASE_BACKOFF_BASE_SECONDS": str(c.release_backoff_base_seconds),
             "EXPORTS_RELEASE_BACKOFF_CAP_SECONDS": str(c.release_backoff_cap_seconds),
+            "EXPORTS_DELIVERY_RETRY_BASE_SECONDS": str(c.delivery_retry_base_seconds),
+            "EXPORTS_DELIVERY_RETRY_CAP_SECONDS": str(c.delivery_retry_cap_seconds),
             "EXPORTS_MAX_TRANSIENT_RELEASES": str(c.max_transient_releases),
             "EXPORTS_RECOVERY_EVERY_SECONDS": str(c.recovery_every_seconds),
             "EXPORTS_SWEEP_AFTER_SECONDS": str(c.sweep_after_seconds),

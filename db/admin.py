@@ -389,6 +389,8 @@ _DESTINATION_DEFAULTS: dict[str, Any] = {
     # Several pinned keys (0029): none given, the one host_key is the one pinned. No session limit by default.
     "host_keys": None,
     "max_sessions": None,
+    # The manifest published beside each file (0037): none by default.
+    "manifest": "none",
 }
 
 

@@ -210,7 +210,7 @@ destination AS (
                AS unchanged,
            -- the partner takes deliveries now (issue #25.2: intake hours and blackout dates)
            delivery_window_open(d, clock_timestamp()) AS window_open,
-           d.version
+           d.version, d.manifest
     FROM destinations d, job
     WHERE job.status = 'Running' AND d.tenant_id = job.tenant_id AND d.id = job.destination_id
     FOR SHARE OF d),
@@ -241,7 +241,9 @@ authorized AS (
         -- the upload starts with a full lease, never with what was left of the build's
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         fence_expected = true, upload_fenced_at = NULL, rename_fenced_at = NULL,
-        destination_version = (SELECT version FROM destination)
+        destination_version = (SELECT version FROM destination),
+        -- what the authorized version asks for beside the file (0037): its Completed needs it in place
+        expected_manifest = (SELECT manifest FROM destination)
     FROM job, gate
     WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Running'
       AND j.stop_request_id IS NULL
@@ -445,7 +447,8 @@ FROM job WHERE NOT EXISTS (SELECT 1 FROM fenced);
 
 -- name: finish_delivery
 -- The attempt's terminal write: Delivering -> Completed, Failed (with a code) or OutcomeUnknown, for this
--- attempt only. A write after a takeover matches nothing; the evidence was appended before it.
+-- attempt only. A write after a takeover matches nothing; the evidence was appended before it. Completed
+-- only once the manifest the authorized version asks for is in place, by the attempt's evidence (0037).
 WITH finished AS (
     UPDATE export_jobs
     SET status = %(outcome)s,
@@ -453,12 +456,96 @@ WITH finished AS (
         lease_expires_at = NULL
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'Delivering'
       AND %(outcome)s IN ('Completed', 'Failed', 'OutcomeUnknown')
+      AND (%(outcome)s <> 'Completed' OR manifest_in_place(export_jobs))
     RETURNING id, attempt_id, claimed_by, status, failure_reason)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
 SELECT id, attempt_id, 'Finished', claimed_by,
        status || coalesce(' ' || failure_reason, '') || coalesce(': ' || %(summary)s::text, ''), clock_timestamp()
 FROM finished
 RETURNING id;
+
+-- name: lock_job_for_retry
+-- The retry's locking read, in the same short transaction as retry_delivery_if_delivering and before it: it
+-- waits for a cancellation transaction that holds the row (lock_job_for_cancel), so the retry statement's
+-- snapshot, taken after the wait, sees a TooLate request that transaction recorded. In one statement the
+-- wait would not help: a TooLate request changes no job row, so the update would go on with the snapshot it
+-- took before the wait and never see the request (001 "When Cancellation Loses").
+SELECT id AS job_id FROM export_jobs WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s FOR UPDATE;
+
+-- name: retry_delivery_if_delivering
+-- The terminal write of a delivery that failed NotDelivered for a transient cause (issue #25.4,
+-- rules/retries.py): Delivering -> Queued with its RetryScheduled event and a wake-up that waits as long as
+-- the job (available_at = now + min(cap, base * 2^n) scaled by the jitter, n the attempts this job used before
+-- this one), or, when a retry may not be made, Delivering -> Failed (NotDelivered) as finish_delivery writes
+-- it, its Finished event saying why not. The retry is made only for this attempt, still Delivering, whose
+-- row proves the rename was never sent (no rename fence: so the final name was never written), with no stop
+-- request and no cancellation request recorded against this attempt (a cancel answered TooLate during it
+-- stops the retry; 001: "TooLate" stays true), within the attempt cap (this attempt is a used one: the
+-- retry, unlike a give-back, does not add to attempts_released). The delivery key and final name are the
+-- job's and do not change; the next claim and cutoff 2 apply every rule again. The attempt's session slot
+-- ends with its hold of the job (0029). Run after lock_job_for_retry, in the same transaction.
+WITH job AS (
+    SELECT j.id, j.status, j.attempt_id, j.claimed_by, j.stop_request_id,
+           j.attempt_count - j.attempts_released AS used,
+           j.rename_fenced_at IS NULL AS never_renamed,
+           (SELECT r.id FROM cancellation_requests r
+            WHERE r.tenant_id = j.tenant_id AND r.job_id = j.id AND r.found_attempt_id = j.attempt_id
+            ORDER BY r.recorded_at, r.id LIMIT 1) AS request_id
+    FROM export_jobs j
+    WHERE j.id = %(job_id)s AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+    FOR UPDATE),
+retried AS (
+    UPDATE export_jobs j
+    SET status = 'Queued', attempt_id = NULL, claimed_by = NULL, lease_expires_at = NULL,
+        woken_at = clock_timestamp(),
+        available_at = clock_timestamp() + make_interval(
+            secs => least(%(cap_seconds)s::float8, %(base_seconds)s::float8 * 2 ^ greatest(job.used - 1, 0))
+                    * (0.5 + 0.5 * %(jitter)s::float8))
+    FROM job
+    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+      -- the row's own proof of NotDelivered: the rename is never sent without its fence
+      AND j.rename_fenced_at IS NULL
+      -- a stop or cancel recorded during the attempt is honoured: no retry
+      AND j.stop_request_id IS NULL AND job.request_id IS NULL
+      -- the failed attempt counts as used (002: "poison input cannot create infinite retries")
+      AND job.used < %(max_attempts)s
+    RETURNING j.id, j.available_at),
+failed AS (
+    UPDATE export_jobs j
+    SET status = 'Failed', failure_reason = 'NotDelivered', lease_expires_at = NULL
+    FROM job
+    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+      AND NOT (j.rename_fenced_at IS NULL AND j.stop_request_id IS NULL AND job.request_id IS NULL
+               AND job.used < %(max_attempts)s)
+    RETURNING j.id),
+retry_event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT job.id, job.attempt_id, 'RetryScheduled', job.claimed_by,
+           %(cause)s || ': ' || %(summary)s || '; try ' || job.used || ' of ' || %(max_attempts)s
+           || '; the next try waits until '
+           || to_char(retried.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') || ' UTC',
+           clock_timestamp()
+    FROM retried, job),
+failed_event AS (
+    INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, detail, recorded_at)
+    SELECT job.id, job.attempt_id, 'Finished', job.claimed_by,
+           'Failed NotDelivered: ' || %(summary)s || '; not retried (' || %(cause)s || '): '
+           || CASE WHEN coalesce(job.stop_request_id, job.request_id) IS NOT NULL
+                   THEN 'cancellation request ' || coalesce(job.stop_request_id, job.request_id)::text
+                        || ' was recorded during this attempt'
+                   WHEN NOT job.never_renamed THEN 'the rename fence was written'
+                   ELSE 'try ' || job.used || ' of ' || %(max_attempts)s || ', the attempt cap' END,
+           clock_timestamp()
+    FROM failed, job),
+woke AS (
+    INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent, available_at)
+    SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text, available_at
+    FROM retried)
+SELECT 'Retried' AS ending, retried.available_at, NULL::uuid AS request_id, job.used FROM retried, job
+UNION ALL
+SELECT 'Failed' AS ending, NULL::timestamptz AS available_at, coalesce(job.stop_request_id, job.request_id),
+       job.used
+FROM failed, job;
 
 -- name: append_delivery_evidence
 -- Evidence of what an attempt or a recovery run observed. An insert that never touches the job's status;
@@ -538,13 +625,16 @@ RETURNING id;
 
 -- name: resolve_expired_delivery
 -- An expired Delivering attempt is resolved from evidence, never retried: Completed only on evidence,
--- otherwise OutcomeUnknown. The lease condition makes a renewal during recovery's lookup win.
+-- otherwise OutcomeUnknown. The lease condition makes a renewal during recovery's lookup win. Completed only
+-- once the manifest the authorized version asks for is in place, by evidence (0037: recovery publishes it
+-- when the data file is proven in place and the manifest is not).
 WITH resolved AS (
     UPDATE export_jobs
     SET status = %(resolution)s, lease_expires_at = NULL
     WHERE id = %(job_id)s AND status = 'Delivering' AND attempt_id = %(expired_attempt_id)s
       AND lease_expires_at < clock_timestamp()
       AND %(resolution)s IN ('Completed', 'OutcomeUnknown')
+      AND (%(resolution)s <> 'Completed' OR manifest_in_place(export_jobs))
     RETURNING id, attempt_id, status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'ResolvedByRecovery', %(recovery_run_id)s, status || ': ' || %(evidence_summary)s,
@@ -648,6 +738,8 @@ WITH settled AS (
     WHERE id = %(job_id)s AND attempt_id = %(attempt_id)s AND status = 'OutcomeUnknown'
       AND %(resolution)s IN ('Completed', 'Failed')
       AND NOT EXISTS (SELECT 1 FROM export_jobs r WHERE r.replaces_job_id = %(job_id)s)
+      -- Completed only with the manifest the authorized version asks for in place, by evidence (0037)
+      AND (%(resolution)s <> 'Completed' OR manifest_in_place(export_jobs))
     RETURNING id, attempt_id, status)
 INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
 SELECT id, attempt_id, 'Reconciled', %(recovery_run_id)s, status || ': ' || %(evidence_summary)s, clock_timestamp()

@@ -59,6 +59,17 @@ class JobIdRow(Row):
     job_id: UUID
 
 
+class RetryRow(Row):
+    """A transient NotDelivered's terminal write (issue #25.4): back to Queued until ``available_at``
+    ('Retried'), or Failed NotDelivered ('Failed', with the request that stopped the retry, if one did).
+    ``used``: the attempts the job had used, the failed one included."""
+
+    ending: str
+    available_at: datetime | None
+    request_id: UUID | None
+    used: int
+
+
 class ReleaseRow(Row):
     """A give-back's answer: the job went back to the queue (waiting until ``available_at``, if counted),
     or it was past the bound of give-backs for failures and ended Failed (AttemptsExhausted)."""

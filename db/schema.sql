@@ -311,6 +311,7 @@ CREATE TABLE public.destinations (
     intake_hours text[],
     blackout_dates date[] DEFAULT '{}'::date[] NOT NULL,
     intake_week int4multirange GENERATED ALWAYS AS (public.intake_week_of(intake_hours)) STORED,
+    manifest text DEFAULT 'none'::text NOT NULL,
     CONSTRAINT ck_destinations_ack CHECK (((hash_evidence = 'ack_file'::text) = (ack_suffix IS NOT NULL))),
     CONSTRAINT ck_destinations_blackout_dates CHECK (((cardinality(blackout_dates) <= 366) AND (array_position(blackout_dates, NULL::date) IS NULL))),
     CONSTRAINT ck_destinations_compression CHECK ((compression = ANY (ARRAY['none'::text, 'gzip'::text]))),
@@ -321,6 +322,7 @@ CREATE TABLE public.destinations (
     CONSTRAINT ck_destinations_host_keys CHECK ((public.host_keys_ok(host_keys) AND (host_key = host_keys[1]))),
     CONSTRAINT ck_destinations_intake_hours CHECK (((intake_hours IS NULL) = (intake_week IS NULL))),
     CONSTRAINT ck_destinations_intake_time_zone CHECK (public.intake_time_zone_ok(intake_time_zone)),
+    CONSTRAINT ck_destinations_manifest CHECK ((manifest = ANY (ARRAY['none'::text, 'sha256'::text, 'json'::text, 'both'::text]))),
     CONSTRAINT ck_destinations_max_sessions CHECK (((max_sessions >= 1) AND (max_sessions <= 100))),
     CONSTRAINT ck_destinations_pgp_recipient_keys CHECK (public.armored_public_keys_ok(pgp_recipient_keys)),
     CONSTRAINT ck_destinations_pgp_signing_key_ref CHECK (((pgp_signing_key_ref <> ''::text) AND (pgp_signing_key_ref !~~ '%-----BEGIN%'::text))),
@@ -478,14 +480,16 @@ BEGIN
     END IF;
     IF NEW.available_at IS DISTINCT FROM OLD.available_at
        AND NOT (OLD.status = 'Running' AND NEW.status = 'Queued')
+       AND NOT (OLD.status = 'Delivering' AND NEW.status = 'Queued')
        AND NOT (OLD.status = 'Queued' AND NEW.status = 'Queued' AND NEW.available_at IS NOT NULL
                 AND (OLD.available_at IS NULL OR NEW.available_at > OLD.available_at)
                 AND EXISTS (SELECT 1 FROM destinations d
                             WHERE d.tenant_id = NEW.tenant_id AND d.id = NEW.destination_id
                               AND NOT delivery_window_open(d, clock_timestamp())
                               AND delivery_window_open(d, NEW.available_at))) THEN
-        RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued), or moved later '
-                        'to its delivery window''s opening for a Queued job outside it', OLD.id
+        RAISE EXCEPTION 'export %: available_at is written only by a give-back (Running -> Queued) or a retry '
+                        '(Delivering -> Queued), or moved later to its delivery window''s opening for a Queued '
+                        'job outside it', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_backoff';
     END IF;
     RETURN NEW;
@@ -514,6 +518,17 @@ BEGIN
     IF NOT (OLD.status = 'Running' AND NEW.status = 'Delivering') THEN
         RAISE EXCEPTION 'export %: the destination version is recorded by cutoff 2 and never changes', OLD.id
             USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_destination_version';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION public.export_jobs_expected_manifest_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT (OLD.status = 'Running' AND NEW.status = 'Delivering') THEN
+        RAISE EXCEPTION 'export %: the expected manifest is recorded by cutoff 2 and never changes', OLD.id
+            USING ERRCODE = 'check_violation', CONSTRAINT = 'ck_export_jobs_expected_manifest_writer';
     END IF;
     RETURN NEW;
 END $$;
@@ -746,6 +761,87 @@ CREATE FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by t
                    ELSE 'its outcome is unknown since ' || notification_time(outcome_at)
                        || ' (reconciliation needed)'
                END || '.'))
+$$;
+
+CREATE TABLE public.export_jobs (
+    id uuid NOT NULL,
+    tenant_id uuid NOT NULL,
+    status text NOT NULL,
+    version integer NOT NULL,
+    destination_id uuid NOT NULL,
+    attempt_id uuid,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    claimed_by text,
+    lease_expires_at timestamp with time zone,
+    stop_request_id uuid,
+    cancellation_request_id uuid,
+    expected_file_name text,
+    expected_file_bytes bigint,
+    expected_file_sha256 bytea,
+    expected_file_rows bigint,
+    delivery_authorized_at timestamp with time zone,
+    woken_at timestamp with time zone NOT NULL,
+    failure_reason text,
+    delivery_key text NOT NULL,
+    replaces_job_id uuid,
+    created_by text NOT NULL,
+    replacement_reason text,
+    overwrite_agreement_ref text,
+    sweep_count integer DEFAULT 0 NOT NULL,
+    list_name text NOT NULL,
+    rejection_reason text,
+    workflow_id text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    attempts_released integer DEFAULT 0 NOT NULL,
+    fence_expected boolean DEFAULT false NOT NULL,
+    upload_fenced_at timestamp with time zone,
+    rename_fenced_at timestamp with time zone,
+    rejection_code text,
+    available_at timestamp with time zone,
+    transient_releases integer DEFAULT 0 NOT NULL,
+    destination_version integer,
+    outcome_unknown_at timestamp with time zone,
+    expected_manifest text,
+    CONSTRAINT ck_export_jobs_expected_manifest CHECK ((expected_manifest = ANY (ARRAY['none'::text, 'sha256'::text, 'json'::text, 'both'::text]))),
+    CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_outcome_unknown_at CHECK (((status <> 'OutcomeUnknown'::text) OR (outcome_unknown_at IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
+    CONSTRAINT ck_export_jobs_rejection CHECK ((((status = 'Rejected'::text) = (rejection_code IS NOT NULL)) AND ((rejection_code IS NULL) OR (rejection_reason IS NOT NULL)))),
+    CONSTRAINT ck_export_jobs_rejection_code CHECK ((rejection_code = ANY (ARRAY['list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text, 'list_missing'::text]))),
+    CONSTRAINT ck_export_jobs_replacement CHECK (((replaces_job_id IS NULL) = (replacement_reason IS NULL))),
+    CONSTRAINT export_jobs_attempts_released_check CHECK ((attempts_released >= 0)),
+    CONSTRAINT export_jobs_failure_reason_check CHECK ((failure_reason = ANY (ARRAY['BuildFailed'::text, 'AttemptsExhausted'::text, 'NotDelivered'::text, 'FinalNameOccupied'::text, 'OriginalDelivered'::text]))),
+    CONSTRAINT export_jobs_status_check CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text, 'Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text, 'Completed'::text, 'OutcomeUnknown'::text]))),
+    CONSTRAINT export_jobs_transient_releases_check CHECK ((transient_releases >= 0))
+);
+
+CREATE FUNCTION public.manifest_in_place(j public.export_jobs) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+SELECT coalesce(j.expected_manifest, 'none') = 'none'
+       OR NOT EXISTS (
+           SELECT 1 FROM unnest(manifest_names(j.expected_file_name, j.expected_manifest)) AS wanted (name)
+           WHERE NOT EXISTS (
+               SELECT 1 FROM (
+                   SELECT CASE WHEN e.kind = 'DeliveryEvidence' AND strpos(e.detail, '"manifest"') > 0
+                                    AND NOT starts_with(coalesce(e.observed_by, ''), 'reconciler-request:')
+                               THEN e.detail::jsonb END AS detail
+                   FROM export_attempt_events e
+                   WHERE e.job_id = j.id AND e.attempt_id = j.attempt_id) seen
+               WHERE seen.detail ->> 'observation' = 'manifest'
+                 AND seen.detail ->> 'name' = wanted.name
+                 AND seen.detail ->> 'result' IN ('published', 'in_place')))
+$$;
+
+CREATE FUNCTION public.manifest_names(file_name text, choice text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+SELECT CASE choice
+           WHEN 'sha256' THEN ARRAY[file_name || '.sha256']
+           WHEN 'json' THEN ARRAY[file_name || '.manifest.json']
+           WHEN 'both' THEN ARRAY[file_name || '.sha256', file_name || '.manifest.json']
+           ELSE ARRAY[]::text[] END
 $$;
 
 CREATE FUNCTION public.next_window_opening(d public.destinations, at timestamp with time zone) RETURNS timestamp with time zone
@@ -1367,7 +1463,7 @@ CREATE TABLE public.export_attempt_events (
     detail text,
     recorded_at timestamp with time zone NOT NULL,
     destination_version integer,
-    CONSTRAINT export_attempt_events_kind_check CHECK ((kind = ANY (ARRAY['Claimed'::text, 'DeliveryAuthorized'::text, 'Stopped'::text, 'Failed'::text, 'Finished'::text, 'RequeuedByRecovery'::text, 'StoppedByRecovery'::text, 'AttemptsExhausted'::text, 'ResolvedByRecovery'::text, 'Reconciled'::text, 'Corrected'::text, 'DeliveryEvidence'::text, 'Released'::text, 'UploadFenced'::text, 'RenameFenced'::text])))
+    CONSTRAINT export_attempt_events_kind_check CHECK ((kind = ANY (ARRAY['Claimed'::text, 'DeliveryAuthorized'::text, 'Stopped'::text, 'Failed'::text, 'Finished'::text, 'RequeuedByRecovery'::text, 'StoppedByRecovery'::text, 'AttemptsExhausted'::text, 'ResolvedByRecovery'::text, 'Reconciled'::text, 'Corrected'::text, 'DeliveryEvidence'::text, 'Released'::text, 'UploadFenced'::text, 'RenameFenced'::text, 'RetryScheduled'::text])))
 );
 
 ALTER TABLE public.export_attempt_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -1377,57 +1473,6 @@ ALTER TABLE public.export_attempt_events ALTER COLUMN id ADD GENERATED ALWAYS AS
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
-);
-
-CREATE TABLE public.export_jobs (
-    id uuid NOT NULL,
-    tenant_id uuid NOT NULL,
-    status text NOT NULL,
-    version integer NOT NULL,
-    destination_id uuid NOT NULL,
-    attempt_id uuid,
-    attempt_count integer DEFAULT 0 NOT NULL,
-    claimed_by text,
-    lease_expires_at timestamp with time zone,
-    stop_request_id uuid,
-    cancellation_request_id uuid,
-    expected_file_name text,
-    expected_file_bytes bigint,
-    expected_file_sha256 bytea,
-    expected_file_rows bigint,
-    delivery_authorized_at timestamp with time zone,
-    woken_at timestamp with time zone NOT NULL,
-    failure_reason text,
-    delivery_key text NOT NULL,
-    replaces_job_id uuid,
-    created_by text NOT NULL,
-    replacement_reason text,
-    overwrite_agreement_ref text,
-    sweep_count integer DEFAULT 0 NOT NULL,
-    list_name text NOT NULL,
-    rejection_reason text,
-    workflow_id text,
-    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    attempts_released integer DEFAULT 0 NOT NULL,
-    fence_expected boolean DEFAULT false NOT NULL,
-    upload_fenced_at timestamp with time zone,
-    rename_fenced_at timestamp with time zone,
-    rejection_code text,
-    available_at timestamp with time zone,
-    transient_releases integer DEFAULT 0 NOT NULL,
-    destination_version integer,
-    outcome_unknown_at timestamp with time zone,
-    CONSTRAINT ck_export_jobs_failure CHECK (((status = 'Failed'::text) = (failure_reason IS NOT NULL))),
-    CONSTRAINT ck_export_jobs_fences CHECK (((rename_fenced_at IS NULL) OR (upload_fenced_at IS NOT NULL))),
-    CONSTRAINT ck_export_jobs_outcome_unknown_at CHECK (((status <> 'OutcomeUnknown'::text) OR (outcome_unknown_at IS NOT NULL))),
-    CONSTRAINT ck_export_jobs_overwrite CHECK (((overwrite_agreement_ref IS NULL) OR (replaces_job_id IS NOT NULL))),
-    CONSTRAINT ck_export_jobs_rejection CHECK ((((status = 'Rejected'::text) = (rejection_code IS NOT NULL)) AND ((rejection_code IS NULL) OR (rejection_reason IS NOT NULL)))),
-    CONSTRAINT ck_export_jobs_rejection_code CHECK ((rejection_code = ANY (ARRAY['list_invalid'::text, 'destination_not_found'::text, 'destination_retired'::text, 'contract_not_started'::text, 'contract_ended'::text, 'creator_unknown'::text, 'creator_revoked'::text, 'creator_not_permitted'::text, 'list_missing'::text]))),
-    CONSTRAINT ck_export_jobs_replacement CHECK (((replaces_job_id IS NULL) = (replacement_reason IS NULL))),
-    CONSTRAINT export_jobs_attempts_released_check CHECK ((attempts_released >= 0)),
-    CONSTRAINT export_jobs_failure_reason_check CHECK ((failure_reason = ANY (ARRAY['BuildFailed'::text, 'AttemptsExhausted'::text, 'NotDelivered'::text, 'FinalNameOccupied'::text, 'OriginalDelivered'::text]))),
-    CONSTRAINT export_jobs_status_check CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Delivering'::text, 'Canceled'::text, 'Rejected'::text, 'Stopped'::text, 'Failed'::text, 'Completed'::text, 'OutcomeUnknown'::text]))),
-    CONSTRAINT export_jobs_transient_releases_check CHECK ((transient_releases >= 0))
 );
 
 CREATE TABLE public.export_status_edges (
@@ -1914,6 +1959,8 @@ CREATE TRIGGER tr_export_jobs_backoff_guard BEFORE UPDATE OF available_at, trans
 
 CREATE TRIGGER tr_export_jobs_destination_version BEFORE UPDATE OF destination_version ON public.export_jobs FOR EACH ROW WHEN ((new.destination_version IS DISTINCT FROM old.destination_version)) EXECUTE FUNCTION public.export_jobs_destination_version_guard();
 
+CREATE TRIGGER tr_export_jobs_expected_manifest BEFORE UPDATE OF expected_manifest ON public.export_jobs FOR EACH ROW WHEN ((new.expected_manifest IS DISTINCT FROM old.expected_manifest)) EXECUTE FUNCTION public.export_jobs_expected_manifest_guard();
+
 CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_guard();
 
 CREATE TRIGGER tr_export_jobs_guard_correction_code BEFORE UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((old.status = ANY (ARRAY['Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_correction_code_guard();
@@ -2138,9 +2185,13 @@ GRANT UPDATE(intake_hours) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(blackout_dates) ON TABLE public.destinations TO exports_api;
 
+GRANT UPDATE(manifest) ON TABLE public.destinations TO exports_api;
+
 REVOKE ALL ON FUNCTION public.delivery_window_open(d public.destinations, at timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.delivery_window_open(d public.destinations, at timestamp with time zone) TO exports_worker;
 GRANT ALL ON FUNCTION public.delivery_window_open(d public.destinations, at timestamp with time zone) TO exports_api;
+
+REVOKE ALL ON FUNCTION public.export_jobs_expected_manifest_guard() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.export_jobs_mark_outcome_unknown() FROM PUBLIC;
 
@@ -2152,6 +2203,91 @@ REVOKE ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destinatio
 GRANT ALL ON FUNCTION public.lock_delivery_scope(p_tenant_id uuid, p_destination_id uuid) TO exports_worker;
 
 REVOKE ALL ON FUNCTION public.lost_cancellation_payload(request_id uuid, requested_by text, requested_at timestamp with time zone, authorized_at timestamp with time zone, job_id uuid, outcome text, failure_reason text, file_name text, file_bytes bigint, file_rows bigint, file_sha256 bytea, outcome_at timestamp with time zone) FROM PUBLIC;
+
+GRANT SELECT,INSERT ON TABLE public.export_jobs TO exports_api;
+GRANT SELECT ON TABLE public.export_jobs TO exports_worker;
+GRANT SELECT ON TABLE public.export_jobs TO exports_reconciler;
+GRANT SELECT ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_api;
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_reconciler;
+GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(version) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(destination_id) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(attempt_id) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(attempt_id) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(attempt_count) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(claimed_by) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(claimed_by) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(lease_expires_at) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(lease_expires_at) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(stop_request_id) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(cancellation_request_id) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(expected_file_name) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(expected_file_bytes) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(expected_file_sha256) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(expected_file_rows) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(delivery_authorized_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_api;
+GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_worker;
+GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_reconciler;
+GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_recovery;
+
+GRANT UPDATE(sweep_count) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(list_name) ON TABLE public.export_jobs TO exports_api;
+
+GRANT UPDATE(rejection_reason) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(workflow_id) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(attempts_released) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(fence_expected) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(upload_fenced_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(rename_fenced_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(rejection_code) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(available_at) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(transient_releases) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(destination_version) ON TABLE public.export_jobs TO exports_worker;
+
+GRANT UPDATE(expected_manifest) ON TABLE public.export_jobs TO exports_worker;
+
+REVOKE ALL ON FUNCTION public.manifest_in_place(j public.export_jobs) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.manifest_in_place(j public.export_jobs) TO exports_worker;
+GRANT ALL ON FUNCTION public.manifest_in_place(j public.export_jobs) TO exports_recovery;
+GRANT ALL ON FUNCTION public.manifest_in_place(j public.export_jobs) TO exports_api;
+GRANT ALL ON FUNCTION public.manifest_in_place(j public.export_jobs) TO exports_reconciler;
+
+REVOKE ALL ON FUNCTION public.manifest_names(file_name text, choice text) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.manifest_names(file_name text, choice text) TO exports_worker;
+GRANT ALL ON FUNCTION public.manifest_names(file_name text, choice text) TO exports_recovery;
+GRANT ALL ON FUNCTION public.manifest_names(file_name text, choice text) TO exports_api;
+GRANT ALL ON FUNCTION public.manifest_names(file_name text, choice text) TO exports_reconciler;
 
 REVOKE ALL ON FUNCTION public.next_window_opening(d public.destinations, at timestamp with time zone) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.next_window_opening(d public.destinations, at timestamp with time zone) TO exports_worker;
@@ -2303,77 +2439,6 @@ GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_api;
 GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_worker;
 GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_reconciler;
 GRANT SELECT,INSERT ON TABLE public.export_attempt_events TO exports_recovery;
-
-GRANT SELECT,INSERT ON TABLE public.export_jobs TO exports_api;
-GRANT SELECT ON TABLE public.export_jobs TO exports_worker;
-GRANT SELECT ON TABLE public.export_jobs TO exports_reconciler;
-GRANT SELECT ON TABLE public.export_jobs TO exports_recovery;
-
-GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_api;
-GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_worker;
-GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_reconciler;
-GRANT UPDATE(status) ON TABLE public.export_jobs TO exports_recovery;
-
-GRANT UPDATE(version) ON TABLE public.export_jobs TO exports_api;
-
-GRANT UPDATE(destination_id) ON TABLE public.export_jobs TO exports_api;
-
-GRANT UPDATE(attempt_id) ON TABLE public.export_jobs TO exports_worker;
-GRANT UPDATE(attempt_id) ON TABLE public.export_jobs TO exports_recovery;
-
-GRANT UPDATE(attempt_count) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(claimed_by) ON TABLE public.export_jobs TO exports_worker;
-GRANT UPDATE(claimed_by) ON TABLE public.export_jobs TO exports_recovery;
-
-GRANT UPDATE(lease_expires_at) ON TABLE public.export_jobs TO exports_worker;
-GRANT UPDATE(lease_expires_at) ON TABLE public.export_jobs TO exports_recovery;
-
-GRANT UPDATE(stop_request_id) ON TABLE public.export_jobs TO exports_api;
-
-GRANT UPDATE(cancellation_request_id) ON TABLE public.export_jobs TO exports_api;
-
-GRANT UPDATE(expected_file_name) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(expected_file_bytes) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(expected_file_sha256) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(expected_file_rows) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(delivery_authorized_at) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_api;
-GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_worker;
-GRANT UPDATE(woken_at) ON TABLE public.export_jobs TO exports_recovery;
-
-GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_worker;
-GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_reconciler;
-GRANT UPDATE(failure_reason) ON TABLE public.export_jobs TO exports_recovery;
-
-GRANT UPDATE(sweep_count) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(list_name) ON TABLE public.export_jobs TO exports_api;
-
-GRANT UPDATE(rejection_reason) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(workflow_id) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(attempts_released) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(fence_expected) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(upload_fenced_at) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(rename_fenced_at) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(rejection_code) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(available_at) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(transient_releases) ON TABLE public.export_jobs TO exports_worker;
-
-GRANT UPDATE(destination_version) ON TABLE public.export_jobs TO exports_worker;
 
 GRANT SELECT ON TABLE public.export_status_edges TO exports_api;
 GRANT SELECT ON TABLE public.export_status_edges TO exports_worker;

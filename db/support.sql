@@ -82,7 +82,7 @@ created AS (
     INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,
                               remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
                               temporary_files, contract_starts_on, contract_ends_on, max_sessions,
-                              intake_time_zone, intake_hours, blackout_dates, pgp_recipient_keys)
+                              intake_time_zone, intake_hours, blackout_dates, manifest, pgp_recipient_keys)
     SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,
            %(host_keys)s::text[], %(credential_ref)s,
            %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s::text,
@@ -92,6 +92,8 @@ created AS (
            -- the delivery window (0035): none unless given
            coalesce(%(intake_time_zone)s::text, 'UTC'), %(intake_hours)s::text[],
            coalesce(%(blackout_dates)s::date[], ARRAY[]::date[]),
+           -- the manifest published beside each file (0037): none unless asked for
+           coalesce(%(manifest)s::text, 'none'),
            -- the partner's OpenPGP keys (0020), at creation only: exports_api may not update the column
            coalesce(%(pgp_recipient_keys)s::text[], ARRAY[]::text[])
     WHERE NOT EXISTS (SELECT 1 FROM earlier)
@@ -124,10 +126,10 @@ edited AS (
     UPDATE destinations d
     SET (name, host, port, username, host_key, host_keys, credential_ref, remote_dir, name_and_size_identify,
          hash_evidence, ack_suffix, max_write_request, temporary_files, contract_starts_on, contract_ends_on,
-         max_sessions)
+         max_sessions, manifest)
         = (SELECT r.name, r.host, r.port, r.username, r.host_key, r.host_keys, r.credential_ref, r.remote_dir,
                   r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
-                  r.contract_starts_on, r.contract_ends_on, r.max_sessions
+                  r.contract_starts_on, r.contract_ends_on, r.max_sessions, r.manifest
            FROM jsonb_populate_record(d, %(changes)s::jsonb) AS r),
         -- the delivery window (0035): not a delivery term, so no rebuild; cutoff 2 and the rename re-read it
         (intake_time_zone, intake_hours, blackout_dates)
@@ -351,7 +353,7 @@ SELECT r.id, r.tenant_id, r.name, r.host, r.port, r.username, r.host_key,
        r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
        r.version, 'sftp'::text AS kind,
        r.csv_header, r.csv_delimiter, r.csv_columns, r.compression, r.pgp_recipient_keys, r.pgp_signing_key_ref,
-       d.max_sessions
+       d.max_sessions, r.manifest
 FROM destinations d
 LEFT JOIN destination_versions v
        ON v.tenant_id = d.tenant_id AND v.destination_id = d.id AND v.version = %(version)s::int
@@ -419,11 +421,11 @@ INSERT INTO tenants (id, name) VALUES (%(id)s, %(name)s) RETURNING id;
 INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,
                           remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
                           temporary_files, csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys,
-                          pgp_signing_key_ref, max_sessions)
+                          pgp_signing_key_ref, max_sessions, manifest)
 VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s, %(host_keys)s::text[],
         %(credential_ref)s, %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s,
         %(max_write_request)s, %(temporary_files)s, %(csv_header)s, %(csv_delimiter)s, %(csv_columns)s,
-        %(compression)s, %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s, %(max_sessions)s::int)
+        %(compression)s, %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s, %(max_sessions)s::int, %(manifest)s)
 RETURNING id;
 
 -- name: seed_switch

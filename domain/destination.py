@@ -16,6 +16,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field
 
 from domain.file_format import CONTACT_COLUMNS, Compression, ContactColumn, Delimiter, FileFormat
+from domain.manifest import ManifestChoice
 
 
 class Destination(BaseModel):
@@ -37,7 +38,8 @@ class Destination(BaseModel):
     What the partner receives (migration 0020) is read as one value, :attr:`file_format`: the CSV's
     ``csv_header``, ``csv_delimiter`` and ``csv_columns``, its ``compression``, the partner's armored
     OpenPGP public keys (``pgp_recipient_keys``) and the reference to the tenant's signing key
-    (``pgp_signing_key_ref``, a path on the worker host, never the key).
+    (``pgp_signing_key_ref``, a path on the worker host, never the key). ``manifest`` (migration 0037) is what
+    is published beside each file after its rename: none, a ``.sha256`` sidecar, a JSON manifest, or both.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -70,6 +72,8 @@ class Destination(BaseModel):
     # uses the version cutoff 2 authorized, and its evidence names it.
     version: int = 1
     max_sessions: int | None = None
+    # What is published beside each delivered file, last (issue #24.6, migration 0037; ``domain.manifest``).
+    manifest: ManifestChoice = "none"
 
     @property
     def pinned_keys(self) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from domain.manifest import ManifestFile
 from domain.models import DeliveryOutcome, FailureCode
 
 TEMP_PREFIX = ".partial-"
@@ -80,6 +81,8 @@ class FileToDeliver:
     final_name: str
     size: int
     sha256: bytes
+    # published beside it once its rename is confirmed, in this order (issue #24.6; ``domain.manifest``)
+    manifests: tuple[ManifestFile, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ class EventKind(StrEnum):
     RELEASED = "Released"
     UPLOAD_FENCED = "UploadFenced"
     RENAME_FENCED = "RenameFenced"
+    RETRY_SCHEDULED = (
+        "RetryScheduled"  # a transient NotDelivered went back to Queued to be tried again (#25.4)
+    )
 
 
 class CancellationOutcome(StrEnum):
@@ -101,6 +104,7 @@ class Statement(StrEnum):
     FAIL_SET_ASIDE_DELIVERY = "fail_set_aside_delivery"
     SETTLE_UNKNOWN_BY_EVIDENCE = "settle_unknown_by_evidence"
     SETTLE_UNKNOWN_BY_FENCES = "settle_unknown_by_fences"
+    RETRY_DELIVERY_IF_DELIVERING = "retry_delivery_if_delivering"
 
 
 class ClaimResult(StrEnum):
@@ -184,6 +188,31 @@ class FinishResult(StrEnum):
     UNKNOWN = "Unknown"
 
 
+class FailureCause(StrEnum):
+    """Why a delivery failed NotDelivered, as its evidence shows (rules/retries.py classifies it; the ``cause``
+    label of the retry metric). Transient: connect_refused, session_cut, no_space; the others are permanent."""
+
+    CONNECT_REFUSED = "connect_refused"
+    SESSION_CUT = "session_cut"
+    NO_SPACE = "no_space"
+    AUTH_REFUSED = "auth_refused"
+    PERMISSION_DENIED = "permission_denied"
+    HOST_KEY_MISMATCH = "host_key_mismatch"
+    OTHER = "other"
+
+
+class RetryResult(StrEnum):
+    """What the terminal write of a transient NotDelivered did (issue #25.4): the job went back to Queued to
+    be tried again, or it ended Failed NotDelivered because a retry may not be made (a cancellation or stop
+    request recorded during the attempt, the attempt cap, a rename fence written), or it was not this
+    attempt's row, or neither the write nor its re-read answered."""
+
+    RETRIED = "Retried"
+    FAILED = "Failed"
+    NOT_OWNER = "NotOwner"
+    UNKNOWN = "Unknown"
+
+
 class DeliveryOutcome(StrEnum):
     """The terminal write of a delivery: Delivering becomes one of these."""
 
@@ -212,6 +241,8 @@ class AttemptOutcome(StrEnum):
     PAUSED = "Paused"  # a switch of the job's scope is paused: nothing claimed, the job stays Queued
     NOT_YET = "NotYet"  # the job waits after a give-back until its available_at: nothing claimed
     OUTSIDE_WINDOW = "OutsideWindow"  # outside its destination's delivery window: waits for the next opening
+    # the delivery failed NotDelivered for a transient cause and the job waits Queued to be tried again (#25.4)
+    RETRY_SCHEDULED = "RetryScheduled"
 
 
 class StopPoint(StrEnum):
@@ -263,6 +294,8 @@ class ExportJob(Row):
     transient_releases: int = 0  # give-backs for a failure: each makes the next claim wait longer
     destination_version: int | None = None  # the destination version cutoff 2 authorized (issue #24.2)
     outcome_unknown_at: datetime | None = None  # when it became OutcomeUnknown (database clock; 0033)
+    # what the version cutoff 2 authorized asks for beside the file (0037): none, sha256, json or both
+    expected_manifest: str | None = None
 
     @property
     def final_name(self) -> str:

@@ -34,10 +34,12 @@ from domain.models import (
     CancellationOutcome,
     ClaimResult,
     DeliveryOutcome,
+    FailureCause,
     FenceResult,
     FinishResult,
     ReleaseCause,
     ReleaseResult,
+    RetryResult,
     Statement,
 )
 from domain.recurring import FiringOutcome, SkipReason
@@ -111,6 +113,8 @@ _RESULTS: dict[str, TransitionResult] = {
     AuthorizationResult.WINDOW_CLOSED: TransitionResult.REFUSED,
     ReleaseResult.RELEASED: TransitionResult.WRITTEN,
     ReleaseResult.EXHAUSTED: TransitionResult.WRITTEN,
+    RetryResult.RETRIED: TransitionResult.WRITTEN,  # Delivering -> Queued, to be tried again (#25.4)
+    RetryResult.FAILED: TransitionResult.WRITTEN,  # Delivering -> Failed NotDelivered: no retry allowed
     AuthorizationResult.UNKNOWN: TransitionResult.UNKNOWN,
     FinishResult.WRITTEN: TransitionResult.WRITTEN,
     FinishResult.NOT_OWNER: TransitionResult.NOT_OWNER,
@@ -262,6 +266,13 @@ class ExportMetrics:
             ("cause", "ending"),
             registry=r,
         )
+        self.delivery_retries = Counter(
+            f"{PREFIX}_delivery_retries_total",
+            "Deliveries that failed NotDelivered for a transient cause and went back to the queue to be tried "
+            "again after a backoff (issue 25 item 4), by cause (connect_refused, session_cut, no_space).",
+            ("cause",),
+            registry=r,
+        )
         self.recurring_firings = Counter(
             f"{PREFIX}_recurring_firings_total",
             "Firings of recurring exports by outcome (created, skipped, duplicate: a nominal time already "
@@ -398,6 +409,11 @@ class ExportMetrics:
         """A give-back that was written (called by the worker's store): its cause and whether it ended the
         job (exhausted) or put it back in the queue (released)."""
         self.releases.labels(ReleaseCause(cause).value, ReleaseResult(ending).value).inc()
+
+    def count_delivery_retry(self, cause: str) -> None:
+        """A transient NotDelivered that went back to the queue to be tried again (called by the worker's
+        store once the statement wrote it): its cause, one of rules.retries' transient causes."""
+        self.delivery_retries.labels(FailureCause(cause).value).inc()
 
     def observe_build(self, seconds: float, rows: int, size_bytes: int) -> None:
         """A build that produced its file; called by the build activity after the file is closed and

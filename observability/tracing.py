@@ -75,6 +75,7 @@ class SftpStep(StrEnum):
     OBSERVE = "observe"
     SET_ASIDE = "set_aside"  # the temporary file moved away after a rename whose answer was lost
     CLEANUP = "cleanup"  # an attempt's temporary files removed after Failed, under the partner's agreement
+    MANIFEST = "manifest"  # a manifest published beside the renamed data file (issue #24.6)
 
 
 def requested_exporter(environ: Mapping[str, str] | None = None) -> str | None:

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import socket
 import stat
 import struct
@@ -41,6 +42,7 @@ from paramiko.sftp import (
     CMD_OPENDIR,
     CMD_READDIR,
     CMD_VERSION,
+    SFTP_FAILURE,
     SFTP_NO_SUCH_FILE,
 )
 
@@ -70,12 +72,25 @@ class ConnectRefused(PartnerRefused):
     which key the server showed, once it showed one)."""
 
 
-class SftpStatusError(OSError):
-    """The server answered a request with an SFTP error status (the connection was alive to say so)."""
+# SFTP status codes that say the partner has no room for our writes (draft-ietf-secsh-filexfer-13: 14
+# SSH_FX_NO_SPACE_ON_FILESYSTEM, 15 SSH_FX_QUOTA_EXCEEDED). A version 3 server (OpenSSH, asyncssh) has only
+# SSH_FX_FAILURE (4) for them; its message then is the one place the reason shows.
+NO_SPACE_STATUSES = frozenset({14, 15})
+_NO_SPACE_WORDS = re.compile(r"quota|no space|disk full|space left|insufficient space|storage full", re.I)
 
-    def __init__(self, status: int) -> None:
+
+class SftpStatusError(OSError):
+    """The server answered a request with an SFTP error status (the connection was alive to say so).
+
+    ``no_space`` says whether the answer says the partner has no room for our writes: a status of its own
+    (14, 15), or a version 3 server's FAILURE whose message speaks of a quota or full storage. The message
+    itself is the partner's text and is never kept: only this fact, for the retry rules (rules/retries.py).
+    """
+
+    def __init__(self, status: int, *, no_space: bool = False) -> None:
         super().__init__(f"SFTP status {status}")
         self.status = status
+        self.no_space = no_space or status in NO_SPACE_STATUSES
 
 
 class _StatusSFTPClient(paramiko.SFTPClient):
@@ -109,13 +124,18 @@ class _StatusSFTPClient(paramiko.SFTPClient):
     def _convert_status(self, msg: paramiko.Message) -> None:
         position = msg.packet.tell()
         status = msg.get_int()
+        try:
+            text = msg.get_text()
+        except Exception:  # noqa: BLE001 - a status without its message: nothing more to learn from it
+            text = ""
         msg.packet.seek(position)
         try:
             super()._convert_status(msg)  # type: ignore[misc]  # private in the stubs, present in paramiko
         except EOFError:
             raise  # end of file while reading: paramiko's own read loop expects it
         except OSError:
-            raise SftpStatusError(status) from None
+            no_space = status == SFTP_FAILURE and bool(_NO_SPACE_WORDS.search(text))
+            raise SftpStatusError(status, no_space=no_space) from None
 
 
 def parse_pinned_key(line: str) -> paramiko.PKey:

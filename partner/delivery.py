@@ -34,8 +34,9 @@ from domain.evidence import (
     set_aside_name_for,
     temp_name_for,
 )
-from domain.models import FailureCode
+from domain.models import DeliveryOutcome, FailureCode
 from observability.tracing import SftpStep, set_attributes, sftp_span
+from partner import manifests
 from partner.client import (
     ConnectRefused,
     PartnerSession,
@@ -49,7 +50,7 @@ from partner.client import (
 from partner.evidence import EvidenceLog, error_code
 from partner.protocol import DeliveryHooks
 from rules import delivery as classifier
-from rules.delivery import failed, unknown
+from rules.delivery import completed, failed, unknown
 
 __all__ = [
     "DeliveryHooks",
@@ -424,6 +425,8 @@ class _Delivery:
                 temp_name=self.temp_name,
                 bytes_sent=progress["sent"],
                 status=exc.status,
+                # the partner said it has no room (a quota, a full disk): rules/retries.py tries again later
+                **({"no_space": True} if exc.no_space else {}),
             )
             return self._refused_before_rename(f"upload refused (status {exc.status})", sftp, baseline)
         except Exception as exc:
@@ -626,8 +629,35 @@ class _Delivery:
             self.read_back_cut = True
             return unknown("renamed, but the read-back was interrupted")
         self.read_back_cut = False
-        return classifier.confirm_delivery(
+        report = classifier.confirm_delivery(
             after, self.file, self.destination, overwrite=overwrite, ack_tied=ack_tied
+        )
+        if report.outcome == DeliveryOutcome.COMPLETED and self.file.manifests:
+            return self._publish_manifests(sftp, report, overwrite)
+        return report
+
+    def _publish_manifests(
+        self, sftp: paramiko.SFTPClient, confirmed: DeliveryReport, overwrite: bool
+    ) -> DeliveryReport:
+        """The data file is in place by evidence: publish its manifests last, on this session, by the same
+        temporary name and rename (:mod:`partner.manifests`). Completed only once every one is in place; else
+        OutcomeUnknown, never a second upload: recovery publishes what is missing (or a person looks, when a
+        name holds other bytes)."""
+        self.phase = "manifest"
+        before = self.hooks.before_manifest_rename
+        placed = manifests.publish(
+            sftp,
+            self.destination,
+            self.attempt_id,
+            self.file.manifests,
+            overwrite=overwrite,
+            record=self.evidence.record,
+            before_rename=(lambda manifest: before(manifest.name)) if before is not None else None,
+        )
+        if placed:
+            return completed(f"{confirmed.summary}; manifest published last")
+        return unknown(
+            "the data file is in place by evidence, but its manifest is not (published by recovery)"
         )
 
     def _await_ack(self, sftp: paramiko.SFTPClient, after: Observation) -> tuple[Observation, bool]:

@@ -63,4 +63,6 @@ def error_code(exc: BaseException) -> dict[str, Any]:
         fields["status"] = status
     if isinstance(code, str):
         fields["code"] = code
+    if getattr(exc, "no_space", False) is True:
+        fields["no_space"] = True  # the partner said it has no room for our writes (never its message)
     return fields

@@ -12,7 +12,7 @@ and injects it, so activities/ and rules/ never import a kind's module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
@@ -26,6 +26,7 @@ from domain.evidence import (
     OriginalFile,
     SetAside,
 )
+from domain.manifest import ManifestFile
 
 __all__ = [
     "TRUST_REFUSALS",
@@ -89,6 +90,8 @@ class DeliveryHooks:
     # The rename fence: asked right before the rename request; the rename is sent only when it answers
     # True. False, or an exception, means this attempt may no longer publish: nothing is renamed.
     authorize_rename: Callable[[], bool] | None = None
+    # A manifest's temporary file is written, its rename not yet sent (its final name is given; issue #24.6).
+    before_manifest_rename: Callable[[str], None] | None = None
 
 
 class Partner(Protocol):
@@ -139,6 +142,20 @@ class Partner(Protocol):
         self, destination: Destination, attempt_id: UUID, final_name: str
     ) -> list[dict[str, Any]]:
         """Remove ``attempt_id``'s temporary and set-aside files; one evidence dict per name, never raises."""
+        ...
+
+    def publish_manifests(
+        self,
+        destination: Destination,
+        attempt_id: UUID,
+        publisher_id: UUID,
+        manifests: Sequence[ManifestFile],
+        *,
+        overwrite: bool,
+    ) -> list[dict[str, Any]]:
+        """Recovery's publication of ``attempt_id``'s manifests beside its data file, proven in place, under
+        ``publisher_id``'s temporary names; one ``manifest`` evidence dict each, never raises, never touches
+        the data file."""
         ...
 
 

@@ -3,12 +3,14 @@ paramiko code of :mod:`partner.delivery` and :mod:`partner.client`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
 from domain.destination import Destination
+from domain.manifest import ManifestFile
 from partner import client, delivery
+from partner import manifests as manifests_
 from partner.protocol import (
     ConnectionReport,
     DeliveryHooks,
@@ -77,3 +79,17 @@ class SftpPartner:
     ) -> list[dict[str, Any]]:
         """The cleanup agreement's removal (:func:`partner.delivery.remove_temporary_files`)."""
         return delivery.remove_temporary_files(destination, attempt_id, final_name)
+
+    def publish_manifests(
+        self,
+        destination: Destination,
+        attempt_id: UUID,
+        publisher_id: UUID,
+        manifests: Sequence[ManifestFile],
+        *,
+        overwrite: bool,
+    ) -> list[dict[str, Any]]:
+        """Recovery's publication of the manifests (:func:`partner.manifests.publish_for_recovery`)."""
+        return manifests_.publish_for_recovery(
+            destination, attempt_id, publisher_id, manifests, overwrite=overwrite
+        )

@@ -22,13 +22,18 @@ def after_terminal_write(finished: FinishResult, written: AttemptOutcome) -> Att
     return written if finished == FinishResult.WRITTEN else unwritten(finished)
 
 
-def after_delivery(delivery: DeliveryOutcome | None, finished: FinishResult | None) -> AttemptOutcome:
-    """The attempt's outcome after ``deliver``: the classified delivery if its terminal write matched.
+def after_delivery(
+    delivery: DeliveryOutcome | None, finished: FinishResult | None, *, retried: bool = False
+) -> AttemptOutcome:
+    """The attempt's outcome after ``deliver``: the classified delivery if its terminal write matched, or
+    RetryScheduled when that write put the job back in the queue to be tried again (issue #25.4).
 
     ``delivery`` is ``None`` when the upload never started (the attempt could not confirm ownership).
     """
     if delivery is None or finished != FinishResult.WRITTEN:
         return unwritten(finished)
+    if retried:
+        return AttemptOutcome.RETRY_SCHEDULED
     return _DELIVERED[delivery]
 
 

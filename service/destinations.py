@@ -25,6 +25,8 @@ them; everyone who reads exports reads them, with every version and the change t
   with the partner.
 - ``max_sessions`` is the partner's limit of concurrent sessions (issue #25.3), held as slots: changing it
   rebuilds nothing.
+- ``manifest`` (issue #24.6) is what is published beside each file after its rename: ``none``, ``sha256``,
+  ``json`` or ``both``. It changes what is delivered, so it is a delivery term like the host or the key.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from domain.audit import (
 from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint, normalized_host_key
 from domain.evidence import ConnectionReport
 from domain.file_format import ARMORED_PUBLIC_KEY
+from domain.manifest import ManifestChoice
 from service.approvals import Approvals, Subject
 from service.audit import Ledger, answered
 from service.auth import Caller
@@ -198,6 +201,12 @@ class DestinationFields(BaseModel):
         description="How many SFTP sessions the partner allows at once, held as slots across all workers "
         "(null: no limit); not a delivery term",
     )
+    # A manifest published last (issue #24.6): a delivery term, so an edit during a build rebuilds the file.
+    manifest: ManifestChoice | None = Field(
+        default=None,
+        description="What is published beside each file, after its rename: none, sha256 (a coreutils "
+        "`<file>.sha256` sidecar for `sha256sum -c`), json (`<file>.manifest.json`) or both; a delivery term",
+    )
 
 
 class CreateDestination(DestinationFields):
@@ -217,6 +226,7 @@ class CreateDestination(DestinationFields):
     hash_evidence: HashEvidence = "read_back"
     max_write_request: WriteRequest = 32768
     temporary_files: TemporaryFiles = "keep"
+    manifest: ManifestChoice = "none"
     # Set at creation only: exports_api may insert the column (0021) but not update it, so changing a
     # destination's keys later needs a migration granting that (and an edit statement naming the column).
     pgp_recipient_keys: RecipientKeys | None = Field(

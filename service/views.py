@@ -8,6 +8,7 @@ what the row says (stop requested, delivery authorized), never more.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -59,6 +60,8 @@ def _event(events: Iterable[AttemptEvent], attempt_id: UUID | None, *kinds: Even
 _RETURNED_TO_THE_QUEUE = {
     EventKind.REQUEUED_BY_RECOVERY: "its lease expired and recovery returned the export to the queue",
     EventKind.RELEASED: "its worker gave it back to the queue without using it up",
+    EventKind.RETRY_SCHEDULED: "its delivery failed for a transient cause with nothing delivered, and the "
+    "export went back to the queue to be tried again",
 }
 
 
@@ -276,12 +279,18 @@ def status_line(
         case JobStatus.QUEUED if window is not None and window.closed:
             # issue #25.2: the claim makes no attempt outside the window; the export waits for its opening
             return f"Queued (v{job.version}): {window.why_waiting()}."
+        case JobStatus.QUEUED if job.available_at is not None and (retry := _waiting_to_retry(events)):
+            # issue #25.4: a delivery that failed for a transient cause waits for its next try
+            return f"Queued (v{job.version}): {retry}; next try at {clock(job.available_at)}."
         case JobStatus.QUEUED if job.available_at is not None and job.transient_releases:
             times = "once" if job.transient_releases == 1 else f"{job.transient_releases} times"
             return (
                 f"Queued (v{job.version}): given back {times} after failures; "
                 f"the next try is not before {clock(job.available_at)}."
             )
+        case JobStatus.QUEUED if job.available_at is not None and not events:
+            # the list page reads no events: it cannot say which wait this is (a retry's, a session limit's)
+            return f"Queued (v{job.version}): next try at {clock(job.available_at)}."
         case JobStatus.QUEUED if job.available_at is not None:
             # an uncounted give-back that waits: its partner was at its session limit (25.3)
             return (
@@ -328,6 +337,23 @@ class DestinationPause:
         if self.reason is None:
             return f"deliveries to {self.destination_name} were never resumed since it was created"
         return f"deliveries to {self.destination_name} are paused: {self.reason}; it waits for a resume"
+
+
+def _waiting_to_retry(events: list[AttemptEvent]) -> str:
+    """``try 2 failed (connect_refused)`` when the export went back to the queue last because its delivery
+    failed for a transient cause (issue #25.4: its latest return to the queue is a RetryScheduled event), else
+    nothing."""
+    last = None
+    for e in events:
+        if e.kind in _RETURNED_TO_THE_QUEUE:
+            last = e
+    if last is None or last.kind != EventKind.RETRY_SCHEDULED:
+        return ""
+    detail = last.detail or ""
+    cause = detail.split(":", 1)[0]
+    tries = re.search(r"try (\d+) of (\d+)", detail)
+    which = f"try {tries.group(1)} of {tries.group(2)}" if tries else "the last try"
+    return f"{which} failed ({cause}), nothing was delivered"
 
 
 def _waiting_for_slot(job: ExportJob, events: list[AttemptEvent]) -> str:
@@ -381,6 +407,7 @@ _EVENT_LABELS = {
     EventKind.FINISHED: "Delivered",
     EventKind.REQUEUED_BY_RECOVERY: "Requeued",
     EventKind.RELEASED: "Given back",
+    EventKind.RETRY_SCHEDULED: "Retry scheduled",
     EventKind.STOPPED_BY_RECOVERY: "Stopped",
     EventKind.ATTEMPTS_EXHAUSTED: "Gave up",
     EventKind.RESOLVED_BY_RECOVERY: "Resolved",

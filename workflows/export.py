@@ -183,7 +183,7 @@ class ExportWorkflow:
         except ActivityError:
             return ended(AttemptOutcome.LEFT_TO_RECOVERY, cutoff_answers=prepared.cutoff_answers)
         return ended(
-            after_delivery(delivered.delivery, delivered.finish),
+            after_delivery(delivered.delivery, delivered.finish, retried=delivered.retried),
             failure_code=delivered.failure_code,
             cutoff_answers=prepared.cutoff_answers,
             file_bytes=file.size,

@@ -166,6 +166,10 @@ class DeliverResult(BaseModel):
     finish: FinishResult | None = None
     evidence_appended: int = 0
     evidence_lost: int = 0
+    # a transient NotDelivered (issue #25.4): its cause, and whether the job went back to Queued to be tried
+    # again (the terminal write then wrote Queued, not Failed)
+    failure_cause: str | None = None
+    retried: bool = False
 
 
 class RecordCancelInput(BaseModel):

@@ -16,7 +16,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from db.errors import (
     TransientStoreError,
+    translated,
 )
+from db.queries import fetch, fetch_maybe
 from db.rows import (
     ClaimAnswer,
     CutoffAnswer,
@@ -26,6 +28,7 @@ from db.rows import (
     PartnerPause,
     ReleaseRow,
     RenewalRow,
+    RetryRow,
     StoppedRow,
 )
 from db.stores.base import REREAD_TIMEOUT_SECONDS, observe_stop, transition
@@ -38,6 +41,7 @@ from domain.models import (
     ClaimResult,
     DeliveryOutcome,
     EventKind,
+    FailureCause,
     FailureCode,
     FenceResult,
     FinishResult,
@@ -47,6 +51,7 @@ from domain.models import (
     ReleaseCause,
     ReleaseResult,
     Renewal,
+    RetryResult,
     Statement,
     StopPoint,
 )
@@ -55,6 +60,7 @@ from observability.tracing import current_traceparent
 from rules.cutoff import authorization_from
 from rules.ownership import held_by
 from rules.releases import ReleasePolicy
+from rules.retries import RetryPolicy, is_transient
 
 DEFAULT_RELEASE_POLICY = ReleasePolicy()
 
@@ -423,6 +429,66 @@ class ProtocolStatements(Reads):
             attempt_id,
             JobStatus(outcome.value),
         )
+
+    @transition(Statement.RETRY_DELIVERY_IF_DELIVERING)
+    async def retry_delivery_if_delivering(
+        self,
+        job_id: UUID,
+        attempt_id: UUID,
+        cause: FailureCause,
+        summary: str,
+        policy: RetryPolicy,
+    ) -> RetryResult:
+        """The terminal write of a delivery that failed NotDelivered for a transient ``cause`` (issue #25.4):
+        Delivering -> Queued, waiting a backoff, to be tried again in a new attempt (Retried); or Delivering ->
+        Failed NotDelivered when a retry may not be made, its event saying why (Failed); NotOwner; Unknown.
+
+        One short transaction: the row locked first (``lock_job_for_retry``), then the conditional statement,
+        whose snapshot then sees a cancellation request committed while it waited for the lock.
+        """
+        if not is_transient(cause):
+            raise ValueError(f"{cause} is not a transient cause: finish_delivery records it")
+        params = {
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "cause": cause.value,
+            "summary": summary,
+            "base_seconds": policy.base_seconds,
+            "cap_seconds": policy.cap_seconds,
+            "max_attempts": policy.max_attempts,
+            "jitter": policy.jitter(),
+            "traceparent": current_traceparent(),
+        }
+        try:
+            async with translated(), self.pool.connection() as conn, conn.transaction():
+                if await fetch_maybe(conn, "lock_job_for_retry", params, JobIdRow) is None:
+                    answers: list[RetryRow] | None = []
+                else:
+                    answers = await fetch(conn, "retry_delivery_if_delivering", params, RetryRow)
+        except TransientStoreError as exc:
+            log.warning("retry_delivery_if_delivering: no answer (%s); re-reading the row", exc)
+            answers = None
+        if answers:
+            ended = RetryResult.RETRIED if answers[0].ending == "Retried" else RetryResult.FAILED
+            if ended == RetryResult.RETRIED:
+                get_metrics().count_delivery_retry(cause.value)
+            return ended
+        if answers is not None:
+            return RetryResult.NOT_OWNER
+        # A lost answer: retried if this attempt's RetryScheduled event is recorded (the row no longer names
+        # the attempt once Queued), Failed if the row is Failed with this attempt.
+        try:
+            state = await self._reread(job_id)
+            events = await self.job_events(job_id)
+        except TransientStoreError:
+            return RetryResult.UNKNOWN
+        mine = {e.kind for e in events if e.attempt_id == attempt_id}
+        if EventKind.RETRY_SCHEDULED in mine:
+            get_metrics().count_delivery_retry(cause.value)
+            return RetryResult.RETRIED
+        if state is not None and state.status == JobStatus.FAILED and state.attempt_id == attempt_id:
+            return RetryResult.FAILED
+        return RetryResult.NOT_OWNER
 
     async def pause_destination_for_partner(
         self, tenant_id: UUID, destination_id: UUID, version: int, reason: str, changed_by: str

@@ -96,3 +96,41 @@ async def test_a_job_given_back_too_often_says_it_gave_up_after_its_give_backs_a
     )
     view = (await client.get(f"/exports/{job.id}", headers=acme.operator)).json()
     assert view["status_line"].startswith("Failed: gave up after being given back 1 time after failures")
+
+
+async def test_a_delivery_waiting_to_be_tried_again_says_next_try_at_and_each_try_with_its_cause(
+    client, factory, worker_store, acme
+):
+    from domain.models import FailureCause, RetryResult
+    from rules.retries import RetryPolicy
+    from tests.api.conftest import sign_in
+
+    policy = RetryPolicy(base_seconds=600.0, cap_seconds=600.0, max_attempts=3)
+    job, attempt = await factory.delivering(await factory.queued(acme.id, acme.destination_id))
+    await factory.fence(job.id, attempt, rename=False)
+    answer = await worker_store.retry_delivery_if_delivering(
+        job.id,
+        attempt,
+        FailureCause.CONNECT_REFUSED,
+        "no SFTP session opened (Unreachable); nothing was sent",
+        policy,
+    )
+    assert answer == RetryResult.RETRIED
+    row = await factory.job(job.id)
+
+    view = (await client.get(f"/exports/{job.id}", headers=acme.operator)).json()
+    assert view["status_line"] == (
+        "Queued (v1): try 1 of 3 failed (connect_refused), nothing was delivered; next try at "
+        f"{row.available_at.strftime('%H:%M:%S.%f')[:-3]} UTC."
+    )
+    [retry] = [e for e in view["timeline"] if e["label"] == "Retry scheduled"]
+    assert retry["detail"].startswith("connect_refused: no SFTP session opened (Unreachable)")
+    assert retry["subject"] == f"attempt {attempt}"
+
+    await sign_in(client, acme, as_role="viewer")
+    try:
+        page = (await client.get(f"/console/exports/{job.id}")).text
+    finally:
+        client.cookies.clear()
+    assert "try 1 of 3 failed (connect_refused), nothing was delivered; next try at" in page
+    assert "Retry scheduled" in page

@@ -516,3 +516,85 @@ def test_a_recurring_firing_that_created_two_exports_is_a_violation(tmp_path: Pa
     auditor.recurring_keys[firing_key(recurring_id, NOW + timedelta(hours=1))] = [str(two["id"])]  # no firing
     auditor._recurring_firings()
     assert invariants(auditor) == ["recurring_firing"]
+
+
+def test_a_completed_export_whose_manifest_is_missing_or_wrong_is_a_violation(tmp_path: Path) -> None:
+    # Issue #24.6: a destination that asks for a manifest has it beside every Completed file, saying that file.
+    auditor = make_auditor(tmp_path)
+    data = b"-----BEGIN PGP MESSAGE-----\nnot really\n"
+    digest = hashlib.sha256(data).digest()
+    jobs = {}
+    for case in ("in_place", "missing", "wrong"):
+        name = f"contacts-{case}.csv.gz.pgp"
+        (tmp_path / name).write_bytes(data)
+        job = add_job(
+            auditor,
+            "Completed",
+            expected_file_name=name,
+            expected_file_bytes=len(data),
+            expected_file_sha256=digest,
+            expected_file_rows=2,
+            expected_manifest="sha256",
+        )
+        jobs[case] = str(job["id"])
+        if case != "missing":
+            hexed = digest.hex() if case == "in_place" else "0" * 64
+            (tmp_path / f"{name}.sha256").write_text(f"{hexed}  {name}\n")
+
+    auditor._manifests()
+
+    flagged = {v.job_id for v in auditor.result.violations if v.invariant == "completed_without_manifest"}
+    assert flagged == {jobs["missing"], jobs["wrong"]}
+    assert auditor.result.counts["manifests_checked"] == 3
+
+
+def test_a_manifest_name_written_twice_is_a_violation(tmp_path: Path) -> None:
+    auditor = make_auditor(tmp_path)
+    job = add_job(auditor, "OutcomeUnknown", expected_file_name="contacts-k.csv", expected_manifest="json")
+    events = [
+        WatchEvent(1.0, "create", "contacts-k.csv.manifest.json", inode=7, size=10),
+        WatchEvent(2.0, "create", "contacts-k.csv.manifest.json", inode=8, size=10),
+    ]
+    auditor.manifest_writes = final_writes(events)
+
+    auditor._manifests()
+
+    assert [(v.invariant, v.job_id) for v in auditor.result.violations] == [
+        ("manifest_written_twice", str(job["id"]))
+    ]
+
+
+def test_a_retried_export_delivered_more_than_once_by_the_partners_witness_is_a_violation(
+    tmp_path: Path,
+) -> None:
+    auditor = make_auditor(tmp_path)
+    # Delivered once, by the attempt after the retry: fine.
+    once = add_job(auditor, "Completed")
+    first = uuid.uuid4()
+    add_event(auditor, once, "Claimed", attempt_id=first)
+    add_event(auditor, once, "RetryScheduled", "connect_refused: no SFTP session opened", attempt_id=first)
+    add_event(auditor, once, "Claimed")
+    # Written by the attempt that was retried, and again by the next one.
+    twice = add_job(auditor, "Completed")
+    retried = uuid.uuid4()
+    add_event(auditor, twice, "Claimed", attempt_id=retried)
+    add_event(auditor, twice, "RenameFenced", attempt_id=retried)
+    add_event(auditor, twice, "RetryScheduled", "session_cut: upload interrupted", attempt_id=retried)
+    add_event(auditor, twice, "Claimed")
+    auditor.writes = final_writes(
+        linked(f"contacts-{once['delivery_key']}.csv", once["attempt_id"], inode=31)
+        + linked(f"contacts-{twice['delivery_key']}.csv", retried, inode=32, t=2)
+        + linked(f"contacts-{twice['delivery_key']}.csv", twice["attempt_id"], inode=33, t=4)
+    )
+
+    auditor._retries()
+
+    assert sorted((v.invariant, v.job_id) for v in auditor.result.violations) == sorted(
+        [
+            ("retried_export_delivered_twice", str(twice["id"])),
+            ("retried_attempt_wrote_the_final_name", str(twice["id"])),
+            ("retried_after_its_rename_fence", str(twice["id"])),
+        ]
+    )
+    assert auditor.result.counts["retries_by_cause"] == {"connect_refused": 1, "session_cut": 1}
+    assert auditor.result.counts["exports_delivered_after_a_retry"] == 2

@@ -85,5 +85,9 @@ def test_short_soak_holds_every_invariant_under_every_fault_kind(tmp_path: Path)
     assert report["counts"]["partner_session_limit"] == 2, printed
     assert 1 <= report["counts"]["partner_sessions_high_water"] <= 2, printed
 
+    # The encrypted destination asks for both manifests (issue #24.6): each Completed export's were checked
+    # against its file and evidence (a missing one, or a data file written twice, is a violation below).
+    assert report["counts"]["manifests_checked"] == report["counts"]["encrypted_files_decrypted"], printed
+
     assert report["violations"] == [], printed
     assert run.returncode == 0, printed

@@ -29,6 +29,8 @@ SEED_EDGES = {
     ("Running", "Stopped"),
     ("Running", "Failed"),
     ("Running", "Queued"),
+    # issue #25.4: a transient NotDelivered goes back to the queue to be tried again (retry_delivery_if_delivering)
+    ("Delivering", "Queued"),
     ("Delivering", "Completed"),
     ("Delivering", "Failed"),
     ("Delivering", "OutcomeUnknown"),
@@ -49,6 +51,7 @@ EDGE_ROLES: dict[tuple[str, str], set[str]] = {
     ("Running", "Stopped"): {WORKER, RECOVERY},
     ("Running", "Failed"): {WORKER, RECOVERY},
     ("Running", "Queued"): {WORKER, RECOVERY},
+    ("Delivering", "Queued"): {WORKER},
     ("Delivering", "Completed"): {WORKER, RECOVERY},
     ("Delivering", "Failed"): {WORKER, RECOVERY},
     ("Delivering", "OutcomeUnknown"): {WORKER, RECOVERY},

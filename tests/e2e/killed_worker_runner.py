@@ -4,7 +4,9 @@ stops the attempt at a named point for good, so the test can SIGKILL the process
 ``python -m tests.e2e.killed_worker_runner --block-at POINT --job JOB_ID --marker PATH`` (from the project
 root), configured by ``EXPORTS_*`` variables like ``worker.py``. When the job's attempt reaches POINT
 (``after_build``, ``before_upload``, ``during_upload`` once some bytes are sent, or ``after_rename_fence``:
-the whole file uploaded under its temporary name, the rename fence written, the rename not sent), the seam writes PATH
+the whole file uploaded under its temporary name, the rename fence written, the rename not sent; ``after_rename``:
+the data file renamed, its manifests not published; ``before_manifest_rename``: a manifest's temporary file
+written, its rename not sent), the seam writes PATH
 (JSON: the point and the bytes sent, IDs and counts only) and then waits forever; only a signal ends it.
 The lease timer is off, so the row is left exactly as the process had it when it was killed.
 """
@@ -25,7 +27,14 @@ from activities.export import ExportActivities
 from settings import Settings
 from worker import run_worker
 
-BLOCK_POINTS = ("after_build", "before_upload", "during_upload", "after_rename_fence")
+BLOCK_POINTS = (
+    "after_build",
+    "before_upload",
+    "during_upload",
+    "after_rename_fence",
+    "after_rename",  # the data file renamed into place, its manifests not yet (issue #24.6)
+    "before_manifest_rename",  # a manifest's temporary file written, its rename not sent
+)
 
 
 def write_marker(marker: Path, point: str, job_id: UUID, bytes_sent: int | None) -> None:

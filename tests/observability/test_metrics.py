@@ -44,7 +44,7 @@ def families(metrics: ExportMetrics) -> dict[str, object]:
 def test_every_statement_label_is_a_statement_of_queries_sql():
     names = set(re.findall(r"^-- name: (\w+)", QUERIES.read_text(), flags=re.MULTILINE))
     assert {s.value for s in Statement} <= names
-    assert len(Statement) == 21
+    assert len(Statement) == 22
 
 
 def test_the_store_counts_every_transition_statement():

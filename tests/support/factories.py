@@ -197,6 +197,7 @@ class Factory:
             "pgp_signing_key_ref": None,
             "host_keys": None,  # several pinned keys (0029); none given: host_key alone
             "max_sessions": None,  # the partner's session limit (0029); none: no limit
+            "manifest": "none",  # the manifest published beside each file (0037)
         }
         row.update(fields)
         row = {
@@ -206,12 +207,12 @@ class Factory:
             "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, credential_ref,"
             " remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request, temporary_files,"
             " csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys, pgp_signing_key_ref,"
-            " host_keys, max_sessions)"
+            " host_keys, max_sessions, manifest)"
             " VALUES (%(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,"
             " %(credential_ref)s, %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s,"
             " %(max_write_request)s, %(temporary_files)s, %(csv_header)s, %(csv_delimiter)s, %(csv_columns)s,"
             " %(compression)s, %(pgp_recipient_keys)s, %(pgp_signing_key_ref)s, %(host_keys)s::text[],"
-            " %(max_sessions)s::int)",
+            " %(max_sessions)s::int, %(manifest)s)",
             row,
         )
         if enabled:

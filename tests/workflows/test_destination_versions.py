@@ -25,6 +25,8 @@ import pytest
 from domain.models import AuthorizationResult, EventKind, JobStatus
 from service.auth import Caller
 from service.destinations import Destinations, EditDestination
+from service.exports import Exports
+from service.outcomes import Kind
 from testbed.sftp import Sshd, TcpProxy
 from tests.fix_sftp import target_on
 from tests.workflows.harness import Harness, SftpTarget
@@ -67,8 +69,12 @@ def admin_of(tenant_id: uuid.UUID) -> Caller:
 async def move_to(
     harness: Harness, tenant_id: uuid.UUID, destination_id: uuid.UUID, to: Endpoint, version: int
 ):
-    """An admin moves the destination to another host and directory (a delivery term), from ``version``."""
-    answer = await Destinations(harness.factory.api).edit(
+    """An admin moves the destination to another host and directory (a delivery term), from ``version``; a change
+    of where deliveries go takes two admins (issue #26.3): asked by one, made when another approves it."""
+    exports = Exports(harness.factory.api)
+    for name in ("ada.admin", "ann.admin"):
+        await harness.factory.principal(tenant_id, name, "admin")
+    asked = await Destinations(exports.store, approvals=exports.approvals).edit(
         admin_of(tenant_id),
         destination_id,
         EditDestination(
@@ -76,6 +82,9 @@ async def move_to(
         ),
         f'"{version}"',
     )
+    assert asked.kind == Kind.ACCEPTED, asked.body
+    second = Caller(tenant_id=tenant_id, principal="ann.admin", role="admin")
+    answer = await exports.approvals.approve(second, uuid.UUID(asked.body["approval"]["id"]))
     assert answer.ok and answer.body["delivery_changed"] is True, answer.body
     return answer
 

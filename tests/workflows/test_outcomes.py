@@ -11,6 +11,7 @@ import uuid
 
 from domain.models import AuthorizationResult, EventKind, FailureCode, JobStatus
 from partner.local_server import LocalSftpServer
+from rules.retries import RetryPolicy
 from tests.workflows.harness import Harness
 from workflows.models import AttemptOutcome
 
@@ -108,7 +109,7 @@ async def test_an_occupied_final_name_ends_failed_and_is_never_overwritten(harne
     assert harness.files_on_disk() == []
 
 
-async def test_an_unreachable_partner_ends_failed_not_delivered(harness: Harness) -> None:
+async def test_an_unreachable_partner_is_not_delivered_and_waits_to_be_tried_again(harness: Harness) -> None:
     with socket.socket() as probe:  # a loopback port nothing listens on
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
@@ -116,9 +117,23 @@ async def test_an_unreachable_partner_ends_failed_not_delivered(harness: Harness
 
     result = await harness.run(job)
 
-    assert result.outcome == AttemptOutcome.FAILED and result.failure_code == FailureCode.NOT_DELIVERED
+    # Nothing was sent (no session opened), and a refused connect is transient (issue #25.4): the job goes back
+    # to the queue to be tried again after its backoff, the attempt counted as used.
+    assert (
+        result.outcome == AttemptOutcome.RETRY_SCHEDULED and result.failure_code == FailureCode.NOT_DELIVERED
+    )
     row = await harness.factory.job(job.id)
-    assert row.status == JobStatus.FAILED and row.failure_reason == FailureCode.NOT_DELIVERED
+    assert (row.status, row.attempt_id, row.attempt_count, row.attempts_released) == (
+        JobStatus.QUEUED,
+        None,
+        1,
+        0,
+    )
+    assert row.available_at is not None
+    [retry] = [
+        e for e in await harness.factory.worker.job_events(job.id) if e.kind == EventKind.RETRY_SCHEDULED
+    ]
+    assert retry.detail is not None and retry.detail.startswith("connect_refused: no SFTP session opened")
     assert harness.files_on_disk() == []
 
 
@@ -130,10 +145,14 @@ async def test_a_partner_whose_quota_is_full_and_drops_the_session_ends_failed_n
     # Failed NotDelivered from the fences, not an OutcomeUnknown waiting for a person forever.
     job = await harness.queue_export(contacts=5)
     local_sftp_server.set_quota(harness.sftp.local_dir, 0, drop_session=True)
+    # No space is transient (issue #25.4): with one attempt allowed, the retry is not made and the job ends here.
+    before = harness.host.activities.host.retry_policy
+    harness.host.activities.host.retry_policy = RetryPolicy(max_attempts=1)
     try:
         result = await harness.run(job)
     finally:
         local_sftp_server.clear_quota(harness.sftp.local_dir)
+        harness.host.activities.host.retry_policy = before
 
     assert result.outcome == AttemptOutcome.FAILED and result.failure_code == FailureCode.NOT_DELIVERED
     row = await harness.factory.job(job.id)
@@ -147,6 +166,8 @@ async def test_a_partner_whose_quota_is_full_and_drops_the_session_ends_failed_n
         "Failed NotDelivered: upload refused (status 4) before the rename fence; the fences prove it: "
         "the rename was never sent"
     )
+    # classified from the asyncssh quota's FAILURE (its answer spoke of a quota), not retried at the cap
+    assert finished.detail.endswith("not retried (no_space): try 1 of 1, the attempt cap")
     seen = [json.loads(e.detail or "{}") for e in events if e.kind == EventKind.DELIVERY_EVIDENCE]
     by_kind = {item["observation"]: item for item in seen}
     assert by_kind["upload"]["result"] == "refused"
