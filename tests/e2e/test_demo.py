@@ -253,6 +253,14 @@ async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: Dem
     if onboarding.manifest:
         assert sidecar.read_text() == f"{job['expected_file_sha256'].hex()}  {name}\n"
         assert block["manifest"] == f"sha256sum -c: {name}: OK"
+        manifest = json.loads((onboarding.incoming / f"{name}.manifest.json").read_text())
+        assert (manifest["export_id"], manifest["file"], manifest["bytes"], manifest["sha256"]) == (
+            str(job["id"]),
+            name,
+            job["expected_file_bytes"],
+            job["expected_file_sha256"].hex(),
+        )
+        assert (manifest["delivery_key"], manifest["rows"]) == (job["delivery_key"], evidence["rows"])
     else:
         assert not sidecar.exists()
         assert block["manifest"].startswith("none asked for")
