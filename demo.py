@@ -596,8 +596,7 @@ class Onboarding:
     recipient_fingerprint: str = ""  # the partner's OpenPGP key
     delivered: UUID | None = None  # the first export
     decrypted_sha256: str = ""  # sha256sum of what the partner's gpg --decrypt gave
-    manifest: bool = False  # whether the destination was asked for a manifest (branch 'manifest')
-    manifest_check: str = ""  # what sha256sum -c printed
+    manifest_check: str = ""  # what the partner's sha256sum -c printed
     waited: UUID | None = None  # the export that met the rotated key
     waiting_line: str = ""  # what `starter.py status` said of it while it waited
     transcript: list[str] = field(default_factory=list)  # every command typed and what it printed
@@ -652,13 +651,6 @@ class Operator:
         return await self.run("partner$", [*words.split(), *values], cwd=cwd)
 
 
-async def _manifest_supported(env: dict[str, str]) -> bool:
-    """MANIFEST STEP: whether ``starter.py destination add`` takes ``--manifest`` (issue #24.6, built on branch
-    ``manifest``). Until that branch is merged it does not, and the scenario asks for no manifest and runs no
-    ``sha256sum -c``; once it is, both switch on by themselves."""
-    return "--manifest" in await _output([sys.executable, str(STARTER), "destination", "add", "--help"], env)
-
-
 async def _run_onboarding(
     progress: Progress,
     onboarding: Onboarding,
@@ -706,12 +698,10 @@ async def _run_onboarding(
     # The partner's onboarding sheet gave a host key that is no longer the one its server presents.
     sheet_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
     onboarding.sheet_fingerprint = host_key_fingerprint(sheet_key) or ""
-    onboarding.manifest = await _manifest_supported(env)
-    manifest_option = ["--manifest", "both"] if onboarding.manifest else []  # MANIFEST STEP
     added = await ops.starter(
         f"destination add --as ada.admin --name {PARTNER} --host {partner.host} --port {partner.port}"
         f" --user {PARTNER} --remote-dir / --pgp-recipient-key {home / 'northwind.asc'}",
-        *manifest_option,
+        *("--manifest", "both"),  # a .sha256 sidecar and a JSON manifest, published after the file
         *("--host-key", sheet_key, "--credential-ref", str(partner.client_key_path)),
         *("--reason", "onboarding northwind: host key from its onboarding sheet"),
     )
@@ -741,18 +731,11 @@ async def _run_onboarding(
     await theirs.partner("ls -l incoming", cwd=home)
     await theirs.partner(f"gpg --batch --output contacts.csv --decrypt incoming/{name}", cwd=home)
     onboarding.decrypted_sha256 = (await theirs.partner("sha256sum contacts.csv", cwd=home)).split()[0]
-    if onboarding.manifest:  # MANIFEST STEP: the sidecar published after the file, as the partner checks it
-        onboarding.manifest_check = await theirs.partner(
-            f"sha256sum -c {name}.sha256", cwd=onboarding.incoming
-        )
+    # the sidecar published after the file, checked as the partner checks it
+    onboarding.manifest_check = await theirs.partner(f"sha256sum -c {name}.sha256", cwd=onboarding.incoming)
     evidence = await _authorized_evidence(admin_url, onboarding.delivered)
     plaintext = evidence["plaintext"]["sha256"]
     same = "the same" if plaintext == onboarding.decrypted_sha256 else "NOT the same"
-    manifest = (
-        f"sha256sum -c: {onboarding.manifest_check}"
-        if onboarding.manifest
-        else "none asked for: `destination add --manifest` comes with branch 'manifest'"
-    )
     ops.say(f"     export   {onboarding.delivered} to {PARTNER}")
     ops.say(
         f"     final    {job['status']}; attempts {job['attempt_count']}; partner has {name}, "
@@ -764,7 +747,7 @@ async def _run_onboarding(
         f"     decrypted contacts.csv: sha256 {onboarding.decrypted_sha256}, {same} as the evidence's"
         " plaintext sha256"
     )
-    ops.say(f"     manifest {manifest}")
+    ops.say(f"     manifest sha256sum -c: {onboarding.manifest_check}")
 
     # The partner rotates its server's host key without telling us in time.
     new_key = await partner.restart_with_new_host_key()

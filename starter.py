@@ -1497,5 +1497,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def _exit(code: int) -> None:
+    """End the process with ``code``. A process that loaded Temporal's client bridge (a connection test, the stop
+    signal of a cancel, the demo, serve) may have Rust threads left that crash the interpreter's finalization
+    after the answer was printed ("Fatal Python error: PyGILState_Release ... finalizing", SIGABRT: temporalio
+    sdk-python issue 300; the demo's onboarding met it about once in five runs of `destination test`), so its
+    exit code would lie: such a process skips finalization once its logs and output are flushed."""
+    if "temporalio.bridge.temporal_sdk_bridge" in sys.modules:
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

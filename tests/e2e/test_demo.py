@@ -120,9 +120,10 @@ async def test_every_printed_outcome_matches_the_database():
 
 async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: DemoContext) -> None:
     """Scenario 7, onboarding: through starter.py, a destination created by the admin with the partner's OpenPGP
-    key and a stale host key; a connection test showing the presented key not pinned; the key pinned (asked by one
-    admin, approved by another: a recorded version); the destination resumed; an export delivered encrypted to the partner's key. The partner's own
-    gpg --decrypt gives the CSV whose SHA-256 cutoff 2 recorded."""
+    key, both manifests and a stale host key; a connection test showing the presented key not pinned; the key
+    pinned (asked by one admin, approved by another: a recorded version); the destination resumed; an export
+    delivered encrypted to the partner's key. The partner's own gpg --decrypt gives the CSV whose SHA-256 cutoff 2
+    recorded, and its sha256sum -c passes on the sidecar."""
     onboarding = ctx.onboarding
     assert onboarding is not None and onboarding.destination_id is not None
     transcript = "\n".join(onboarding.transcript)
@@ -162,7 +163,7 @@ async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: Dem
         onboarding.first_fingerprint,
         onboarding.rotated_fingerprint,
     ]
-    assert len(destination["pgp_recipient_keys"]) == 1
+    assert len(destination["pgp_recipient_keys"]) == 1 and destination["manifest"] == "both"
     versions = await (
         await conn.execute(
             "SELECT version, change, changed_by, changed_role, changed_fields FROM destination_versions"
@@ -248,22 +249,18 @@ async def _onboarded_from_the_command_line(conn, block: dict[str, str], ctx: Dem
     assert block["decrypted"] == (
         f"contacts.csv: sha256 {evidence['plaintext']['sha256']}, the same as the evidence's plaintext sha256"
     )
-    # MANIFEST STEP: once destinations take --manifest (branch 'manifest'), the sidecar is checked as well.
+    # Both manifests, published after the file: the partner's sha256sum -c passed on the sidecar.
     sidecar = onboarding.incoming / f"{name}.sha256"
-    if onboarding.manifest:
-        assert sidecar.read_text() == f"{job['expected_file_sha256'].hex()}  {name}\n"
-        assert block["manifest"] == f"sha256sum -c: {name}: OK"
-        manifest = json.loads((onboarding.incoming / f"{name}.manifest.json").read_text())
-        assert (manifest["export_id"], manifest["file"], manifest["bytes"], manifest["sha256"]) == (
-            str(job["id"]),
-            name,
-            job["expected_file_bytes"],
-            job["expected_file_sha256"].hex(),
-        )
-        assert (manifest["delivery_key"], manifest["rows"]) == (job["delivery_key"], evidence["rows"])
-    else:
-        assert not sidecar.exists()
-        assert block["manifest"].startswith("none asked for")
+    assert sidecar.read_text() == f"{job['expected_file_sha256'].hex()}  {name}\n"
+    assert block["manifest"] == f"sha256sum -c: {name}: OK"
+    manifest = json.loads((onboarding.incoming / f"{name}.manifest.json").read_text())
+    assert (manifest["export_id"], manifest["file"], manifest["bytes"], manifest["sha256"]) == (
+        str(job["id"]),
+        name,
+        job["expected_file_bytes"],
+        job["expected_file_sha256"].hex(),
+    )
+    assert (manifest["delivery_key"], manifest["rows"]) == (job["delivery_key"], evidence["rows"])
 
 
 async def _rotated_key_waited_then_delivered(conn, block: dict[str, str], ctx: DemoContext) -> None:
