@@ -13,9 +13,15 @@ runs six exports through the real system:
 5. the incident's own case: an export queued to ``partner-old``, whose contract ended, is Rejected by the
    policy check before any claim, and nothing is sent;
 6. pause and resume: with deliveries to ``partner-new`` paused, an export's wake-up leaves it Queued; the
-   resume wakes it and it is delivered.
+   resume wakes it and it is delivered;
+7. onboarding a partner from the command line (``starter.py`` in child processes, each command printed):
+   ``northwind``, a second local SFTP server, is added with its OpenPGP public key (made with Debian's gpg in
+   the partner's own GNUPGHOME), its connection tested (the presented key not pinned), the key pinned (a second
+   admin approves) and the destination resumed; an export is delivered encrypted and the partner decrypts and hashes it as it would.
+   Then the partner's server restarts with a new host key: an export waits Queued with the reason shown, and
+   is delivered after the admins pin the key and the operators release the worker's pause (two people each).
 
-Deliveries 1-4 and 6 go to ``partner-new``.
+Deliveries 1-4 and 6 go to ``partner-new``, 7's to ``northwind``.
 
 Each cancel is an HTTP request to the API, made at a named point of the worker (the activities' test
 seams ``after_load``, ``after_build``, ``before_upload``), so every run has the same story. For each export
@@ -84,6 +90,7 @@ class DemoContext:
     scenarios: list[Scenario]
     destinations: dict[str, UUID] = field(default_factory=dict)  # by name
     temporal_address: str = ""
+    onboarding: Onboarding | None = None  # scenario 7
 
 
 class Choreography:
@@ -197,7 +204,7 @@ async def run_demo(
     stop: asyncio.Event | None = None,
     default_ports: bool = True,
 ) -> list[Scenario]:
-    """Start everything, run the four scenarios, print what happened, and stop everything again.
+    """Start everything, run the seven scenarios, print what happened, and stop everything again.
 
     ``inspect`` is awaited with the running system before it stops (the demo's test checks the printed
     outcomes against the database there). With ``keep`` it waits for ``stop`` (Ctrl-C) before stopping.
@@ -221,7 +228,7 @@ async def run_demo(
     from worker import run_worker
     from workflows.models import SEARCH_ATTRIBUTE_NAMES
 
-    progress = Progress(out, total=8)
+    progress = Progress(out, total=9)
     plan = scenarios()
     async with contextlib.AsyncExitStack() as running:
         scratch = Path(tempfile.mkdtemp(prefix="fenced-demo-"))
@@ -284,6 +291,12 @@ async def run_demo(
         )
         destinations = {"partner-new": seeded.destination_id, "partner-old": old_destination}
         token = await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="sam.ops", role="operator")
+        # the admin who onboards a partner in scenario 7 (the command line acts with the role a principal holds)
+        await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="ada.admin", role="admin")
+        # and the second people the two-person rule asks for: another admin (a pin), another operator (the
+        # release of the worker's pause after a host key changed)
+        await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="ann.admin", role="admin")
+        await mint_token(admin_url, tenant_id=seeded.tenant_id, principal="olga.ops", role="operator")
 
         settings = settings.model_copy(
             update={
@@ -338,7 +351,25 @@ async def run_demo(
             else:
                 await _run_scenario(http, choreography, seeded, destinations, scenario)
             await _report(progress, number, scenario, exports.store, partner_root)
-        choreography.scripted = False
+        choreography.scripted = False  # the command line's exports are nobody's plan: no seam waits for one
+
+        progress(f"Onboarding partner {PARTNER} from the command line, then rotating its host key")
+        if shutil.which("gpg") is None:  # the worker encrypts with it too
+            raise RuntimeError("scenario 7 needs Debian's gnupg: apt-get install -y gnupg")
+        onboarding = Onboarding(workspace=scratch / PARTNER, incoming=scratch / PARTNER / "incoming")
+        northwind = LocalSftpServer(onboarding.incoming)
+        await northwind.start()
+        running.push_async_callback(northwind.stop)
+        running.callback(_stop_gpg_agent, onboarding.workspace / "gnupg")
+        cli_env = {
+            **os.environ,
+            "EXPORTS_DATABASE_URL": app_url,
+            "EXPORTS_TEMPORAL_ADDRESS": settings.temporal_address,
+            "EXPORTS_TEMPORAL_NAMESPACE": settings.temporal_namespace,
+            "EXPORTS_TASK_QUEUE": settings.task_queue,
+            "EXPORTS_TENANT": str(seeded.tenant_id),
+        }
+        await _run_onboarding(progress, onboarding, northwind, http, cli_env, seeded.list_name, admin_url)
 
         progress.say()
         progress.say(f"Console:          {api_url}/console   (sign in with the token below)")
@@ -362,6 +393,7 @@ async def run_demo(
             plan,
             destinations,
             temporal_address=settings.temporal_address,
+            onboarding=onboarding,
         )
         if inspect is not None:
             await inspect(context)
@@ -370,6 +402,18 @@ async def run_demo(
             await (stop or asyncio.Event()).wait()
         progress.say("Stopping everything the demo started.")
     return plan
+
+
+def _stop_gpg_agent(home: Path) -> None:
+    """Stop the agent the partner's gpg started in its home (before the home is removed)."""
+    import subprocess
+
+    if home.exists():
+        subprocess.run(
+            ["gpgconf", "--kill", "gpg-agent"],
+            env={**os.environ, "GNUPGHOME": str(home)},
+            capture_output=True,
+        )
 
 
 def _temporal_cli() -> str:
@@ -528,6 +572,307 @@ async def _report(
         f"     final    {scenario.final_status}; attempts {scenario.attempts}; "
         f"partner {'has ' + scenario.partner_file if scenario.partner_file else 'has no file'}"
     )
+
+
+# -- 7. Onboarding a partner from the command line -------------------------------------------------------
+
+PARTNER = "northwind"
+STARTER = Path(__file__).resolve().parent / "starter.py"
+PARTNER_UID = "Northwind Data <data@northwind.example>"
+
+
+@dataclass
+class Onboarding:
+    """The onboarding scenario: a partner's SFTP server onboarded through ``starter.py`` (connection test, pin,
+    resume), an encrypted delivery the partner decrypts and checks, then the partner's host key rotated: an
+    export waits Queued with the reason, and is delivered after pin and resume. What the test checks."""
+
+    workspace: Path  # the partner's own directory: its GnuPG home, its public key, what it decrypts
+    incoming: Path  # the directory its SFTP server serves (the destination's remote_dir "/")
+    destination_id: UUID | None = None
+    sheet_fingerprint: str = ""  # the key pinned at creation (the partner's sheet listed an old one)
+    first_fingerprint: str = ""  # what the server presented at the first connection test
+    rotated_fingerprint: str = ""  # the key the partner rotated to
+    recipient_fingerprint: str = ""  # the partner's OpenPGP key
+    delivered: UUID | None = None  # the first export
+    decrypted_sha256: str = ""  # sha256sum of what the partner's gpg --decrypt gave
+    manifest_check: str = ""  # what the partner's sha256sum -c printed
+    waited: UUID | None = None  # the export that met the rotated key
+    waiting_line: str = ""  # what `starter.py status` said of it while it waited
+    transcript: list[str] = field(default_factory=list)  # every command typed and what it printed
+
+
+class Operator:
+    """Runs ``starter.py`` as an operator types it, in a child process (never blocking the demo's loop, which
+    serves the partners and runs the worker), and prints the command and its answer."""
+
+    def __init__(self, progress: Progress, record: list[str], env: dict[str, str]) -> None:
+        self.progress = progress
+        self.record = record
+        self.env = env
+
+    def say(self, line: str) -> None:
+        self.record.append(line)
+        self.progress.say(line)
+
+    async def run(
+        self, prompt: str, argv: list[str], *, cwd: Path | None = None, shown: str | None = None
+    ) -> str:
+        """Run ``argv`` (printed after ``prompt``, or ``shown`` when given) and print its output, indented."""
+        import shlex
+
+        self.say(f"     {prompt} {shown or shlex.join(argv)}")
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=180)
+        text = out.decode(errors="replace").rstrip()
+        for line in text.splitlines():
+            self.say(f"       {line}")
+        if proc.returncode != 0:
+            raise RuntimeError(f"{shown or shlex.join(argv)} exited {proc.returncode}:\n{text}")
+        return text
+
+    async def starter(self, words: str, *values: str) -> str:
+        """``python starter.py WORDS VALUES...`` from the project's directory: ``words`` split at spaces, each of
+        ``values`` one argument (a key, a reason)."""
+        import shlex
+
+        args = [*words.split(), *values]
+        shown = "python starter.py " + shlex.join(args)
+        return await self.run("$", [sys.executable, str(STARTER), *args], cwd=STARTER.parent, shown=shown)
+
+    async def partner(self, words: str, *values: str, cwd: Path) -> str:
+        """A command the partner runs, in its own directory and GnuPG home."""
+        return await self.run("partner$", [*words.split(), *values], cwd=cwd)
+
+
+async def _run_onboarding(
+    progress: Progress,
+    onboarding: Onboarding,
+    partner: Any,
+    http: httpx.AsyncClient,
+    env: dict[str, str],
+    list_name: str,
+    admin_url: str,
+) -> None:
+    """Scenario 7: onboard partner ``northwind`` from the command line, deliver it an encrypted file it checks
+    as it would, then rotate its host key: the export that meets the new key waits, and is delivered after
+    two admins pin the key and two operators release the worker's pause (the two-person rule, issue #26.3)."""
+    import asyncssh
+
+    from domain.destination import host_key_fingerprint
+
+    ops = Operator(progress, onboarding.transcript, env)
+    progress.say()
+    progress.say(
+        f"  7. Onboarding a partner from the command line: {PARTNER}'s SFTP server, files encrypted to its"
+        " OpenPGP key, then its host key rotates"
+    )
+    progress.say(
+        "     (commands run with EXPORTS_DATABASE_URL, EXPORTS_TEMPORAL_ADDRESS and EXPORTS_TENANT set to the"
+        " demo's; ada.admin and ann.admin are admins, sam.ops and olga.ops operators)"
+    )
+    home = onboarding.workspace
+    (home / "gnupg").mkdir(mode=0o700)
+    theirs = Operator(progress, onboarding.transcript, {**env, "GNUPGHOME": str(home / "gnupg")})
+    # The partner makes its key pair and sends us the public key (no network: a file here).
+    await theirs.partner(
+        "gpg --batch --quiet --pinentry-mode loopback --passphrase",
+        "",  # no passphrase: a demo's key
+        "--quick-gen-key",
+        PARTNER_UID,
+        *"future-default default never".split(),
+        cwd=home,
+    )
+    await theirs.partner("gpg --armor --output northwind.asc --export data@northwind.example", cwd=home)
+    listing = await _output(["gpg", "--with-colons", "--list-keys", "data@northwind.example"], theirs.env)
+    onboarding.recipient_fingerprint = next(
+        line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")
+    )
+
+    # The partner's onboarding sheet gave a host key that is no longer the one its server presents.
+    sheet_key = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
+    onboarding.sheet_fingerprint = host_key_fingerprint(sheet_key) or ""
+    added = await ops.starter(
+        f"destination add --as ada.admin --name {PARTNER} --host {partner.host} --port {partner.port}"
+        f" --user {PARTNER} --remote-dir / --pgp-recipient-key {home / 'northwind.asc'}",
+        *("--manifest", "both"),  # a .sha256 sidecar and a JSON manifest, published after the file
+        *("--host-key", sheet_key, "--credential-ref", str(partner.client_key_path)),
+        *("--reason", "onboarding northwind: host key from its onboarding sheet"),
+    )
+    destination = _found(r"\(destination ([0-9a-f-]{36});", added)
+    onboarding.destination_id = UUID(destination)
+    tested = await ops.starter(f"destination test {destination} --as sam.ops")
+    presented_key = _found(r"host key presented\s+(\S+ \S+)", tested)
+    onboarding.first_fingerprint = host_key_fingerprint(presented_key) or ""
+    # Trusting a new key takes two admins: the pin waits for a second admin's approval.
+    asked = await ops.starter(
+        f"destination pin-key {destination} --as ada.admin --version 1 --key",
+        presented_key,
+        "--reason",
+        f"fingerprint {onboarding.first_fingerprint} read to us by northwind on the phone",
+    )
+    await ops.starter(f"approvals approve {_approval(asked)} --as ann.admin --reason", "fingerprint checked")
+    await ops.starter(f"destination test {destination} --as sam.ops")
+    await ops.starter(f"resume --destination {destination} --as sam.ops --reason", "connection checked")
+
+    # The first delivery: encrypted to the partner's key.
+    created = await ops.starter(f"create --destination {destination} --list {list_name} --as sam.ops")
+    onboarding.delivered = UUID(_found(r"export ([0-9a-f-]{36})", created))
+    await _until(http, onboarding.delivered, lambda view: view["export"]["status"] in _TERMINAL)
+    await ops.starter(f"status {onboarding.delivered} --as sam.ops")
+    job = await _job(admin_url, onboarding.delivered)
+    name = job["expected_file_name"]
+    await theirs.partner("ls -l incoming", cwd=home)
+    await theirs.partner(f"gpg --batch --output contacts.csv --decrypt incoming/{name}", cwd=home)
+    onboarding.decrypted_sha256 = (await theirs.partner("sha256sum contacts.csv", cwd=home)).split()[0]
+    # the sidecar published after the file, checked as the partner checks it
+    onboarding.manifest_check = await theirs.partner(f"sha256sum -c {name}.sha256", cwd=onboarding.incoming)
+    evidence = await _authorized_evidence(admin_url, onboarding.delivered)
+    plaintext = evidence["plaintext"]["sha256"]
+    same = "the same" if plaintext == onboarding.decrypted_sha256 else "NOT the same"
+    ops.say(f"     export   {onboarding.delivered} to {PARTNER}")
+    ops.say(
+        f"     final    {job['status']}; attempts {job['attempt_count']}; partner has {name}, "
+        f"{job['expected_file_bytes']:,} bytes"
+    )
+    recipients = ", ".join(evidence.get("recipients") or [])
+    ops.say(f"     recipients {recipients} (the partner's key: {onboarding.recipient_fingerprint})")
+    ops.say(
+        f"     decrypted contacts.csv: sha256 {onboarding.decrypted_sha256}, {same} as the evidence's"
+        " plaintext sha256"
+    )
+    ops.say(f"     manifest sha256sum -c: {onboarding.manifest_check}")
+
+    # The partner rotates its server's host key without telling us in time.
+    new_key = await partner.restart_with_new_host_key()
+    onboarding.rotated_fingerprint = host_key_fingerprint(new_key) or ""
+    ops.say(f"     partner  restarts its SFTP server with a new host key, {onboarding.rotated_fingerprint}")
+    created = await ops.starter(f"create --destination {destination} --list {list_name} --as sam.ops")
+    onboarding.waited = UUID(_found(r"export ([0-9a-f-]{36})", created))
+    await _until(
+        http,
+        onboarding.waited,
+        lambda view: view["export"]["status"] == "Queued" and "paused" in view["status_line"],
+    )
+    waiting = await ops.starter(f"status {onboarding.waited} --as sam.ops")
+    onboarding.waiting_line = waiting.splitlines()[1].strip()
+    switches = await ops.starter("switches --as sam.ops")
+    pause = _found(
+        rf"([0-9a-f-]{{36}})  destination +{destination}  by worker \S+ \[host key changed\]", switches
+    )
+    asked = await ops.starter(
+        f"destination pin-key {destination} --as ada.admin --version 2 --key",
+        new_key,
+        "--reason",
+        f"northwind rotated its host key to {onboarding.rotated_fingerprint} (confirmed by phone)",
+    )
+    await ops.starter(f"approvals approve {_approval(asked)} --as ann.admin --reason", "fingerprint checked")
+    # The worker's pause is not sam.ops's own: releasing it takes a second operator.
+    asked = await ops.starter(
+        f"resume --destination {destination} --pause {pause} --as sam.ops --reason", "new host key pinned"
+    )
+    await ops.starter(f"approvals approve {_approval(asked)} --as olga.ops --reason", "the new key is pinned")
+    await _until(http, onboarding.waited, lambda view: view["export"]["status"] in _TERMINAL)
+    await ops.starter(f"status {onboarding.waited} --as sam.ops")
+    job = await _job(admin_url, onboarding.waited)
+    released = job["attempts_released"]
+    replacements = await _replacements(admin_url, onboarding.waited)
+    ops.say(f"     rotated  {onboarding.waited} to {PARTNER}")
+    ops.say(f'     waited   Queued; "{onboarding.waiting_line}"')
+    ops.say(
+        f"     then     {job['status']}; attempts {job['attempt_count']} ({released} given back uncounted,"
+        f" {job['transient_releases']} counted); replacements {replacements};"
+        f" partner has {job['expected_file_name']}"
+    )
+
+
+_TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
+
+
+def _approval(asked: str) -> str:
+    """The approval a two-person action waits for, from its answer ("... (POST /approvals/<id>/approval) ...")."""
+    return _found(r"/approvals/([0-9a-f-]{36})/approval", asked)
+
+
+def _found(pattern: str, text: str) -> str:
+    import re
+
+    match = re.search(pattern, text)
+    if match is None:
+        raise RuntimeError(f"expected {pattern!r} in:\n{text}")
+    return match.group(1)
+
+
+async def _output(argv: list[str], env: dict[str, str]) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    out, _ = await proc.communicate()
+    return out.decode()
+
+
+async def _until(
+    http: httpx.AsyncClient, job_id: UUID, done: Callable[[dict[str, Any]], bool], within: float = 90
+) -> dict[str, Any]:
+    """The export's view once ``done`` holds for it (bounded)."""
+    deadline = time.monotonic() + within
+    while True:
+        view: dict[str, Any] = (await http.get(f"/exports/{job_id}")).json()
+        if done(view):
+            return view
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"export {job_id} is {view['export']['status']} after {within:.0f} s")
+        await asyncio.sleep(0.2)
+
+
+async def _job(admin_url: str, job_id: UUID) -> dict[str, Any]:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    async with await psycopg.AsyncConnection.connect(admin_url, row_factory=dict_row) as conn:
+        row = await (
+            await conn.execute("SELECT * FROM export_jobs WHERE id = %(j)s", {"j": job_id})
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+async def _authorized_evidence(admin_url: str, job_id: UUID) -> dict[str, Any]:
+    """The file evidence cutoff 2 recorded for the export's delivered attempt (hashes, sizes, recipients)."""
+    import json
+
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(admin_url) as conn:
+        row = await (
+            await conn.execute(
+                "SELECT detail FROM export_attempt_events WHERE job_id = %(j)s AND kind = 'DeliveryAuthorized'"
+                " ORDER BY recorded_at DESC LIMIT 1",
+                {"j": job_id},
+            )
+        ).fetchone()
+    assert row is not None
+    detail: dict[str, Any] = json.loads(row[0])
+    return detail
+
+
+async def _replacements(admin_url: str, job_id: UUID) -> int:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(admin_url) as conn:
+        row = await (
+            await conn.execute(
+                "SELECT count(*) FROM export_jobs WHERE replaces_job_id = %(j)s", {"j": job_id}
+            )
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def run_demo_cli(settings: Settings, *, keep: bool, contacts: int) -> int:

@@ -459,6 +459,8 @@ def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
         "manifest": args.manifest,
     }
     given = {k: v for k, v in fields.items() if v is not None}
+    if getattr(args, "pgp_recipient_keys", None):
+        given["pgp_recipient_keys"] = args.pgp_recipient_keys
     if getattr(args, "clear_ack_suffix", False):
         given["ack_suffix"] = None
     if getattr(args, "open_ended", False):
@@ -499,6 +501,10 @@ def _render_destination(answer: Any) -> str:
         + f"; deliveries {d['deliveries']}",
     ]
     shown = {k: v for k, v in d.items() if k not in {"id", "name", "version", "links", "deliveries"}}
+    if d.get("pgp_recipient_keys"):  # armored blocks: public, but many lines each
+        shown["pgp_recipient_keys"] = f"{len(d['pgp_recipient_keys'])} armored OpenPGP public key(s)"
+    if d.get("paused_because"):
+        shown["deliveries"] = f"paused: {d['paused_because']}"
     lines += [f"  {k:<24} {'-' if v is None else v}" for k, v in shown.items()]
     for v in answer.body.get("versions", []):
         lines.append(
@@ -1065,6 +1071,19 @@ def _boolean(value: str) -> bool:
     return value.lower() == "true"
 
 
+def _armored_key_file(path: str) -> str:
+    """The text of a public key file (read here: the key itself is stored, a public key is not a secret)."""
+    try:
+        with open(path, encoding="ascii") as key:
+            return key.read()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:  # never echo the bytes: they may be anything, a secret key too
+        raise argparse.ArgumentTypeError(
+            f"{path!r} is not an ASCII-armored key (gpg --armor --export)"
+        ) from None
+
+
 def _date(value: str) -> date:
     try:
         return date.fromisoformat(value)
@@ -1241,6 +1260,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = destination_action("add", "create a destination (it starts paused: resume it once checked)")
     contract_options(sub, required=True)
+    sub.add_argument(
+        "--pgp-recipient-key",
+        dest="pgp_recipient_keys",
+        action="append",
+        type=_armored_key_file,
+        metavar="FILE",
+        help="a file holding the partner's ASCII-armored OpenPGP public key (gpg --armor --export): files are "
+        "encrypted to it (repeat for more keys; set at creation only)",
+    )
     sub.add_argument("--reason", help="why (recorded with version 1)")
     sub.add_argument("--idempotency-key", help="reuse on retry to get the first destination back")
     destination_action(
@@ -1469,5 +1497,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
+def _exit(code: int) -> None:
+    """End the process with ``code``. A process that loaded Temporal's client bridge (a connection test, the stop
+    signal of a cancel, the demo, serve) may have Rust threads left that crash the interpreter's finalization
+    after the answer was printed ("Fatal Python error: PyGILState_Release ... finalizing", SIGABRT: temporalio
+    sdk-python issue 300; the demo's onboarding met it about once in five runs of `destination test`), so its
+    exit code would lie: such a process skips finalization once its logs and output are flushed."""
+    if "temporalio.bridge.temporal_sdk_bridge" in sys.modules:
+        import os
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -392,6 +392,7 @@ _NOT_SETTINGS = frozenset(
         "links",
         "name",
         "deliveries",
+        "paused_because",
         "version",
         "delivery_version",
         "host_keys",

@@ -197,6 +197,7 @@ class DestinationRecord(Row):
     version: int
     settings: dict[str, Any]
     enabled: bool | None
+    paused_because: str | None = None  # the reason of its switch's pause, while paused (None: never enabled)
     # when its delivery window opens next, as of window_checked_at (the same instant when it is open; 0035)
     window_checked_at: datetime | None = None
     window_opens_at: datetime | None = None

@@ -82,7 +82,7 @@ created AS (
     INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,
                               remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
                               temporary_files, contract_starts_on, contract_ends_on, max_sessions,
-                              intake_time_zone, intake_hours, blackout_dates, manifest)
+                              intake_time_zone, intake_hours, blackout_dates, manifest, pgp_recipient_keys)
     SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,
            %(host_keys)s::text[], %(credential_ref)s,
            %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s::text,
@@ -93,7 +93,9 @@ created AS (
            coalesce(%(intake_time_zone)s::text, 'UTC'), %(intake_hours)s::text[],
            coalesce(%(blackout_dates)s::date[], ARRAY[]::date[]),
            -- the manifest published beside each file (0037): none unless asked for
-           coalesce(%(manifest)s::text, 'none')
+           coalesce(%(manifest)s::text, 'none'),
+           -- the partner's OpenPGP keys (0020), at creation only: exports_api may not update the column
+           coalesce(%(pgp_recipient_keys)s::text[], ARRAY[]::text[])
     WHERE NOT EXISTS (SELECT 1 FROM earlier)
     RETURNING *),
 recorded AS (
@@ -167,16 +169,20 @@ RETURNING version;
 -- name: get_tenant_destination
 -- One destination of the tenant as it is now, every column as JSON (the service shows a reference as set or
 -- unset, never its value), with whether its delivery switch is on and no pause of its own holds it (no switch
--- row: never enabled, so paused), how many of its session slots are held now (0029), and when its delivery
--- window opens next (now, when it is open; 0035).
+-- row: never enabled, so paused), what holds it when something does (the latest pause's reason, a worker's
+-- "host key changed: presented SHA256:..." too, so a Queued export to it says why it waits), how many of its
+-- session slots are held now (0029), and when its delivery window opens next (now, when it is open; 0035).
 SELECT d.id, d.version, to_jsonb(d) - 'intake_week' AS settings,
        (SELECT s.enabled FROM delivery_switches s
         WHERE s.scope = 'destination' AND s.tenant_id = d.tenant_id AND s.destination_id = d.id)
-       AND delivery_scope_hold('destination', d.tenant_id, d.id) IS NULL AS enabled,
+       AND h.hold IS NULL AS enabled,
+       h.hold AS paused_because,
        (SELECT count(*) FROM destination_session_slots s
         WHERE s.destination_id = d.id AND session_slot_held(s))::int AS sessions_in_use,
        w.at AS window_checked_at, next_window_opening(d, w.at) AS window_opens_at
-FROM destinations d, (SELECT clock_timestamp() AS at) w
+FROM destinations d
+CROSS JOIN (SELECT clock_timestamp() AS at) w
+CROSS JOIN LATERAL (SELECT delivery_scope_hold('destination', d.tenant_id, d.id) AS hold) h
 WHERE d.tenant_id = %(tenant_id)s AND d.id = %(destination_id)s;
 
 -- name: principal_role

@@ -124,6 +124,7 @@ class LocalSftpServer:
         self._key_dir: Path | None = None
         self._acceptor: asyncssh.SSHAcceptor | None = None
         self._quotas: dict[Path, Quota] = {}
+        self._authorized: asyncssh.SSHAuthorizedKeys | None = None
 
     async def start(self) -> None:
         """Generate the host and client keys and start listening (``port`` 0 picks a free one)."""
@@ -132,20 +133,36 @@ class LocalSftpServer:
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         self.host_key_line = host_key.export_public_key("openssh").decode().strip()
         self.client_key_path = self.new_client_key()
-        authorized = asyncssh.import_authorized_keys(
+        self._authorized = asyncssh.import_authorized_keys(
             (self.client_key_path.with_suffix(".pub")).read_text(encoding="ascii")
         )
+        await self._listen(host_key)
+
+    async def _listen(self, host_key: asyncssh.SSHKey) -> None:
         self._acceptor = await asyncssh.listen(
             self.host,
             self.port,
             server_host_keys=[host_key],
-            authorized_client_keys=authorized,
+            authorized_client_keys=self._authorized,
             sftp_factory=functools.partial(
                 _PartnerSftp, root=self.root, ack_suffix=self.ack_suffix, quotas=self._quotas
             ),
             allow_scp=False,
         )
         self.port = self._acceptor.get_port()
+
+    async def restart_with_new_host_key(self) -> str:
+        """Restart on the same port with a newly generated host key, as a partner rotating its server's key
+        does: open sessions are closed, the directory and the authorized client key stay. Returns the new
+        public key line (what an admin pins once the partner confirms its fingerprint)."""
+        if self._acceptor is None:
+            raise RuntimeError("start() the server first")
+        self._acceptor.close()
+        await self._acceptor.wait_closed()
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.host_key_line = host_key.export_public_key("openssh").decode().strip()
+        await self._listen(host_key)
+        return self.host_key_line
 
     def set_quota(self, directory: Path, limit_bytes: int, *, drop_session: bool = False) -> None:
         """Give ``directory`` (on this machine's disk, under ``root``) a quota: from now on a write that would

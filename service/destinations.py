@@ -55,6 +55,7 @@ from domain.audit import (
 )
 from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint, normalized_host_key
 from domain.evidence import ConnectionReport
+from domain.file_format import ARMORED_PUBLIC_KEY
 from domain.manifest import ManifestChoice
 from service.approvals import Approvals, Subject
 from service.audit import Ledger, answered
@@ -128,6 +129,9 @@ _SESSIONS_OR_NULL: dict[str, Any] = {
     "anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_SESSIONS}, {"type": "null"}]
 }
 HostKeys = Annotated[list[HostKey], Field(min_length=1, max_length=MAX_PINNED_KEYS)]
+MAX_RECIPIENT_KEYS = 10  # 0020's armored_public_keys_ok() allows as many
+RecipientKey = Annotated[str, StringConstraints(min_length=1, max_length=100_000)]
+RecipientKeys = Annotated[list[RecipientKey], Field(min_length=1, max_length=MAX_RECIPIENT_KEYS)]
 
 # Fields whose null means something (no acknowledgment file; an open-ended contract; intake at any hour; no
 # session limit); every other field a PATCH names must have a value.
@@ -223,6 +227,13 @@ class CreateDestination(DestinationFields):
     max_write_request: WriteRequest = 32768
     temporary_files: TemporaryFiles = "keep"
     manifest: ManifestChoice = "none"
+    # Set at creation only: exports_api may insert the column (0021) but not update it, so changing a
+    # destination's keys later needs a migration granting that (and an edit statement naming the column).
+    pgp_recipient_keys: RecipientKeys | None = Field(
+        default=None,
+        description="The partner's OpenPGP public keys, each an ASCII-armored public key block (public keys are "
+        "not secrets): files are encrypted to every one of them. Set at creation only",
+    )
     reason: Reason = Field(default="created", description="Why (recorded with the first version)")
 
 
@@ -302,6 +313,9 @@ def value_problem(fields: Mapping[str, Any]) -> str | None:
     host_key = fields.get("host_key")
     if isinstance(host_key, str) and ("PRIVATE" in host_key.upper() or host_key_blob(host_key) is None):
         return "host_key must be the server's public key line, '<type> <base64>', as ssh-keyscan prints it"
+    recipient_keys = fields.get("pgp_recipient_keys")
+    if isinstance(recipient_keys, list) and not all(map(_armored_public_key, recipient_keys)):
+        return "each of pgp_recipient_keys must be an ASCII-armored OpenPGP public key block (gpg --armor --export)"
     time_zone = fields.get("intake_time_zone")
     if isinstance(time_zone, str) and time_zone not in _known_time_zones():
         return "intake_time_zone must be an IANA time zone name, such as Europe/Berlin or UTC"
@@ -314,6 +328,16 @@ def value_problem(fields: Mapping[str, Any]) -> str | None:
         if len({normalized_host_key(k) for k in host_keys}) != len(host_keys):
             return "host_keys names one key twice"
     return None
+
+
+def _armored_public_key(key: object) -> bool:
+    """One armored public key block and never a secret one (0020's ``armored_public_keys_ok`` reads keys alike)."""
+    return (
+        isinstance(key, str)
+        and key.startswith(ARMORED_PUBLIC_KEY)
+        and "-----END PGP PUBLIC KEY BLOCK-----" in key
+        and "PRIVATE KEY" not in key.upper()
+    )
 
 
 def _known_time_zones() -> frozenset[str]:
@@ -363,6 +387,7 @@ def destination_json(record: DestinationRecord) -> dict[str, Any]:
         ],
         "sessions_in_use": record.sessions_in_use,
         "deliveries": "enabled" if record.enabled else "paused",
+        "paused_because": record.paused_because,  # the pause's reason (None: enabled, or never enabled)
         "links": {"self": f"/destinations/{record.id}", "console": f"/console/destinations/{record.id}"},
     }
 
@@ -930,6 +955,9 @@ _CONTRACT_CHECKS = {
         "intake_hours: 1 to 50 entries like 'Mon-Fri 08:00-18:00', each opening and closing at different times"
     ),
     "ck_destinations_blackout_dates": "blackout_dates: at most 366 dates",
+    "ck_destinations_pgp_recipient_keys": (
+        f"pgp_recipient_keys: at most {MAX_RECIPIENT_KEYS} ASCII-armored OpenPGP public key blocks"
+    ),
 }
 
 

@@ -56,6 +56,7 @@ from service.signals import NoSignaller, StopSignaller, TemporalStopSignaller, s
 from service.views import (
     TERMINAL_STATUSES,
     DeliveryWindowState,
+    DestinationPause,
     TimelineEntry,
     cancellation_message,
     count_text,
@@ -293,14 +294,17 @@ class Exports:
         destination = destinations.get(job.destination_id, str(job.destination_id))
         latest = requests[-1] if requests else None
         tenant_name = await self.tenant_name(caller.tenant_id)
-        window = None
+        window = paused = None
         if job.status == JobStatus.QUEUED:
-            # why a Queued export waits, when its partner takes no deliveries now (issue #25.2)
+            # why a Queued export waits, when its partner takes no deliveries now (issue #25.2) or its
+            # destination is paused (a changed host key, issue #24.4)
             record = await self.store.get_tenant_destination(caller.tenant_id, job.destination_id)
             if record is not None:
                 window = DeliveryWindowState.from_settings(
                     record.settings, record.window_checked_at, record.window_opens_at
                 )
+                if not record.enabled:
+                    paused = DestinationPause(destination, record.paused_because)
         return Detail(
             job=job,
             events=events,
@@ -309,7 +313,7 @@ class Exports:
             destination_name=destination,
             entries=timeline(job, events, requests, tenant_name=tenant_name, destination_name=destination),
             message=cancellation_message(latest, job, events, destination) if latest else None,
-            status_line=status_line(job, events, window),
+            status_line=status_line(job, events, window, paused),
             links=temporal_ui_links(self.temporal_ui_url, self.namespace, job),
         )
 

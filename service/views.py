@@ -263,10 +263,19 @@ class DeliveryWindowState:
         return f"{why}; next opening {when}"
 
 
-def status_line(job: ExportJob, events: list[AttemptEvent], window: DeliveryWindowState | None = None) -> str:
+def status_line(
+    job: ExportJob,
+    events: list[AttemptEvent],
+    window: DeliveryWindowState | None = None,
+    paused: DestinationPause | None = None,
+) -> str:
     """A one-line summary of where the export is now, from the row (and, for a Queued export, its
-    destination's delivery window when the caller read it)."""
+    destination's delivery window and switch when the caller read them)."""
     match job.status:
+        case JobStatus.QUEUED if paused is not None:
+            # the claim makes no attempt while its destination is paused (a worker's pause for a changed host
+            # key too, issue #24.4); the resume wakes it
+            return f"Queued (v{job.version}): {paused.why_waiting()}."
         case JobStatus.QUEUED if window is not None and window.closed:
             # issue #25.2: the claim makes no attempt outside the window; the export waits for its opening
             return f"Queued (v{job.version}): {window.why_waiting()}."
@@ -313,6 +322,21 @@ def status_line(job: ExportJob, events: list[AttemptEvent], window: DeliveryWind
             return f"Failed: {gave_up(job, events)}."
         case _:
             return f"{job.status.value}{_code(job)}."
+
+
+@dataclass(frozen=True)
+class DestinationPause:
+    """A Queued export's destination whose delivery switch is off, and why (``reason`` None: never resumed
+    since it was created)."""
+
+    destination_name: str
+    reason: str | None
+
+    def why_waiting(self) -> str:
+        """ "deliveries to northwind are paused: host key changed: presented SHA256:...; it waits for a resume"."""
+        if self.reason is None:
+            return f"deliveries to {self.destination_name} were never resumed since it was created"
+        return f"deliveries to {self.destination_name} are paused: {self.reason}; it waits for a resume"
 
 
 def _waiting_to_retry(events: list[AttemptEvent]) -> str:

@@ -454,6 +454,85 @@ async def test_the_command_line_refuses_a_secret_as_a_reference_without_repeatin
     assert "c2VjcmV0" not in out + err
 
 
+async def test_a_destination_is_created_with_the_partners_openpgp_keys_which_no_edit_can_name(
+    database, factory, acme, partner_key, client, tmp_path
+):
+    armored = tmp_path / "partner.asc"
+    armored.write_text(partner_key.public_key, encoding="ascii")
+    add = [
+        "--json",
+        "destination",
+        "add",
+        "--name",
+        "partner-pgp",
+        "--host",
+        "sftp.pgp.example",
+        "--user",
+        "drop",
+    ]
+    add += ["--host-key", HOST_KEY, "--credential-ref", SECRET_PATH, "--remote-dir", "/in"]
+
+    code, out, err = await starter(
+        database, *add, "--pgp-recipient-key", str(armored), tenant=acme.id, principal="ada.admin@acme"
+    )
+
+    assert code == 0, err
+    created = json.loads(out)["destination"]
+    [version] = (await recorded(factory, created["id"]))["versions"]
+    assert version["after"]["pgp_recipient_keys"] == [partner_key.public_key]
+    code, out, _ = await starter(
+        database, "destination", "show", created["id"], tenant=acme.id, principal="vic.view@acme"
+    )
+    assert re.search(r"^  pgp_recipient_keys +1 armored OpenPGP public key\(s\)$", out, re.MULTILINE), out
+
+    # Anything but an armored public key block is refused before anything is written, and never repeated.
+    secret = "-----BEGIN PGP PRIVATE KEY BLOCK-----\nc2VjcmV0\n-----END PGP PRIVATE KEY BLOCK-----\n"
+    r = await client.post(
+        "/destinations",
+        json=new_destination(pgp_recipient_keys=[secret]),
+        headers={**acme.admin, "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert r.status_code == 422 and "pgp_recipient_keys" in r.text and "c2VjcmV0" not in r.text
+    # The keys are set at creation only: exports_api may not update the column, and an edit cannot name it.
+    r = await client.patch(
+        f"/destinations/{created['id']}",
+        json={"pgp_recipient_keys": [partner_key.public_key], "reason": "new key"},
+        headers={**acme.admin, "If-Match": '"1"'},
+    )
+    assert r.status_code == 422
+    assert len((await recorded(factory, created["id"]))["versions"]) == 1
+
+
+async def test_a_queued_export_to_a_paused_destination_says_why_it_waits(client, factory, acme):
+    job = await factory.queued(acme.id, acme.destination_id)
+    switch = {"scope": "destination", "destination_id": str(acme.destination_id)}
+    reason = "host key changed: presented SHA256:ggJkj0aBYWKw2tgMhwyOxYev6LYU8T5nPJU1Hd2oRAM"
+    paused = await client.post("/switches/pause", json={**switch, "reason": reason}, headers=acme.operator)
+    assert paused.status_code == 200, paused.text
+
+    view = (await client.get(f"/exports/{job.id}", headers=acme.viewer)).json()
+    shown = (await client.get(f"/destinations/{acme.destination_id}", headers=acme.viewer)).json()[
+        "destination"
+    ]
+
+    name = shown["name"]
+    assert (
+        view["status_line"]
+        == f"Queued (v1): deliveries to {name} are paused: {reason}; it waits for a resume."
+    )
+    assert (shown["deliveries"], shown["paused_because"]) == ("paused", reason)
+    resumed = await client.post(
+        "/switches/resume", json={**switch, "reason": "pinned"}, headers=acme.operator
+    )
+    assert resumed.status_code == 200, resumed.text
+    view = (await client.get(f"/exports/{job.id}", headers=acme.viewer)).json()
+    shown = (await client.get(f"/destinations/{acme.destination_id}", headers=acme.viewer)).json()[
+        "destination"
+    ]
+    assert (shown["deliveries"], shown["paused_because"]) == ("enabled", None)
+    assert view["status_line"] == "Queued (v1), waiting for a worker."
+
+
 # -- the console ------------------------------------------------------------------------------------------
 
 
