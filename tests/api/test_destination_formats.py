@@ -20,7 +20,9 @@ from tests.api.test_destinations import create, recorded
 from tests.api.test_starter import starter
 
 SIGNING_REF = "/etc/fenced-exports/keys/acme-signing.asc"
-SECRET_BLOCK = "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nc2VjcmV0IGtleQ==\n-----END PGP PRIVATE KEY BLOCK-----\n"
+SECRET_BLOCK = (
+    "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nc2VjcmV0IGtleQ==\n-----END PGP PRIVATE KEY BLOCK-----\n"
+)
 # An armored block in form, but no key inside: gpg refuses it, as the builder would.
 NOT_A_KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nbm90IGEga2V5\n-----END PGP PUBLIC KEY BLOCK-----\n"
 
@@ -156,7 +158,15 @@ async def test_the_command_line_sets_the_format_and_rotates_the_key_with_a_secon
     new.write_text(second_partner_key.public_key, encoding="ascii")
     add = ["--json", "destination", "add", "--name", f"p-{uuid.uuid4().hex[:6]}", "--host", "h.example"]
     add += ["--user", "u", "--host-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPkLLBUVE9SUkdp3lQTifL94fdkAhpAlZBUlQmAzSPsD"]  # fmt: skip
-    add += ["--credential-ref", "/keys/login", "--remote-dir", "/in", "--no-csv-header", "--csv-delimiter", "tab"]
+    add += [
+        "--credential-ref",
+        "/keys/login",
+        "--remote-dir",
+        "/in",
+        "--no-csv-header",
+        "--csv-delimiter",
+        "tab",
+    ]
     add += ["--csv-columns", "email,last_name", "--compression", "gzip", "--pgp-recipient-key", str(old)]
     add += ["--pgp-signing-key-ref", SIGNING_REF]
     admin = {"tenant": acme.id, "principal": "ada.admin@acme"}

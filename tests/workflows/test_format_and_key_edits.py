@@ -112,7 +112,9 @@ async def test_a_format_edit_after_cutoff_2_leaves_the_upload_on_the_version_it_
     assert (row.status, row.destination_version, row.attempt_count) == (JobStatus.COMPLETED, 1, 1)
     [delivered] = harness.partner_files(job)
     text = delivered.read_text()
-    assert delivered.name == row.expected_file_name == job.final_name  # not gzipped: the version authorized had no compression
+    assert (
+        delivered.name == row.expected_file_name == job.final_name
+    )  # not gzipped: the version authorized had no compression
     assert text.startswith("email,first_name,last_name\n") and text.count("\n") == 6 and ";" not in text
     events = await harness.factory.worker.job_events(job.id)
     [authorized] = [e for e in events if e.kind == EventKind.DELIVERY_AUTHORIZED]
