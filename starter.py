@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from domain.audit import AuditAction, SubjectKind
+from domain.file_format import CONTACT_COLUMNS
 from domain.manifest import MANIFEST_CHOICES
 from service.outcomes import Kind
 from service.permissions import ROLES
@@ -435,6 +436,10 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 # -- destinations (an admin's) ------------------------------------------------------------------------
 
 
+# The delimiters a destination's CSV may use, as the command line names them (a tab is hard to type).
+_DELIMITERS = {"comma": ",", "semicolon": ";", "pipe": "|", "tab": "\t"}
+
+
 def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The contract fields given on the command line (those left out are not in the dict)."""
     fields = {
@@ -457,10 +462,20 @@ def _destination_fields(args: argparse.Namespace) -> dict[str, Any]:
         "blackout_dates": args.blackout_dates,
         "max_sessions": args.max_sessions,
         "manifest": args.manifest,
+        # what the partner receives (issue #24.5)
+        "csv_header": args.csv_header,
+        "csv_delimiter": _DELIMITERS.get(args.csv_delimiter, args.csv_delimiter),
+        "csv_columns": args.csv_columns,
+        "compression": args.compression,
+        "pgp_signing_key_ref": args.pgp_signing_key_ref,
     }
     given = {k: v for k, v in fields.items() if v is not None}
     if getattr(args, "pgp_recipient_keys", None):
         given["pgp_recipient_keys"] = args.pgp_recipient_keys
+    if getattr(args, "no_pgp_recipient_keys", False):
+        given["pgp_recipient_keys"] = []
+    if getattr(args, "no_pgp_signing_key", False):
+        given["pgp_signing_key_ref"] = None
     if getattr(args, "clear_ack_suffix", False):
         given["ack_suffix"] = None
     if getattr(args, "open_ended", False):
@@ -501,8 +516,16 @@ def _render_destination(answer: Any) -> str:
         + f"; deliveries {d['deliveries']}",
     ]
     shown = {k: v for k, v in d.items() if k not in {"id", "name", "version", "links", "deliveries"}}
-    if d.get("pgp_recipient_keys"):  # armored blocks: public, but many lines each
-        shown["pgp_recipient_keys"] = f"{len(d['pgp_recipient_keys'])} armored OpenPGP public key(s)"
+    if "pgp_recipient_keys" in d:  # by fingerprint, as gpg computes it: never the armored block
+        shown["pgp_recipient_keys"] = (
+            ", ".join(k["fingerprint"] or "(a key gpg cannot use)" for k in d["pgp_recipient_keys"]) or "none"
+        )
+    if "csv_delimiter" in d:
+        shown["csv_delimiter"] = {v: k for k, v in _DELIMITERS.items()}.get(
+            d["csv_delimiter"], d["csv_delimiter"]
+        )
+    if isinstance(d.get("csv_columns"), list):
+        shown["csv_columns"] = ",".join(d["csv_columns"])
     if d.get("paused_because"):
         shown["deliveries"] = f"paused: {d['paused_because']}"
     lines += [f"  {k:<24} {'-' if v is None else v}" for k, v in shown.items()]
@@ -1084,6 +1107,17 @@ def _armored_key_file(path: str) -> str:
         ) from None
 
 
+def _csv_columns(value: str) -> list[str]:
+    """``email,first_name``: contact columns, each once (the service checks them again)."""
+    columns = [c.strip() for c in value.split(",")]
+    unknown = [c for c in columns if c not in CONTACT_COLUMNS]
+    if unknown or not columns or len(set(columns)) != len(columns):
+        raise argparse.ArgumentTypeError(
+            f"give one to three of {','.join(CONTACT_COLUMNS)}, comma-separated, each once"
+        )
+    return columns
+
+
 def _date(value: str) -> date:
     try:
         return date.fromisoformat(value)
@@ -1257,18 +1291,46 @@ def build_parser() -> argparse.ArgumentParser:
             help="what is published beside each file after its rename: none, sha256 (a sidecar for "
             "sha256sum -c), json, or both (a delivery term: an edit during a build rebuilds the file)",
         )
+        # What the partner receives (issue #24.5): each a delivery term, like the manifest.
+        header = sub.add_mutually_exclusive_group()
+        header.add_argument(
+            "--csv-header",
+            dest="csv_header",
+            action="store_const",
+            const=True,
+            help="a first line naming the columns",
+        )
+        header.add_argument(
+            "--no-csv-header", dest="csv_header", action="store_const", const=False, help="no header line"
+        )
+        sub.add_argument(
+            "--csv-delimiter", choices=list(_DELIMITERS), help="the CSV's delimiter (default comma)"
+        )
+        sub.add_argument(
+            "--csv-columns",
+            type=_csv_columns,
+            metavar="COLUMN[,COLUMN...]",
+            help=f"the contact columns the partner receives, in order, each once: any of {','.join(CONTACT_COLUMNS)}",
+        )
+        sub.add_argument("--compression", choices=["none", "gzip"], help="gzip the file (.csv.gz) or not")
+        sub.add_argument(
+            "--pgp-recipient-key",
+            dest="pgp_recipient_keys",
+            action="append",
+            type=_armored_key_file,
+            metavar="FILE",
+            help="a file holding the partner's ASCII-armored OpenPGP public key (gpg --armor --export): files are "
+            "encrypted to it (repeat for more keys; an edit replaces them all, and takes a second admin)",
+        )
+        sub.add_argument(
+            "--pgp-signing-key-ref",
+            metavar="PATH",
+            help="where the tenant's signing key is on the worker host (a reference, never the key; an edit "
+            "takes a second admin)",
+        )
 
     sub = destination_action("add", "create a destination (it starts paused: resume it once checked)")
     contract_options(sub, required=True)
-    sub.add_argument(
-        "--pgp-recipient-key",
-        dest="pgp_recipient_keys",
-        action="append",
-        type=_armored_key_file,
-        metavar="FILE",
-        help="a file holding the partner's ASCII-armored OpenPGP public key (gpg --armor --export): files are "
-        "encrypted to it (repeat for more keys; set at creation only)",
-    )
     sub.add_argument("--reason", help="why (recorded with version 1)")
     sub.add_argument("--idempotency-key", help="reuse on retry to get the first destination back")
     destination_action(
@@ -1285,6 +1347,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--no-blackout-dates", action="store_true", help="remove every blackout date")
     sub.add_argument(
         "--no-session-limit", action="store_true", help="the partner has no session limit any more"
+    )
+    sub.add_argument(
+        "--no-pgp-recipient-keys",
+        action="store_true",
+        help="encrypt files no more (removes every partner key; takes a second admin)",
+    )
+    sub.add_argument(
+        "--no-pgp-signing-key", action="store_true", help="sign files no more (takes a second admin)"
     )
     sub.add_argument("--reason", required=True, help="why (recorded with the change)")
     destination_action(

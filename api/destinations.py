@@ -398,5 +398,12 @@ _NOT_SETTINGS = frozenset(
         "host_keys",
         "pinned_host_keys",
         "sessions_in_use",
+        # what the partner receives: its own section
+        "csv_header",
+        "csv_delimiter",
+        "csv_columns",
+        "compression",
+        "pgp_recipient_keys",
+        "pgp_signing_key_ref",
     }
 )

@@ -2173,6 +2173,18 @@ GRANT UPDATE(retired_by) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(temporary_files) ON TABLE public.destinations TO exports_api;
 
+GRANT UPDATE(csv_header) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(csv_delimiter) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(csv_columns) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(compression) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(pgp_recipient_keys) ON TABLE public.destinations TO exports_api;
+
+GRANT UPDATE(pgp_signing_key_ref) ON TABLE public.destinations TO exports_api;
+
 GRANT UPDATE(version) ON TABLE public.destinations TO exports_api;
 
 GRANT UPDATE(host_keys) ON TABLE public.destinations TO exports_api;

@@ -82,7 +82,8 @@ created AS (
     INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key, host_keys, credential_ref,
                               remote_dir, name_and_size_identify, hash_evidence, ack_suffix, max_write_request,
                               temporary_files, contract_starts_on, contract_ends_on, max_sessions,
-                              intake_time_zone, intake_hours, blackout_dates, manifest, pgp_recipient_keys)
+                              intake_time_zone, intake_hours, blackout_dates, manifest, csv_header,
+                              csv_delimiter, csv_columns, compression, pgp_recipient_keys, pgp_signing_key_ref)
     SELECT %(id)s, %(tenant_id)s, %(name)s, %(host)s, %(port)s, %(username)s, %(host_key)s,
            %(host_keys)s::text[], %(credential_ref)s,
            %(remote_dir)s, %(name_and_size_identify)s, %(hash_evidence)s, %(ack_suffix)s::text,
@@ -94,8 +95,11 @@ created AS (
            coalesce(%(blackout_dates)s::date[], ARRAY[]::date[]),
            -- the manifest published beside each file (0037): none unless asked for
            coalesce(%(manifest)s::text, 'none'),
-           -- the partner's OpenPGP keys (0020), at creation only: exports_api may not update the column
-           coalesce(%(pgp_recipient_keys)s::text[], ARRAY[]::text[])
+           -- what the partner receives (0020): the file's shape and its OpenPGP layer, 0020's defaults unless given
+           coalesce(%(csv_header)s::boolean, true), coalesce(%(csv_delimiter)s::text, ','),
+           coalesce(%(csv_columns)s::text[], ARRAY['email', 'first_name', 'last_name']),
+           coalesce(%(compression)s::text, 'none'),
+           coalesce(%(pgp_recipient_keys)s::text[], ARRAY[]::text[]), %(pgp_signing_key_ref)s::text
     WHERE NOT EXISTS (SELECT 1 FROM earlier)
     RETURNING *),
 recorded AS (
@@ -130,6 +134,11 @@ edited AS (
         = (SELECT r.name, r.host, r.port, r.username, r.host_key, r.host_keys, r.credential_ref, r.remote_dir,
                   r.name_and_size_identify, r.hash_evidence, r.ack_suffix, r.max_write_request, r.temporary_files,
                   r.contract_starts_on, r.contract_ends_on, r.max_sessions, r.manifest
+           FROM jsonb_populate_record(d, %(changes)s::jsonb) AS r),
+        -- what the partner receives (0020, an admin's since 0038): delivery terms, so a change rebuilds the file
+        (csv_header, csv_delimiter, csv_columns, compression, pgp_recipient_keys, pgp_signing_key_ref)
+        = (SELECT r.csv_header, r.csv_delimiter, r.csv_columns, r.compression, r.pgp_recipient_keys,
+                  r.pgp_signing_key_ref
            FROM jsonb_populate_record(d, %(changes)s::jsonb) AS r),
         -- the delivery window (0035): not a delivery term, so no rebuild; cutoff 2 and the rename re-read it
         (intake_time_zone, intake_hours, blackout_dates)

@@ -27,10 +27,18 @@ them; everyone who reads exports reads them, with every version and the change t
   rebuilds nothing.
 - ``manifest`` (issue #24.6) is what is published beside each file after its rename: ``none``, ``sha256``,
   ``json`` or ``both``. It changes what is delivered, so it is a delivery term like the host or the key.
+- What the partner receives (issue #24.5): the CSV's shape (``csv_header``, ``csv_delimiter``, ``csv_columns``),
+  ``compression`` and the OpenPGP layer (``pgp_recipient_keys``, the partner's armored public keys, and
+  ``pgp_signing_key_ref``, a reference to the tenant's signing key). Each is a delivery term: an edit during a
+  build rebuilds the file, an edit after cutoff 2 leaves the upload on the version authorized. The keys take
+  two admins (an encryption key decides who can read the file); the format takes one. A recipient key is
+  checked with ``gpg --show-keys`` as the builder checks it, and shown by its fingerprint, never by its text.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -55,8 +63,10 @@ from domain.audit import (
 )
 from domain.destination import HOST_KEY_PATTERN, host_key_blob, host_key_fingerprint, normalized_host_key
 from domain.evidence import ConnectionReport
-from domain.file_format import ARMORED_PUBLIC_KEY
+from domain.file_format import ARMORED_PUBLIC_KEY, CONTACT_COLUMNS, Compression, ContactColumn, Delimiter
 from domain.manifest import ManifestChoice
+from encoding.errors import EncodingError
+from encoding.openpgp import GpgHome, recipients
 from service.approvals import Approvals, Subject
 from service.audit import Ledger, answered
 from service.auth import Caller
@@ -131,11 +141,15 @@ _SESSIONS_OR_NULL: dict[str, Any] = {
 HostKeys = Annotated[list[HostKey], Field(min_length=1, max_length=MAX_PINNED_KEYS)]
 MAX_RECIPIENT_KEYS = 10  # 0020's armored_public_keys_ok() allows as many
 RecipientKey = Annotated[str, StringConstraints(min_length=1, max_length=100_000)]
-RecipientKeys = Annotated[list[RecipientKey], Field(min_length=1, max_length=MAX_RECIPIENT_KEYS)]
+# An empty list: no encryption (an edit removes the keys with it).
+RecipientKeys = Annotated[list[RecipientKey], Field(max_length=MAX_RECIPIENT_KEYS)]
+CsvColumns = Annotated[list[ContactColumn], Field(min_length=1, max_length=len(CONTACT_COLUMNS))]
 
 # Fields whose null means something (no acknowledgment file; an open-ended contract; intake at any hour; no
 # session limit); every other field a PATCH names must have a value.
-NULLABLE = frozenset({"ack_suffix", "contract_ends_on", "intake_hours", "max_sessions"})
+NULLABLE = frozenset(
+    {"ack_suffix", "contract_ends_on", "intake_hours", "max_sessions", "pgp_signing_key_ref"}
+)
 
 
 def _edit_schema(schema: dict[str, Any], model: Any = None) -> None:
@@ -207,6 +221,34 @@ class DestinationFields(BaseModel):
         description="What is published beside each file, after its rename: none, sha256 (a coreutils "
         "`<file>.sha256` sidecar for `sha256sum -c`), json (`<file>.manifest.json`) or both; a delivery term",
     )
+    # What the partner receives (issue #24.5, columns of 0020): delivery terms, so an edit during a build rebuilds.
+    csv_header: bool | None = Field(
+        default=None,
+        description="Whether the CSV's first line names its columns (default true); a delivery term",
+    )
+    csv_delimiter: Delimiter | None = Field(
+        default=None,
+        description="The CSV's delimiter: ',', ';', '|' or a tab ('\\t' in JSON); default ','; a delivery term",
+    )
+    csv_columns: CsvColumns | None = Field(
+        default=None,
+        description=f"Which contact columns the partner receives, in that order, each once: any of "
+        f"{', '.join(CONTACT_COLUMNS)} (default all three); a delivery term",
+    )
+    compression: Compression | None = Field(
+        default=None, description="none or gzip (the file is then .csv.gz); a delivery term"
+    )
+    pgp_recipient_keys: RecipientKeys | None = Field(
+        default=None,
+        description="The partner's OpenPGP public keys, each an ASCII-armored public key block (gpg --armor "
+        "--export; never a secret key): files are encrypted to every one of them; [] encrypts no more. Shown "
+        "by fingerprint; a change takes two admins; a delivery term",
+    )
+    pgp_signing_key_ref: Reference | None = Field(
+        default=None,
+        description="Where the tenant's OpenPGP signing key is (a path on the worker host): a reference, never "
+        "the key; shown as 'set'; null: files are not signed. A change takes two admins; a delivery term",
+    )
 
 
 class CreateDestination(DestinationFields):
@@ -227,13 +269,6 @@ class CreateDestination(DestinationFields):
     max_write_request: WriteRequest = 32768
     temporary_files: TemporaryFiles = "keep"
     manifest: ManifestChoice = "none"
-    # Set at creation only: exports_api may insert the column (0021) but not update it, so changing a
-    # destination's keys later needs a migration granting that (and an edit statement naming the column).
-    pgp_recipient_keys: RecipientKeys | None = Field(
-        default=None,
-        description="The partner's OpenPGP public keys, each an ASCII-armored public key block (public keys are "
-        "not secrets): files are encrypted to every one of them. Set at creation only",
-    )
     reason: Reason = Field(default="created", description="Why (recorded with the first version)")
 
 
@@ -314,8 +349,23 @@ def value_problem(fields: Mapping[str, Any]) -> str | None:
     if isinstance(host_key, str) and ("PRIVATE" in host_key.upper() or host_key_blob(host_key) is None):
         return "host_key must be the server's public key line, '<type> <base64>', as ssh-keyscan prints it"
     recipient_keys = fields.get("pgp_recipient_keys")
-    if isinstance(recipient_keys, list) and not all(map(_armored_public_key, recipient_keys)):
-        return "each of pgp_recipient_keys must be an ASCII-armored OpenPGP public key block (gpg --armor --export)"
+    if isinstance(recipient_keys, list):
+        if not all(map(_armored_public_key, recipient_keys)):
+            return (
+                "each of pgp_recipient_keys must be an ASCII-armored OpenPGP public key block (gpg --armor "
+                "--export), never a secret key"
+            )
+        if len(set(recipient_keys)) != len(recipient_keys):
+            return "pgp_recipient_keys names one key twice"
+    signing = fields.get("pgp_signing_key_ref")
+    if isinstance(signing, str) and _KEY_MATERIAL.search(signing):
+        return (
+            "pgp_signing_key_ref must be a reference to the signing key (its file's path on the worker host), "
+            "never the key"
+        )
+    columns = fields.get("csv_columns")
+    if isinstance(columns, list) and len(set(columns)) != len(columns):
+        return f"csv_columns names a column twice: each of {', '.join(CONTACT_COLUMNS)} at most once"
     time_zone = fields.get("intake_time_zone")
     if isinstance(time_zone, str) and time_zone not in _known_time_zones():
         return "intake_time_zone must be an IANA time zone name, such as Europe/Berlin or UTC"
@@ -338,6 +388,47 @@ def _armored_public_key(key: object) -> bool:
         and "-----END PGP PUBLIC KEY BLOCK-----" in key
         and "PRIVATE KEY" not in key.upper()
     )
+
+
+def recipient_key_problem(keys: list[str]) -> str | None:
+    """What ``gpg --show-keys`` finds wrong with the partner's keys, as the builder will check them
+    (``encoding.openpgp.recipients``: one key each, usable for encryption, not expired or revoked); ``None``:
+    nothing, or no gpg on this host to ask (the build checks them again). Blocking: run it in a thread. The
+    answer names a key by its position, never by its text."""
+    if not keys:
+        return None
+    home = GpgHome.create(label="fenced-api-keys")
+    try:
+        recipients(home, tuple(keys))
+    except EncodingError as exc:
+        if exc.code == "GpgMissing":
+            return None
+        return f"pgp_recipient_keys: gpg cannot encrypt to it ({exc.detail}; keys are counted from 0)"
+    finally:
+        home.close()
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def recipient_key_fingerprint(armored: str) -> str | None:
+    """The primary key's fingerprint of one armored public key, as the builder's evidence records it
+    (``gpg --show-keys`` through ``encoding.openpgp``); ``None`` when gpg cannot use it (or is missing).
+    Blocking: run it in a thread."""
+    home = GpgHome.create(label="fenced-api-keys")
+    try:
+        [found] = recipients(home, (armored,))
+    except EncodingError:
+        return None
+    finally:
+        home.close()
+    return found.fingerprint
+
+
+async def _fingerprints(keys: object) -> list[str | None] | object:
+    """The fingerprints of a row's recipient keys (anything else: as it is)."""
+    if not isinstance(keys, list):
+        return keys
+    return [await asyncio.to_thread(recipient_key_fingerprint, str(k)) for k in keys]
 
 
 def _known_time_zones() -> frozenset[str]:
@@ -374,13 +465,19 @@ def pinned_keys(settings: Mapping[str, Any]) -> list[str]:
     return [host_key] if isinstance(host_key, str) else []
 
 
-def destination_json(record: DestinationRecord) -> dict[str, Any]:
+async def destination_json(record: DestinationRecord) -> dict[str, Any]:
     """One destination as the API shows it: its columns with references masked, its pinned keys with their
-    fingerprints, its session limit and the slots held now, and whether its deliveries are on."""
+    fingerprints, the partner's OpenPGP keys by fingerprint (``null``: gpg cannot use that key), its session
+    limit and the slots held now, and whether its deliveries are on."""
     settings = masked(record.settings) or {}
     host_key = record.settings.get("host_key")
+    recipient_keys = record.settings.get("pgp_recipient_keys") or []
     return {
         **settings,
+        "pgp_recipient_keys": [
+            {"fingerprint": f}
+            for f in await _fingerprints(recipient_keys)  # type: ignore[union-attr]
+        ],
         "host_key_fingerprint": host_key_fingerprint(host_key) if isinstance(host_key, str) else None,
         "pinned_host_keys": [
             {"key": k, "fingerprint": host_key_fingerprint(k)} for k in pinned_keys(record.settings)
@@ -392,9 +489,13 @@ def destination_json(record: DestinationRecord) -> dict[str, Any]:
     }
 
 
-def version_json(v: DestinationVersion) -> dict[str, Any]:
-    """One recorded version: who, the role, when, why, and each changed field before and after (masked)."""
+async def version_json(v: DestinationVersion) -> dict[str, Any]:
+    """One recorded version: who, the role, when, why, and each changed field before and after (masked; the
+    partner's OpenPGP keys by fingerprint)."""
     before, after = masked(v.before) or {}, masked(v.after) or {}
+    if "pgp_recipient_keys" in v.changed_fields:
+        for side in (before, after):
+            side["pgp_recipient_keys"] = await _fingerprints(side.get("pgp_recipient_keys"))
     return {
         "version": v.version,
         "change": v.change,
@@ -487,7 +588,10 @@ class Destinations:
         versions = await self.store.destination_versions_of(caller.tenant_id, destination_id, limit)
         return Answer(
             Kind.DONE,
-            {"destination": destination_json(record), "versions": [version_json(v) for v in versions]},
+            {
+                "destination": await destination_json(record),
+                "versions": [await version_json(v) for v in versions],
+            },
             version=record.version,
         )
 
@@ -518,7 +622,11 @@ class Destinations:
                 Kind.INVALID,
                 "a new destination pins its host_key; pin more keys once it exists (POST /destinations/{id}/host-keys)",
             )
-        problem = value_problem(given) or contract_problem(given)
+        problem = (
+            value_problem(given)
+            or contract_problem(given)
+            or await asyncio.to_thread(recipient_key_problem, given.get("pgp_recipient_keys") or [])
+        )
         if problem:
             return refusal(Kind.INVALID, problem)
         fingerprint = request_fingerprint(caller, body)
@@ -562,7 +670,7 @@ class Destinations:
         return Answer(
             Kind.DONE if created.replayed else Kind.CREATED,
             {
-                "destination": destination_json(record),
+                "destination": await destination_json(record),
                 "replayed": created.replayed,
                 "message": (
                     f"Destination {record.settings['name']} {'was already created' if created.replayed else 'created'}"
@@ -637,13 +745,17 @@ class Destinations:
             return Answer(
                 Kind.DONE,
                 {
-                    "destination": destination_json(record),
+                    "destination": await destination_json(record),
                     "changed_fields": [],
                     "message": f"Nothing changed: every field already has that value (still version {record.version}).",
                 },
                 version=record.version,
             )
-        problem = value_problem(changes) or contract_problem({**current, **changes})
+        problem = (
+            value_problem(changes)
+            or contract_problem({**current, **changes})
+            or await asyncio.to_thread(recipient_key_problem, changes.get("pgp_recipient_keys") or [])
+        )
         if problem:
             return refusal(Kind.INVALID, problem)
         audit.before = {k: current.get(k) for k in changes}
@@ -710,7 +822,7 @@ class Destinations:
         return Answer(
             Kind.DONE,
             {
-                "destination": destination_json(now),
+                "destination": await destination_json(now),
                 "changed_fields": edited.changed_fields,
                 "delivery_changed": edited.delivery_changed,
                 "message": f"Destination {now.settings['name']} is at version {edited.version}. {consequence}",
@@ -847,7 +959,7 @@ class Destinations:
         return Answer(
             Kind.DONE,
             {
-                "destination": destination_json(record),
+                "destination": await destination_json(record),
                 "message": (
                     f"Destination {record.settings['name']} retired (version {retired.version}): exports building "
                     "for it stop at cutoff 2 and are given back; queued ones are rejected."
@@ -958,6 +1070,10 @@ _CONTRACT_CHECKS = {
     "ck_destinations_pgp_recipient_keys": (
         f"pgp_recipient_keys: at most {MAX_RECIPIENT_KEYS} ASCII-armored OpenPGP public key blocks"
     ),
+    "ck_destinations_pgp_signing_key_ref": "pgp_signing_key_ref must be a reference to the key, never the key",
+    "ck_destinations_csv_delimiter": "csv_delimiter must be one of ',', ';', '|' or a tab",
+    "ck_destinations_csv_columns": f"csv_columns: one to three of {', '.join(CONTACT_COLUMNS)}, each once",
+    "ck_destinations_compression": "compression must be none or gzip",
 }
 
 

@@ -256,6 +256,13 @@ async def test_the_exact_grants_on_the_controls_tables(database):
                     "blackout_dates",
                     "intake_hours",
                     "intake_time_zone",
+                    # what the partner receives, its format and OpenPGP keys (0020; an admin's since 0038)
+                    "compression",
+                    "csv_columns",
+                    "csv_delimiter",
+                    "csv_header",
+                    "pgp_recipient_keys",
+                    "pgp_signing_key_ref",
                 ]
             )
         ],
