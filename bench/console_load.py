@@ -356,7 +356,9 @@ def load_operator_actions(
             hi = min(total, lo + chunk - 1)
             conn.execute(_LEDGER_CHUNK, {**base, "lo": lo, "hi": hi})
             if progress is not None:
-                progress(f"ledger: {hi:,} of {total:,} operator actions ({time.perf_counter() - started:.0f} s)")
+                progress(
+                    f"ledger: {hi:,} of {total:,} operator actions ({time.perf_counter() - started:.0f} s)"
+                )
         conn.execute("VACUUM ANALYZE operator_actions")
         found = conn.execute("SELECT count(*) FROM operator_actions").fetchone()
     if found is None or found[0] < total:
