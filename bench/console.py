@@ -13,15 +13,18 @@ beyond the history. :data:`PAGES` holds two: the export list (:data:`EXPORT_LIST
 counts, ``GET /exports`` and ``GET /export-counts`` over 33 filters: none, a page deep in the history, each
 status, sets of statuses, busy and rare destinations, common, rare and absent lists, ID prefixes of 1 to 36
 characters, and their combinations) and the reconciler's queue (:data:`RECONCILER_QUEUE`, issue 26 item 4: its
-console page and ``GET /reconciliation-queue``, the first page and one from the middle). The audit ledger's
-page (item 2) joins them as one more ``PageBench``; the run, the alternation, the figures and the plan checks
-are shared.
+console page and ``GET /reconciliation-queue``, the first page and one from the middle) and the ledger of
+operator actions (:data:`AUDIT_LOG`, item 2: the console's Operator actions and ``GET /audit`` over 12 filters
+by principal, action and subject, first pages and one from the middle, over 1,500,000 rows at ten million its
+load step appends: ``bench/console_load.py`` ``load_operator_actions``). The run, the alternation, the figures
+and the plan checks are shared.
 
 Printed: per page and request kind, p50 and p95 on each side, the loaded side's p95 against the 300 ms target,
 and how many requests ran past their bound; per case on the loaded side, its latencies, what the page showed
-(beside the true count, for the list), and the indexes its statements read (no plan may read export_jobs
-sequentially); the full plans of a few; and how long building a copy of each of 0027's indexes concurrently
-takes. Nothing prints contact data.
+(beside the true count, for the list), and the indexes its statements read (no plan may read export_jobs or
+operator_actions sequentially; for the audit page also the rows its scans read and the buffers it touched); the
+full plans of a few; and how long building a copy of each of 0027's indexes concurrently takes. Nothing prints
+contact data.
 
     python -m bench console                   # 10,000,000 exports against none
     python -m bench.console [--exports N] [--tenants 4] [--destinations 8] [--rounds 10] [--shared-buffers 1GB]
