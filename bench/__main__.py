@@ -21,8 +21,9 @@ gpg --encrypt`` and ``sftp`` of the same rows, wall and CPU ratios; ``python -m 
 ``recurring`` (1,000 recurring exports due in the same minute on the dev server: when the last firing
 starts, when every firing's export exists, and that duplicate firings created nothing twice;
 ``python -m bench.recurring -h``).
-``console`` (the console's export list, its counts and ``GET /exports`` at 10,000,000 exports against an empty
-database: p50 and p95 per request kind and per filter, and the plans; ``python -m bench.console -h``),
+``console`` (the console's export list, its counts and ``GET /exports``, the reconciler's queue and the audit
+page over a ledger of 1,500,000 operator actions, at 10,000,000 exports against an empty database: p50 and p95
+per request kind and per filter, and the plans; ``python -m bench.console -h``),
 ``index_cost`` (what the list's indexes of migration 0027 cost each write of an export's life, against the same
 database as before 0027; ``python -m bench.index_cost -h``),
 ``gate`` (the hot path's statements with the pause-aware delivery gate of issue #26 against migration 0014's,

@@ -13,15 +13,18 @@ beyond the history. :data:`PAGES` holds two: the export list (:data:`EXPORT_LIST
 counts, ``GET /exports`` and ``GET /export-counts`` over 33 filters: none, a page deep in the history, each
 status, sets of statuses, busy and rare destinations, common, rare and absent lists, ID prefixes of 1 to 36
 characters, and their combinations) and the reconciler's queue (:data:`RECONCILER_QUEUE`, issue 26 item 4: its
-console page and ``GET /reconciliation-queue``, the first page and one from the middle). The audit ledger's
-page (item 2) joins them as one more ``PageBench``; the run, the alternation, the figures and the plan checks
-are shared.
+console page and ``GET /reconciliation-queue``, the first page and one from the middle) and the ledger of
+operator actions (:data:`AUDIT_LOG`, item 2: the console's Operator actions and ``GET /audit`` over 12 filters
+by principal, action and subject, first pages and one from the middle, over 1,500,000 rows at ten million its
+load step appends: ``bench/console_load.py`` ``load_operator_actions``). The run, the alternation, the figures
+and the plan checks are shared.
 
 Printed: per page and request kind, p50 and p95 on each side, the loaded side's p95 against the 300 ms target,
 and how many requests ran past their bound; per case on the loaded side, its latencies, what the page showed
-(beside the true count, for the list), and the indexes its statements read (no plan may read export_jobs
-sequentially); the full plans of a few; and how long building a copy of each of 0027's indexes concurrently
-takes. Nothing prints contact data.
+(beside the true count, for the list), and the indexes its statements read (no plan may read export_jobs or
+operator_actions sequentially; for the audit page also the rows its scans read and the buffers it touched); the
+full plans of a few; and how long building a copy of each of 0027's indexes concurrently takes. Nothing prints
+contact data.
 
     python -m bench console                   # 10,000,000 exports against none
     python -m bench.console [--exports N] [--tenants 4] [--destinations 8] [--rounds 10] [--shared-buffers 1GB]
@@ -49,7 +52,14 @@ from psycopg import sql
 
 from api.app import create_app
 from api.console import PAGE_SIZE
-from bench.console_load import RARE_LIST, ConsoleScope, load_console_history, seed_console_tenants
+from bench.console_load import (
+    RARE_LIST,
+    RARE_PRINCIPAL,
+    ConsoleScope,
+    load_console_history,
+    load_operator_actions,
+    seed_console_tenants,
+)
 from bench.scale import percentile, plan_nodes, top_nodes
 from db.pool import open_pool
 from db.queries import q
@@ -64,6 +74,7 @@ from rules.recovery import (
     LISTING_REQUEST_WINDOW_SECONDS,
     RECOVERY_OBSERVER_PREFIX,
 )
+from service.audit import PAGE_LIMIT as AUDIT_PAGE_LIMIT
 from service.auth import Caller, mint_token
 from service.exports import Exports
 from service.reconciliation import QUEUE_COUNT_CAP, QUEUE_PAGE_SIZE
@@ -95,6 +106,7 @@ class Side:
     console: httpx.AsyncClient | None = None  # a signed-in console session
     ops: Exports = field(init=False)  # the operations the app serves, for the plans' decisions
     queue_middle: tuple[datetime, UUID] = (datetime.min.replace(tzinfo=UTC), UUID(int=0))
+    audit_middle: int | None = None  # the ledger's keyset bound halfway through the measured tenant's rows
 
     @property
     def caller(self) -> Caller:
@@ -459,8 +471,179 @@ async def load_queue(side: Side) -> None:
 
 RECONCILER_QUEUE = PageBench("reconciler queue", queue_requests, queue_plans, load_queue)
 
-# The pages measured, in order; issue 26's audit page joins here (a PageBench with a load step for its rows).
-PAGES: tuple[PageBench, ...] = (EXPORT_LIST, RECONCILER_QUEUE)
+
+# -- the ledger of operator actions (issue 26 item 2: service.audit.Audit.page) -----------------------------
+
+
+@dataclass(frozen=True)
+class AuditCase:
+    """A filter an admin applies to the ledger. ``console`` is the console page's query (None: the page cannot
+    say it), ``api`` GET /audit's; ``filters`` are the statement's as the store binds them."""
+
+    label: str
+    console: dict[str, str] | None
+    api: dict[str, str]
+    filters: dict[str, str]
+    deep: bool = False  # a keyset page from the middle of the ledger, not the newest
+
+
+# What the loaded side's ledger holds that the cases name (set by its load step; the empty side asks the same).
+AUDIT_SUBJECT: list[str] = ["00000000-0000-0000-0000-000000000000"]  # an export with actions in the ledger
+
+
+def audit_cases() -> tuple[AuditCase, ...]:
+    export = AUDIT_SUBJECT[0]
+    busiest, rare = "operator-01", RARE_PRINCIPAL
+    return (
+        AuditCase("no filter", {}, {}, {}),
+        AuditCase("no filter, a page mid-ledger", {}, {}, {}, deep=True),
+        AuditCase(
+            "principal operator-01 (28 %)",
+            {"principal": busiest},
+            {"principal": busiest},
+            {"principal": busiest},
+        ),
+        AuditCase(
+            "principal operator-01, a page mid-ledger",
+            {"principal": busiest},
+            {"principal": busiest},
+            {"principal": busiest},
+            deep=True,
+        ),
+        AuditCase(
+            f"principal {rare} (1 in 100,003)", {"principal": rare}, {"principal": rare}, {"principal": rare}
+        ),
+        AuditCase("action cancel (62 %)", {"action": "cancel"}, {"action": "cancel"}, {"action": "cancel"}),
+        AuditCase("action pause (6 %)", {"action": "pause"}, {"action": "pause"}, {"action": "pause"}),
+        AuditCase(
+            "action principal.grant (0.5 %)",
+            {"action": "principal.grant"},
+            {"action": "principal.grant"},
+            {"action": "principal.grant"},
+        ),
+        AuditCase(
+            "principal operator-01, action pause",
+            {"principal": busiest, "action": "pause"},
+            {"principal": busiest, "action": "pause"},
+            {"principal": busiest, "action": "pause"},
+        ),
+        AuditCase(
+            "principal operator-01, action reconcile (none)",
+            {"principal": busiest, "action": "reconcile"},
+            {"principal": busiest, "action": "reconcile"},
+            {"principal": busiest, "action": "reconcile"},
+        ),
+        AuditCase(
+            "one export (kind and ID)",
+            None,
+            {"subject_kind": "export", "subject_id": export},
+            {"subject_kind": "export", "subject_id": export},
+        ),
+        AuditCase(
+            "one export (ID only, as the console asks)",
+            {"subject": export},
+            {"subject_id": export},
+            {"subject_id": export},
+        ),
+    )
+
+
+async def audit_middle(side: Side) -> int | None:
+    """A keyset bound halfway through the measured tenant's ledger (None on a side without one)."""
+    rows = await side.admin(
+        "SELECT id FROM operator_actions WHERE tenant_id = %(t)s ORDER BY id"
+        " OFFSET (SELECT count(*) / 2 FROM operator_actions WHERE tenant_id = %(t)s) LIMIT 1",
+        {"t": side.tenant.tenant_id},
+    )
+    return int(rows[0][0]) if rows else None
+
+
+_AUDIT_ROW = 'class="audit-row'
+
+
+def _read_audit_console(response: httpx.Response) -> tuple[str, bool]:
+    if response.status_code != 200:
+        raise SystemExit(f"the console's Operator actions answered {response.status_code}")
+    return f"{response.text.count(_AUDIT_ROW)} rows", False
+
+
+def _read_audit_api(response: httpx.Response) -> tuple[str, bool]:
+    if response.status_code != 200:
+        raise SystemExit(f"GET /audit answered {response.status_code}: {response.text[:200]}")
+    return f"{len(response.json()['actions'])} rows", False
+
+
+def audit_requests(side: Side) -> list[Request]:
+    """Per case: the console page (50 rows) and GET /audit (its default 100), the first page or one mid-ledger."""
+    # The empty side has no middle: a bound past every row there is asks the same statement.
+    middle = {"before": str(side.audit_middle or 1 << 40)}
+    requests = []
+    for case in audit_cases():
+        extra = middle if case.deep else {}
+        if case.console is not None:
+            url = "/console/audit?" + urlencode({**case.console, **extra})
+            requests.append(Request("console page", case.label, "console", url, _read_audit_console))
+        url = "/audit?" + urlencode({**case.api, **extra})
+        requests.append(Request("GET /audit", case.label, "api", url, _read_audit_api))
+    return requests
+
+
+async def audit_plans(side: Side) -> list[PlanCase]:
+    """``page_operator_actions`` as ``AuditReads`` binds it, for each case (GET /audit's limit and one more)."""
+    plans = []
+    for case in audit_cases():
+        params: dict[str, Any] = {
+            "tenant_id": side.tenant.tenant_id,
+            "limit": AUDIT_PAGE_LIMIT + 1,
+            "before_id": side.audit_middle if case.deep else None,
+            "principal": None,
+            "action": None,
+            "subject_kind": None,
+            "subject_id": None,
+            "since": None,
+            "until": None,
+            **case.filters,
+        }
+        plans.append(PlanCase(case.label, "page", "page_operator_actions", params))
+    return plans
+
+
+async def load_audit(side: Side) -> None:
+    """The loaded side's ledger: one operator action in every ``LEDGER_EVERY`` exports (1,500,000 at ten
+    million), in the measured tenant 85 % of them; then the export whose actions the cases filter by, and the
+    ledger's middle. The empty side has none."""
+    if side.exports:
+        rows = max(side.exports * 3 // 20, 1)
+        say(f"loading {rows:,} operator actions")
+        seconds = await asyncio.to_thread(
+            load_operator_actions,
+            side.database.admin_url,
+            side.scopes,
+            total=rows,
+            total_jobs=side.exports,
+            progress=say,
+        )
+        size = await side.admin(
+            "SELECT pg_size_pretty(pg_relation_size('operator_actions')),"
+            " pg_size_pretty(pg_indexes_size('operator_actions'))"
+        )
+        say(f"ledger loaded in {seconds:.0f} s; operator_actions {size[0][0]} and its indexes {size[0][1]}")
+        # An export someone acted on more than once (a cancel that lost, then a reconcile, say), mid-history.
+        some = await side.admin(
+            "SELECT subject_id FROM operator_actions WHERE tenant_id = %(t)s AND subject_kind = 'export'"
+            " AND id > (SELECT max(id) / 2 FROM operator_actions)"
+            " GROUP BY subject_id HAVING count(*) > 1 ORDER BY min(id) LIMIT 1",
+            {"t": side.tenant.tenant_id},
+        )
+        if some:
+            AUDIT_SUBJECT[0] = str(some[0][0])
+    side.audit_middle = await audit_middle(side)
+
+
+AUDIT_LOG = PageBench("audit log", audit_requests, audit_plans, load_audit)
+
+# The pages measured, in order.
+PAGES: tuple[PageBench, ...] = (EXPORT_LIST, RECONCILER_QUEUE, AUDIT_LOG)
 
 
 # -- the run ----------------------------------------------------------------------------------------------
@@ -517,6 +700,12 @@ class PlanReport:
     seq_scans: list[str]
     execution_ms: float
     text: list[str]
+    rows_read: float = 0.0  # rows the scans of SCANNED returned or discarded by a filter, over all loops
+    buffers: int = 0  # shared buffers the whole plan touched (hit or read)
+
+
+# The large tables no page may read sequentially: the exports, and the ledger of operator actions.
+SCANNED = ("export_jobs", "operator_actions")
 
 
 async def explain(side: Side, plan: PlanCase) -> PlanReport:
@@ -541,13 +730,15 @@ async def explain(side: Side, plan: PlanCase) -> PlanReport:
                 if n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Index Scan")
             }
         ),
-        [
-            n["Node Type"]
-            for n in nodes
-            if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "export_jobs"
-        ],
+        [n["Node Type"] for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in SCANNED],
         float(found.get("Execution Time", float("nan"))),
         lines,
+        sum(
+            (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+            for n in nodes
+            if "Scan" in n["Node Type"] and n.get("Relation Name") in SCANNED
+        ),
+        int(found["Plan"].get("Shared Hit Blocks", 0)) + int(found["Plan"].get("Shared Read Blocks", 0)),
     )
 
 
@@ -628,6 +819,8 @@ def report(sides: Sequence[Side], plans: dict[str, list[PlanReport]], truths: di
             page_read = {i for r in found if r.what == "page" for i in r.indexes}
             count_read = {i for r in found if r.what != "page" for i in r.indexes}
             read = f"{', '.join(sorted(page_read)) or '-'} / {', '.join(sorted(count_read)) or '-'}"
+            if page is AUDIT_LOG:
+                read += "".join(f" ({r.rows_read:,.0f} rows, {r.buffers:,} buffers)" for r in found)
             if any(r.seq_scans for r in found):
                 read += " SEQUENTIAL"
             truth = truths.get(case) if page is EXPORT_LIST else None
@@ -639,7 +832,7 @@ def report(sides: Sequence[Side], plans: dict[str, list[PlanReport]], truths: di
         sequential = [f"{r.case} ({r.what})" for r in plans.get(page.name, []) if r.seq_scans]
         ok &= not sequential
         print(
-            f"\nplans that read export_jobs sequentially on the loaded side: {', '.join(sequential) or 'none'}"
+            f"\nplans that read {' or '.join(SCANNED)} sequentially on the loaded side: {', '.join(sequential) or 'none'}"
         )
         print("\nEXPLAIN (ANALYZE, BUFFERS) on the loaded side, a few cases:")
         for found in plans.get(page.name, []):
@@ -652,6 +845,9 @@ def report(sides: Sequence[Side], plans: dict[str, list[PlanReport]], truths: di
 
 SHOWN_PLANS = (
     "first page",
+    "principal operator-01, action pause",
+    "one export (ID only, as the console asks)",
+    "one export (kind and ID)",
     "status OutcomeUnknown",
     "statuses Failed+OutcomeUnknown",
     f"list {RARE_LIST} (1 in 200,003)",
