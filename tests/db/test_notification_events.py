@@ -12,6 +12,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from db.queries import q
@@ -274,7 +275,7 @@ async def test_a_skipped_recurring_firing_is_one_event_per_firing(database, fact
     )
     params = {"t": tenant[0], "r": recurring_id, "at": at}
     async with await psycopg.AsyncConnection.connect(database.app_url, autocommit=True) as conn:
-        await conn.execute(f"SET ROLE {role}")
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         cur = conn.cursor(row_factory=dict_row)
         first = await (await cur.execute(call, params)).fetchone()
         again = await (await cur.execute(call, params)).fetchone()
@@ -314,7 +315,7 @@ async def test_a_skipped_firing_reason_must_be_a_code_not_free_text(database, te
 )
 async def test_no_application_role_writes_an_event_itself(database, tenant, role):
     async with await psycopg.AsyncConnection.connect(database.app_url, autocommit=True) as conn:
-        await conn.execute(f"SET ROLE {role}")
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             await conn.execute(
                 "INSERT INTO notification_events (tenant_id, kind, subject_key, payload)"
