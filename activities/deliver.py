@@ -10,6 +10,7 @@ is noted and the work runs to its end.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -52,6 +53,14 @@ from workflows.models import DeliverInput, DeliverResult
 log = logging.getLogger(__name__)
 
 EVIDENCE_TIMEOUT_SECONDS = 30.0
+# Observations the delivering thread waits to see appended before it goes on. The baseline is the listing
+# recovery and reconciliation compare the partner against, on record before the upload starts (seed 000:
+# "Before uploading, the destination lists the final name and appends the result as evidence").
+WAIT_FOR = frozenset({"baseline"})
+# How long the evidence writer lets other observations gather before it appends one that nothing waits for:
+# a delivery's observations come tens of milliseconds apart, so most go in two or three statements, and a
+# crash loses at most this long's worth plus one round trip.
+EVIDENCE_LINGER_SECONDS = 0.05
 # The retry's answer as a terminal write: Retried and Failed both wrote this attempt's end.
 _RETRY_FINISH = {
     RetryResult.RETRIED: FinishResult.WRITTEN,
@@ -362,7 +371,15 @@ class DeliverActivity:
 
 
 class _EvidenceRecorder:
-    """Appends each observation as the delivering thread makes it; what cannot be appended is retried."""
+    """Appends the observations the delivering thread makes, in their order, by one writer on the event loop.
+
+    The thread hands each observation over and goes on; the writer appends what gathered while its last
+    append was in flight, or within :data:`EVIDENCE_LINGER_SECONDS`, as one statement
+    (``append_delivery_evidence_many``), so a delivery spends its time with the partner, not waiting on one
+    insert per observation. The thread waits only for an observation the next step relies on
+    (:data:`WAIT_FOR`), which is appended at once with what gathered before it. A crash loses at most what was
+    handed over and not yet appended: the observations of one linger and one round trip. What cannot be
+    appended is kept and retried by :meth:`flush`, which the terminal write waits for (evidence first)."""
 
     def __init__(
         self,
@@ -381,30 +398,82 @@ class _EvidenceRecorder:
         self.loop = loop
         self.appended = 0
         self.pending: list[dict[str, Any]] = []
+        self._handed_over: list[tuple[dict[str, Any], concurrent.futures.Future[None] | None]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._now = asyncio.Event()  # append without lingering: the thread waits, or the flush has begun
+        self._flushing = False
 
     def observe_from_thread(self, evidence: dict[str, Any]) -> None:
-        """Called in the delivering thread: blocks until the observation is appended (or set aside)."""
-        future = asyncio.run_coroutine_threadsafe(self.append({**evidence, **self.context}), self.loop)
-        future.result(timeout=EVIDENCE_TIMEOUT_SECONDS + 5)
+        """Called in the delivering thread: hands the observation to the writer; waits until it is appended
+        (or set aside for :meth:`flush`) only when it is one of :data:`WAIT_FOR`."""
+        waiter: concurrent.futures.Future[None] | None = (
+            concurrent.futures.Future() if evidence.get("observation") in WAIT_FOR else None
+        )
+        self.loop.call_soon_threadsafe(self._hand_over, {**evidence, **self.context}, waiter)
+        if waiter is not None:
+            waiter.result(timeout=EVIDENCE_TIMEOUT_SECONDS + 5)
 
-    async def append(self, evidence: dict[str, Any]) -> None:
+    def _hand_over(self, evidence: dict[str, Any], waiter: concurrent.futures.Future[None] | None) -> None:
+        self._handed_over.append((evidence, waiter))
+        if waiter is not None:
+            self._now.set()
+        if self._writer is None or self._writer.done():
+            self._writer = self.loop.create_task(self._write())
+
+    async def _write(self) -> None:
+        try:
+            while self._handed_over:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._now.wait(), EVIDENCE_LINGER_SECONDS)
+                if not self._flushing:
+                    self._now.clear()
+                batch, self._handed_over = self._handed_over, []
+                try:
+                    await self._append([evidence for evidence, _ in batch])
+                except asyncio.CancelledError:  # appended or not: evidence may be appended twice, never lost
+                    self.pending.extend(evidence for evidence, _ in batch)
+                    raise
+                finally:
+                    for _, waiter in batch:
+                        if waiter is not None and not waiter.done():
+                            waiter.set_result(None)
+        finally:  # cancelled with the loop: whatever is left is the flush's, and no thread waits forever
+            for evidence, waiter in self._handed_over:
+                self.pending.append(evidence)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+            self._handed_over = []
+
+    async def _append(self, evidence: list[dict[str, Any]]) -> None:
         try:
             await asyncio.wait_for(
-                self.store.append_delivery_evidence(self.job_id, self.attempt_id, self.observed_by, evidence),
+                self.store.append_delivery_evidence_many(
+                    self.job_id, self.attempt_id, self.observed_by, evidence
+                ),
                 EVIDENCE_TIMEOUT_SECONDS,
             )
-            self.appended += 1
+            self.appended += len(evidence)
         except (StoreError, OSError, TimeoutError) as exc:
-            log.warning("job %s: evidence not appended (%s); retrying later", self.job_id, type(exc).__name__)
-            self.pending.append(evidence)
+            log.warning(
+                "job %s: %d observations not appended (%s); retrying later",
+                self.job_id,
+                len(evidence),
+                type(exc).__name__,
+            )
+            self.pending.extend(evidence)
 
     async def flush(self, tries: int = 3) -> None:
+        """Wait for the writer to append what the thread handed over, then retry what could not be appended
+        (``tries`` times, with a growing pause)."""
+        self._flushing = True
+        self._now.set()
+        if self._writer is not None:
+            await asyncio.shield(self._writer)
         for attempt in range(tries):
             if not self.pending:
                 return
             retry, self.pending = self.pending, []
-            for evidence in retry:
-                await self.append(evidence)
+            await self._append(retry)
             if self.pending and attempt + 1 < tries:
                 await asyncio.sleep(0.5 * (attempt + 1))
         if self.pending:

@@ -555,6 +555,17 @@ SELECT id, %(attempt_id)s, 'DeliveryEvidence', %(observed_by)s, %(detail)s, cloc
 FROM export_jobs WHERE id = %(job_id)s
 RETURNING id;
 
+-- name: append_delivery_evidence_many
+-- Several observations of one attempt in one round trip, in the order given (their IDs and times keep it):
+-- the delivering thread hands them over as it makes them and a writer appends what has gathered since its
+-- last append. Like the single append, an insert that never touches the job's status.
+INSERT INTO export_attempt_events (job_id, attempt_id, kind, observed_by, detail, recorded_at)
+SELECT j.id, %(attempt_id)s, 'DeliveryEvidence', %(observed_by)s, d.detail, clock_timestamp()
+FROM export_jobs j, unnest(%(details)s::text[]) WITH ORDINALITY AS d(detail, n)
+WHERE j.id = %(job_id)s
+ORDER BY d.n
+RETURNING id;
+
 -- name: find_expired_leases
 -- Recovery's scan. It only nominates: each takeover below repeats every condition it relied on. A
 -- Delivering attempt whose resolution needs its partner (its rename fence was written, so only a listing or

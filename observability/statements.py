@@ -32,7 +32,7 @@ from observability import fields, logs, tracing
 from observability.metrics import TransitionResult, get_metrics, transition_result
 
 # History appends that no transition depends on: traced as span events, not spans of their own.
-EVENT_STATEMENTS = frozenset({"append_delivery_evidence"})
+EVENT_STATEMENTS = frozenset({"append_delivery_evidence", "append_delivery_evidence_many"})
 
 
 class observe_statement:  # noqa: N801 - used as a function: ``with observe_statement(name, params):``

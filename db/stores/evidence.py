@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+from db.errors import translated
+from db.queries import execute
 from db.stores.base import StoreBase
 
 log = logging.getLogger(__name__)
 
 
 class EvidenceStatements(StoreBase):
-    """Appends an attempt's delivery evidence as one event."""
+    """Appends an attempt's delivery evidence, one event per observation."""
 
     async def append_delivery_evidence(
         self, job_id: UUID, attempt_id: UUID, observed_by: str, evidence: dict[str, Any]
@@ -29,3 +32,18 @@ class EvidenceStatements(StoreBase):
             observed_by=observed_by,
             detail=detail,
         )
+
+    async def append_delivery_evidence_many(
+        self, job_id: UUID, attempt_id: UUID, observed_by: str, evidence: Sequence[dict[str, Any]]
+    ) -> int:
+        """Append several observations in one statement, in their order; how many were appended (0 when the
+        job does not exist). Never touches the job's status."""
+        if not evidence:
+            return 0
+        details = [json.dumps(item, sort_keys=True, default=str) for item in evidence]
+        async with translated(), self._connection() as conn:
+            return await execute(
+                conn,
+                "append_delivery_evidence_many",
+                {"job_id": job_id, "attempt_id": attempt_id, "observed_by": observed_by, "details": details},
+            )
