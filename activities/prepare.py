@@ -144,10 +144,20 @@ class PrepareActivity:
                     await self.host.seams.before_authorize(job.id)
                 # A slot of the partner's session limit, then the session the upload will use, opened and
                 # verified before anything is authorized (#25.3, #24.4).
-                not_now = await self._partner_session(job, attempt, destination)
+                attempt.stage = "taking a session slot"
+                not_now = await self._take_slot(job, attempt)
                 if not_now is not None:
                     return not_now
-                refusal = await self._reason_not_to_authorize(attempt)
+                # Whether the workflow still runs is asked of Temporal while the session opens: one round trip
+                # off the way to cutoff 2, and both answers are in before it.
+                workflow_gone = asyncio.create_task(self._workflow_reason())
+                try:
+                    not_now = await self._partner_session(job, attempt, destination)
+                    if not_now is not None:
+                        return not_now
+                    refusal = self._local_reason(attempt) or await workflow_gone
+                finally:
+                    workflow_gone.cancel()
                 if refusal is not None:
                     return await self._give_back(job, attempt, *refusal)
                 try:
@@ -288,15 +298,10 @@ class PrepareActivity:
     async def _partner_session(
         self, job: ExportJob, attempt: Attempt, destination: Destination
     ) -> PrepareResult | None:
-        """Take one of the partner's session slots (waiting, bounded, when none is free), then open and verify
-        the session the upload will use and keep it in the attempt. ``None``: go on to cutoff 2 (with the
-        session, or, when the partner did not answer, without one: the upload then tries again). Otherwise
-        what the attempt ended with: given back for want of a slot, for a server it must not trust (after
-        the destination was paused), or for a stop, a drain or a lost job met while it waited."""
-        attempt.stage = "taking a session slot"
-        waited = await self._take_slot(job, attempt)
-        if waited is not None:
-            return waited
+        """Open and verify the session the upload will use, on the slot the attempt holds, and keep it in the
+        attempt. ``None``: go on to cutoff 2 (with the session, or, when the partner did not answer, without
+        one: the upload then tries again). Otherwise what the attempt ended with: given back for a server it
+        must not trust (after the destination was paused)."""
         attempt.stage = "opening the partner session"
         partner = self.host.partners(destination)
         try:
@@ -539,14 +544,19 @@ class PrepareActivity:
                 return PrepareResult(outcome=AttemptOutcome.NOT_OWNER)
         return PrepareResult(outcome=AttemptOutcome.LEFT_TO_RECOVERY)
 
-    async def _reason_not_to_authorize(self, attempt: Attempt) -> tuple[ReleaseCause, str] | None:
-        """Why this attempt must not cross cutoff 2 now, with the cause of its give-back, or ``None``: its
-        worker is draining, it is being cancelled, or its workflow is no longer running (terminated, timed
-        out, ended without it) or cannot be confirmed (Temporal unreachable or throttling)."""
+    def _local_reason(self, attempt: Attempt) -> tuple[ReleaseCause, str] | None:
+        """Why this attempt must not cross cutoff 2 now, as this host knows it, with the cause of its
+        give-back, or ``None``: its worker is draining, or it is being cancelled."""
         if self.host.attempts.draining or attempt.reason == StopReason.DRAINING:
             return ReleaseCause.DRAIN, "worker draining"
         if attempt.reason == StopReason.CANCELLED or activity.is_cancelled():
             return ReleaseCause.WORKFLOW, "activity cancelled"
+        return None
+
+    async def _workflow_reason(self) -> tuple[ReleaseCause, str] | None:
+        """Why this attempt must not cross cutoff 2, as Temporal knows it, or ``None``: its workflow is no
+        longer running (terminated, timed out, ended without it) or cannot be confirmed (Temporal unreachable
+        or throttling)."""
         if self.host.seams.workflow_check_disabled:
             return None
         info = activity.info()
