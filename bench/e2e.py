@@ -2,10 +2,13 @@
 writes, side by side in one run, and the time from a stop request to Stopped while building.
 
 Both variants run the same ``ExportWorkflow`` code: claim on a shared queue, build and cutoff 2 on the
-claiming worker's queue, deliver there. The fenced variant registers ``ExportActivities``. The unfenced
-variant registers :class:`UnfencedActivities` under the same activity names: it reads the job row, builds
-the same file with the same builder and uploads it with the same ``deliver()``, but makes no claim, no
-lease renewal, no cutoff 2, no evidence and no terminal write. The ratio of their wall times for ``N``
+claiming worker's queue, deliver there, with the same search attributes. The fenced variant registers
+``ExportActivities``. The unfenced variant registers :class:`UnfencedActivities` under the same activity
+names: it reads the job row, builds the same file with the same builder and uploads it with the same
+``deliver()``, but makes no claim, no lease renewal, no cutoff 2, no evidence and no terminal write. Each
+variant has the pools of a worker process (``worker.py``: the protocol's statements on one, the builds on
+another), and the partner is OpenSSH's sshd in processes of its own, as a partner's server is on its own
+machine (the in-process asyncssh server only where there is no sshd). The ratio of their wall times for ``N``
 small exports started together is the overhead of the fencing (target: under 1.20x with issue 26's writes).
 
 Outcome notifications are on for the fenced variant (issue 26): every export's terminal write fires the
@@ -62,6 +65,7 @@ from rules.webhooks import new_secret
 from runtime.webhooks import WebhookDispatcher
 from settings import Settings
 from testbed.pg import TestDatabase, clone_database, make_template, postgres_server
+from testbed.sftp import Sshd, sshd_available
 from testbed.temporal import start_dev_server
 from testbed.webhook_receiver import WebhookReceiver
 from workflows.export import ExportWorkflow, export_summary, export_workflow_id
@@ -107,7 +111,13 @@ class UnfencedActivities:
     @activity.defn(name="export.claim")
     async def claim(self, inp: ClaimInput) -> ClaimOutcome:
         job = await self._job(inp.job_id)
-        return ClaimOutcome(step=ClaimStep.CLAIMED, tenant_id=job.tenant_id, task_queue=self.own_task_queue)
+        # The same workflow as the fenced variant's, search attributes included (the server has them)
+        return ClaimOutcome(
+            step=ClaimStep.CLAIMED,
+            tenant_id=job.tenant_id,
+            task_queue=self.own_task_queue,
+            search_attributes=True,
+        )
 
     @activity.defn(name="export.prepare_delivery")
     async def prepare_delivery(self, inp: PrepareInput) -> PrepareResult:
@@ -180,7 +190,7 @@ class Bench:
     """One database, one SFTP server, one dev server; a fenced and an unfenced worker host."""
 
     def __init__(
-        self, database: TestDatabase, client: Client, sftp: LocalSftpServer, work_root: Path
+        self, database: TestDatabase, client: Client, sftp: Sshd | LocalSftpServer, work_root: Path
     ) -> None:
         self.database = database
         self.client = client
@@ -194,22 +204,39 @@ class Bench:
         self.notifications: NotificationStore | None = None
 
     async def start(self, renew_every: float) -> None:
-        worker_pool = await open_pool(
-            self.database.app_url, "exports_worker", max_size=10, name="bench-worker"
-        )
-        api_pool = await open_pool(self.database.app_url, "exports_api", max_size=4, name="bench-api")
-        self.closers += [worker_pool.close, api_pool.close]
-        store = WorkerStore(worker_pool, lease_seconds=60)
-        self.api = ApiStore(api_pool)
         settings = Settings(
             database_url=self.database.app_url,
             work_dir=self.work_root / "fenced",
             renew_every_seconds=renew_every,
             lease_seconds=60,
         )
+        # Each variant has the pools of its own worker process (worker.py): the protocol's statements on one,
+        # the builder's COPY on another of max_concurrent_builds connections, so no renewal, fence or read
+        # waits behind a build.
+        pools = {}
+        for variant in ("fenced", "plain"):
+            protocol_pool = await open_pool(
+                self.database.app_url,
+                "exports_worker",
+                max_size=settings.worker_pool_size,
+                name=f"bench-{variant}-worker",
+            )
+            build_pool = await open_pool(
+                self.database.app_url,
+                "exports_worker",
+                min_size=0,
+                max_size=settings.max_concurrent_builds,
+                name=f"bench-{variant}-build",
+            )
+            self.closers += [protocol_pool.close, build_pool.close]
+            pools[variant] = (WorkerStore(protocol_pool, lease_seconds=60), build_pool)
+        api_pool = await open_pool(self.database.app_url, "exports_api", max_size=4, name="bench-api")
+        self.closers.append(api_pool.close)
+        self.api = ApiStore(api_pool)
+        store, build_pool = pools["fenced"]
         self.fenced = ExportActivities(
             store,
-            worker_pool,
+            build_pool,
             settings,
             "bench-fenced",
             self.queue("fenced-own"),
@@ -217,9 +244,8 @@ class Bench:
             search_attributes=True,
             partners=partner_for,
         )
-        unfenced = UnfencedActivities(
-            store, worker_pool, self.work_root / "unfenced", self.queue("plain-own")
-        )
+        store, build_pool = pools["plain"]
+        unfenced = UnfencedActivities(store, build_pool, self.work_root / "unfenced", self.queue("plain-own"))
         workers = [
             Worker(
                 self.client,
@@ -286,7 +312,7 @@ class Bench:
                     "INSERT INTO destinations (id, tenant_id, name, host, port, username, host_key,"
                     " credential_ref, remote_dir, intake_time_zone, intake_hours, blackout_dates, max_sessions)"
                     " VALUES (%(id)s, %(t)s, 'bench', %(host)s, %(port)s,"
-                    " 'partner', %(key)s, %(cred)s, '/', 'Europe/Berlin', ARRAY['Mon-Sun 00:00-24:00'],"
+                    " 'partner', %(key)s, %(cred)s, %(dir)s, 'Europe/Berlin', ARRAY['Mon-Sun 00:00-24:00'],"
                     " ARRAY[DATE '2099-12-31'], 2)",
                     {
                         "id": destination_id,
@@ -295,6 +321,7 @@ class Bench:
                         "port": self.sftp.port,
                         "key": self.sftp.host_key_line,
                         "cred": str(self.sftp.client_key_path),
+                        "dir": str(self.sftp.upload_dir) if isinstance(self.sftp, Sshd) else "/",
                     },
                 )
                 # Deliveries are fail-closed and the policy checks the creator (issue 9): enable both scopes
@@ -439,9 +466,16 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
         env = await start_dev_server(
             search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTE_NAMES]
         )
-        sftp = LocalSftpServer(work_root / "partner")
-        await sftp.start()
-        bench = Bench(database, env.client, sftp, work_root)
+        # The partner is OpenSSH's sshd, in processes of its own as a partner's server is on its own machine.
+        # The in-process asyncssh server shares this process's event loop and GIL with the workers, so it
+        # would bill every worker-side instruction to the partner's answers (only where sshd is missing).
+        partner: Sshd | LocalSftpServer
+        if sshd_available():
+            partner = Sshd.start(max_sessions=4 * exports)
+        else:
+            partner = LocalSftpServer(work_root / "partner")
+            await partner.start()
+        bench = Bench(database, env.client, partner, work_root)
         try:
             await bench.start(renew_every)
             # Warm both paths (workflow caches, pools, SSH) before measuring.
@@ -477,7 +511,10 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
             renewal = [await bench.stop_latency(with_signal=False, phase=p) for p in phases]
         finally:
             await bench.close()
-            await sftp.stop()
+            if isinstance(partner, Sshd):
+                partner.stop()
+            else:
+                await partner.stop()
             await env.shutdown()
     fenced, plain = statistics.median(walls["fenced"]), statistics.median(walls["plain"])
     # Each round runs both variants back to back: its ratio is a pair, and the median of the pairs comes with
@@ -502,7 +539,8 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
         "stop_by_renewal_s": statistics.median(renewal),
     }
     print(
-        f"exports: {exports} x {contacts} contacts, started together; rounds: {rounds} (medians)"
+        f"exports: {exports} x {contacts} contacts, started together; rounds: {rounds} (medians); partner:"
+        f" {'OpenSSH sshd' if isinstance(partner, Sshd) else 'in-process asyncssh (no sshd here)'}"
         f"  cpus: {os.cpu_count()}  load: {os.getloadavg()[0]:.2f}"
     )
     print(
