@@ -125,8 +125,17 @@ class DeliverActivity:
                         )
                 if self.host.seams.before_upload is not None:
                     await self.host.seams.before_upload(job.id)
+                # The contract cutoff 2 authorized, whatever the destination says since: an edit after cutoff 2
+                # does not touch this upload (issue #24.2). Read while the upload fence is written.
+                contract = asyncio.create_task(
+                    self.host.store.load_destination(
+                        job.tenant_id, job.destination_id, job.destination_version
+                    )
+                )
+                contract.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved
                 fenced = await self._fence(attempt, rename=False)
                 if fenced != FenceResult.FENCED:
+                    contract.cancel()
                     # Nothing was sent: the partner never heard of this attempt.
                     log.info(
                         "job %s attempt %s: upload fence %s; nothing sent", job.id, attempt.attempt_id, fenced
@@ -139,7 +148,7 @@ class DeliverActivity:
                         if fenced == FenceResult.NOT_OWNER
                         else FinishResult.UNKNOWN
                     )
-                return await self._upload_and_finish(job, inp, attempt)
+                return await self._upload_and_finish(job, inp, attempt, await contract)
             finally:
                 heartbeat.cancel()
                 await self.host.attempts.end(
@@ -166,13 +175,12 @@ class DeliverActivity:
         with contextlib.suppress(StoreError, OSError, TimeoutError):
             await self.host.store.append_delivery_evidence(job_id, attempt_id, self.host.worker_id, evidence)
 
-    async def _upload_and_finish(self, job: ExportJob, inp: DeliverInput, attempt: Attempt) -> DeliverResult:
+    async def _upload_and_finish(
+        self, job: ExportJob, inp: DeliverInput, attempt: Attempt, destination: Destination
+    ) -> DeliverResult:
+        """Upload to ``destination`` as cutoff 2 authorized it (every observation names its version), then
+        the evidence and the terminal write."""
         loop = asyncio.get_running_loop()
-        # The contract cutoff 2 authorized, whatever the destination says since: an edit after cutoff 2 does
-        # not touch this upload (issue #24.2). Every observation names that version.
-        destination = await self.host.store.load_destination(
-            job.tenant_id, job.destination_id, job.destination_version
-        )
         recorder = _EvidenceRecorder(
             self.host.store,
             job.id,
