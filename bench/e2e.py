@@ -26,6 +26,7 @@ cancellation transaction commits a stop request to the moment the row reads Stop
 it (target: under one renewal interval).
 
     python -m bench.e2e [--exports 20] [--contacts 200] [--rounds 10] [--stops 5] [--renew-every 2]
+                        [--partner sshd|asyncssh]
 """
 
 from __future__ import annotations
@@ -458,7 +459,9 @@ class Bench:
             await asyncio.sleep(0.005)
 
 
-async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every: float) -> dict[str, float]:
+async def main(
+    exports: int, contacts: int, rounds: int, stops: int, renew_every: float, partner_kind: str = "sshd"
+) -> dict[str, float]:
     """Run both comparisons; print and return the figures."""
     work_root = Path(tempfile.mkdtemp(prefix="fenced-bench-e2e-"))
     with postgres_server() as server_url:
@@ -470,7 +473,7 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
         # The in-process asyncssh server shares this process's event loop and GIL with the workers, so it
         # would bill every worker-side instruction to the partner's answers (only where sshd is missing).
         partner: Sshd | LocalSftpServer
-        if sshd_available():
+        if partner_kind == "sshd" and sshd_available():
             partner = Sshd.start(max_sessions=4 * exports)
         else:
             partner = LocalSftpServer(work_root / "partner")
@@ -540,7 +543,7 @@ async def main(exports: int, contacts: int, rounds: int, stops: int, renew_every
     }
     print(
         f"exports: {exports} x {contacts} contacts, started together; rounds: {rounds} (medians); partner:"
-        f" {'OpenSSH sshd' if isinstance(partner, Sshd) else 'in-process asyncssh (no sshd here)'}"
+        f" {'OpenSSH sshd' if isinstance(partner, Sshd) else 'in-process asyncssh'}"
         f"  cpus: {os.cpu_count()}  load: {os.getloadavg()[0]:.2f}"
     )
     print(
@@ -597,5 +600,20 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--stops", type=int, default=5)
     parser.add_argument("--renew-every", type=float, default=2.0)
+    parser.add_argument(
+        "--partner",
+        choices=["sshd", "asyncssh"],
+        default="sshd",
+        help="the partner's server: OpenSSH's sshd (its own processes) or the in-process asyncssh server",
+    )
     options = parser.parse_args()
-    asyncio.run(main(options.exports, options.contacts, options.rounds, options.stops, options.renew_every))
+    asyncio.run(
+        main(
+            options.exports,
+            options.contacts,
+            options.rounds,
+            options.stops,
+            options.renew_every,
+            options.partner,
+        )
+    )
