@@ -211,7 +211,9 @@ class DeliverActivity:
             async def fenced() -> bool:
                 if self.host.seams.before_rename_fence is not None:
                     await self.host.seams.before_rename_fence(job.id)
-                answer = await self._fence(attempt, rename=True)
+                # What the thread observed so far (the upload) is on record before the rename is sent:
+                # appended while the fence is written.
+                answer, _ = await asyncio.gather(self._fence(attempt, rename=True), recorder.drain())
                 if answer == FenceResult.FENCED and self.host.seams.after_rename_fence is not None:
                     await self.host.seams.after_rename_fence(job.id)
                 if answer == FenceResult.OUTSIDE_WINDOW:
@@ -385,8 +387,9 @@ class _EvidenceRecorder:
     append was in flight, or within :data:`EVIDENCE_LINGER_SECONDS`, as one statement
     (``append_delivery_evidence_many``), so a delivery spends its time with the partner, not waiting on one
     insert per observation. The thread waits only for an observation the next step relies on
-    (:data:`WAIT_FOR`), which is appended at once with what gathered before it. A crash loses at most what was
-    handed over and not yet appended: the observations of one linger and one round trip. What cannot be
+    (:data:`WAIT_FOR`), which is appended at once with what gathered before it, and everything observed before
+    the rename is appended while the rename fence is written, before the rename is sent. A crash loses at most
+    what was handed over and not yet appended: the observations of one linger and one round trip. What cannot be
     appended is kept and retried by :meth:`flush`, which the terminal write waits for (evidence first)."""
 
     def __init__(
@@ -469,6 +472,12 @@ class _EvidenceRecorder:
                 type(exc).__name__,
             )
             self.pending.extend(evidence)
+
+    async def drain(self) -> None:
+        """Wait until everything handed over so far is appended (or set aside for :meth:`flush`)."""
+        self._now.set()
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
 
     async def flush(self, tries: int = 3) -> None:
         """Wait for the writer to append what the thread handed over, then retry what could not be appended

@@ -1,6 +1,7 @@
 """The delivery's evidence writer: the delivering thread hands each observation over and goes on, one writer
 appends them in their order, several per statement, and the thread waits only for the baseline, which is on
-record before the first byte is sent. The terminal write follows the last observation (evidence first)."""
+record before the first byte is sent; what it observed before the rename is on record before the rename is
+sent. The terminal write follows the last observation (evidence first)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ async def test_the_baseline_is_on_record_before_the_first_byte_and_every_observa
 ) -> None:
     job = await harness.queue_export(contacts=50)
     seen_at_first_byte: list[list[str]] = []
+    seen_before_rename: list[list[str]] = []
 
     async def first_byte(job_id: uuid.UUID, sent: int) -> None:
         if not seen_at_first_byte:
@@ -33,11 +35,17 @@ async def test_the_baseline_is_on_record_before_the_first_byte_and_every_observa
                 [str(o["observation"]) for _, o in await _observations(harness, job_id)]
             )
 
+    async def rename_fenced(job_id: uuid.UUID) -> None:
+        seen_before_rename.append([str(o["observation"]) for _, o in await _observations(harness, job_id)])
+
     harness.host.activities.seams.during_upload = first_byte
+    harness.host.activities.seams.after_rename_fence = rename_fenced
     result = await harness.run(job)
 
     assert result.outcome == AttemptOutcome.COMPLETED
     assert seen_at_first_byte and "baseline" in seen_at_first_byte[0]
+    # a worker killed once the rename is sent leaves the upload on record (recovery and reconcilers weigh it)
+    assert seen_before_rename == [["connect", "baseline", "upload"]]
     observed = await _observations(harness, job.id)
     kinds = [str(o["observation"]) for _, o in observed]
     assert kinds == ["connect", "baseline", "upload", "rename", "read_back", "outcome"]
