@@ -1895,6 +1895,8 @@ CREATE INDEX ix_operator_actions_principal ON public.operator_actions USING btre
 
 CREATE INDEX ix_operator_actions_subject ON public.operator_actions USING btree (tenant_id, subject_kind, subject_id, id);
 
+CREATE INDEX ix_operator_actions_subject_id ON public.operator_actions USING btree (tenant_id, subject_id, id);
+
 CREATE INDEX ix_operator_actions_tenant ON public.operator_actions USING btree (tenant_id, id);
 
 CREATE INDEX ix_outbox_deferred ON public.outbox USING btree (available_at) WHERE ((published_at IS NULL) AND (available_at IS NOT NULL));

@@ -224,5 +224,6 @@ async def test_the_ledgers_indexes_serve_each_filter(factory):
         "ix_operator_actions_principal": "(tenant_id, principal, id)",
         "ix_operator_actions_action": "(tenant_id, action, id)",
         "ix_operator_actions_subject": "(tenant_id, subject_kind, subject_id, id)",
+        "ix_operator_actions_subject_id": "(tenant_id, subject_id, id)",  # the subject without its kind (0040)
     }.items():
         assert definitions[name].endswith(columns), (name, definitions[name])
