@@ -1,7 +1,8 @@
 """How each observation a delivery makes is recorded, the moment it is made.
 
-Every observation becomes one JSON-able dict, handed to ``on_evidence`` at once, so a crash loses at most
-the observation in flight. Each dict carries ``observation`` (its kind), ``at`` (UTC, when it was seen),
+Every observation becomes one JSON-able dict, handed to ``on_evidence`` at once (the worker's writer appends
+them in order, a few per statement, and has all of them on record before the rename is sent: see
+``activities.deliver._EvidenceRecorder``). Each dict carries ``observation`` (its kind), ``at`` (UTC, when it was seen),
 ``attempt_id`` and ``destination_id``; the caller adds who observed it when it stores the dict
 (``append_delivery_evidence`` of the worker's and recovery's stores). Only names, sizes, mtimes, hashes (hex), SFTP status codes and
 error type names appear: never file contents, contact data or credentials. The values themselves are in
