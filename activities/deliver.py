@@ -411,8 +411,7 @@ class _EvidenceRecorder:
         self.pending: list[dict[str, Any]] = []
         self._handed_over: list[tuple[dict[str, Any], concurrent.futures.Future[None] | None]] = []
         self._writer: asyncio.Task[None] | None = None
-        self._now = asyncio.Event()  # append without lingering: the thread waits, or the flush has begun
-        self._flushing = False
+        self._now = asyncio.Event()  # append without lingering: the thread waits, or a drain has begun
 
     def observe_from_thread(self, evidence: dict[str, Any]) -> None:
         """Called in the delivering thread: hands the observation to the writer; waits until it is appended
@@ -436,8 +435,7 @@ class _EvidenceRecorder:
             while self._handed_over:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._now.wait(), EVIDENCE_LINGER_SECONDS)
-                if not self._flushing:
-                    self._now.clear()
+                self._now.clear()
                 batch, self._handed_over = self._handed_over, []
                 try:
                     await self._append([evidence for evidence, _ in batch])
@@ -482,10 +480,7 @@ class _EvidenceRecorder:
     async def flush(self, tries: int = 3) -> None:
         """Wait for the writer to append what the thread handed over, then retry what could not be appended
         (``tries`` times, with a growing pause)."""
-        self._flushing = True
-        self._now.set()
-        if self._writer is not None:
-            await asyncio.shield(self._writer)
+        await self.drain()
         for attempt in range(tries):
             if not self.pending:
                 return

@@ -151,6 +151,9 @@ class PrepareActivity:
                 # Whether the workflow still runs is asked of Temporal while the session opens: one round trip
                 # off the way to cutoff 2, and both answers are in before it.
                 workflow_gone = asyncio.create_task(self._workflow_reason())
+                workflow_gone.add_done_callback(
+                    lambda done: done.cancelled() or done.exception()
+                )  # retrieved
                 try:
                     not_now = await self._partner_session(job, attempt, destination)
                     if not_now is not None:
