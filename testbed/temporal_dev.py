@@ -108,13 +108,31 @@ class TemporalDevServer:
                 code = self.child.returncode()
                 raise RuntimeError(f"exited with {code}: {one_line(self.child.log_tail())}")
             try:
-                client = await Client.connect(self.address, namespace=self.namespace)
-                await client.count_workflows()  # the visibility store answers too
+                await self._answers(deadline)
                 return
             except Exception as exc:  # noqa: BLE001 - starting: keep polling until the deadline
                 last = exc
                 await asyncio.sleep(0.2)
         raise TimeoutError(f"no answer within {within}s ({last!r}); log: {one_line(self.child.log_tail())}")
+
+    async def _answers(self, deadline: float) -> None:
+        """One connect and count, given up as soon as the child exits: a port that someone else holds
+        accepts the TCP connection and never answers gRPC, and the client would wait 30 s for it."""
+        probe = asyncio.ensure_future(self._count_workflows())
+        try:
+            while not probe.done():
+                if not self.child.running() or time.monotonic() >= deadline:
+                    raise ConnectionError("the server exited or the deadline passed while connecting")
+                await asyncio.wait({probe}, timeout=0.2)
+            probe.result()
+        finally:
+            if not probe.done():
+                probe.cancel()
+                await asyncio.gather(probe, return_exceptions=True)
+
+    async def _count_workflows(self) -> None:
+        client = await Client.connect(self.address, namespace=self.namespace)
+        await client.count_workflows()  # the visibility store answers too
 
     async def stop(self, sig: int = signal.SIGTERM, within: float = 15.0) -> int | None:
         """Stop the process (``sig``, then SIGKILL after ``within`` seconds); its persistence file stays."""
