@@ -172,6 +172,13 @@ class Settings(BaseSettings):
         ge=0,
         description="after such a give-back, how long the export waits before the next claim",
     )
+    session_takeover_hold_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description="how long the session slot of an attempt recovery took over stays held, unless that attempt "
+        "gives it back sooner: as long as the partner may keep a stalled client's connection (OpenSSH's "
+        "LoginGraceTime is 120 s); 0: freed at the takeover",
+    )
     session_hold_seconds: float = Field(
         default=180.0,
         ge=10,

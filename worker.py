@@ -285,6 +285,8 @@ async def run_worker(
             "exports_recovery",
             max_size=min(4, settings.recovery_concurrency),
             name=f"recovery-{worker_id}",
+            # how long a slot recovery's takeover leaves held for the attempt it took over (0041)
+            parameters={"fenced.session_takeover_hold_seconds": str(settings.session_takeover_hold_seconds)},
         )
         resources.push_async_callback(recovery_pool.close)
         # Recurring exports' firings create exports through the API's create, so they run as exports_api.

@@ -57,6 +57,13 @@ class SoakConfig:
     # (a paused worker's session), as partners do, and sooner than a lease expires.
     session_limit: int = 2
     partner_client_alive_seconds: int = 2
+    # ... and a connection not authenticated within this long (sshd's LoginGraceTime): a worker paused half-way
+    # through its handshake, which ClientAlive never asks (the 2,000-export soak met one, 6 s past a takeover).
+    partner_login_grace_seconds: int = 5
+    # How long a slot recovery's takeover leaves held for the attempt it took over (0041): at least as long as
+    # the partner keeps a stalled client's connection (the two settings above), or a session it still counts
+    # could be joined by one more.
+    session_takeover_hold_seconds: float = 8.0
     # The workers' settings (EXPORTS_*): short, so a lease lost to a fault is recovered within the run.
     lease_seconds: float = 6.0
     renew_every_seconds: float = 2.0

@@ -156,7 +156,10 @@ class Stack:
 
         say("starting the OpenSSH partner and the watch on its upload directory")
         self.sshd = await asyncio.to_thread(
-            Sshd.start, max_sessions=64, client_alive_seconds=self.config.partner_client_alive_seconds
+            Sshd.start,
+            max_sessions=64,
+            client_alive_seconds=self.config.partner_client_alive_seconds,
+            login_grace_seconds=self.config.partner_login_grace_seconds,
         )
         self.upload_dir = self.sshd.make_upload_dir()
         self.watch = PartnerWatch(self.upload_dir).start()
@@ -371,6 +374,7 @@ class Stack:
             "EXPORTS_WORK_DIR": str(self._work_dir(managed)),
             "EXPORTS_LEASE_SECONDS": str(c.lease_seconds),
             "EXPORTS_RENEW_EVERY_SECONDS": str(c.renew_every_seconds),
+            "EXPORTS_SESSION_TAKEOVER_HOLD_SECONDS": str(c.session_takeover_hold_seconds),
             "EXPORTS_MAX_ATTEMPTS": str(c.max_attempts),
             "EXPORTS_RELEASE_BACKOFF_BASE_SECONDS": str(c.release_backoff_base_seconds),
             "EXPORTS_RELEASE_BACKOFF_CAP_SECONDS": str(c.release_backoff_cap_seconds),

@@ -84,18 +84,22 @@ async def open_pool(
     name: str | None = None,
     checkout_timeout: float = 15.0,
     retry_for: float = 0.0,
+    parameters: dict[str, str] | None = None,
 ) -> AsyncConnectionPool[AsyncConnection[Any]]:
     """Open an autocommit pool whose connections act as ``role``; fails at start on a bad URL.
 
     Every statement of the protocol is one autocommit statement; the few short transactions open
     their own with ``conn.transaction()``. ``checkout_timeout`` bounds each checkout. With ``retry_for`` the pool
     first waits for the server (:func:`wait_for_postgres`), so a process started while PostgreSQL restarts
-    comes up once it is back.
+    comes up once it is back. ``parameters`` are set on each connection (``set_config``, for the session):
+    settings the role's triggers read, such as ``fenced.session_takeover_hold_seconds`` (0041).
     """
 
     async def configure(conn: AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
         await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        for name, value in (parameters or {}).items():
+            await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 
     if retry_for > 0:
         await wait_for_postgres(url, retry_for, what=f"the {role} pool")

@@ -1175,6 +1175,17 @@ SET holder = %(return_to)s::uuid,
 WHERE s.holder = %(holder)s
 RETURNING s.slot;
 
+-- name: release_taken_over_slot
+-- An attempt that found its job taken over (its renewal changed no row) gives back the slot recovery left held
+-- for it (0041), once its session is closed: only its own, only while it is still held for it after the
+-- takeover (the job no longer its), so a slot someone else has taken since is not touched.
+UPDATE destination_session_slots s
+SET holder = NULL, job_id = NULL, purpose = NULL, taken_at = NULL, expires_at = NULL
+WHERE s.holder = %(holder)s AND s.purpose = 'attempt' AND s.expires_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM export_jobs j
+                  WHERE j.id = s.job_id AND j.attempt_id = s.holder AND j.status IN ('Running', 'Delivering'))
+RETURNING s.slot;
+
 -- name: pause_destination_for_partner
 -- The worker's one switch change (0029): pause one destination whose server presented a host key nobody
 -- pinned, or refused our login, with that reason and the worker as who; never a resume, never another

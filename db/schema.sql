@@ -661,6 +661,20 @@ BEGIN
     RETURN NULL;
 END $$;
 
+CREATE FUNCTION public.hold_session_slot_after_takeover() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    hold float8 := coalesce(nullif(current_setting('fenced.session_takeover_hold_seconds', true), '')::float8, 120);
+BEGIN
+    IF current_user = 'exports_recovery' AND hold > 0 THEN
+        UPDATE destination_session_slots s
+        SET expires_at = clock_timestamp() + make_interval(secs => hold)
+        WHERE s.holder = OLD.attempt_id AND s.job_id = OLD.id AND s.purpose = 'attempt';
+    END IF;
+    RETURN NULL;
+END $$;
+
 CREATE FUNCTION public.intake_ranges(hours text[]) RETURNS TABLE(opens integer, closes integer)
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
     AS $_$
@@ -1180,7 +1194,7 @@ CREATE TABLE public.destination_session_slots (
     purpose text,
     taken_at timestamp with time zone,
     expires_at timestamp with time zone,
-    CONSTRAINT ck_destination_session_slots_holder CHECK ((((holder IS NULL) AND (job_id IS NULL) AND (purpose IS NULL) AND (taken_at IS NULL) AND (expires_at IS NULL)) OR ((holder IS NOT NULL) AND (purpose = 'attempt'::text) AND (job_id IS NOT NULL) AND (taken_at IS NOT NULL) AND (expires_at IS NULL)) OR ((holder IS NOT NULL) AND (purpose <> 'attempt'::text) AND (job_id IS NULL) AND (taken_at IS NOT NULL) AND (expires_at IS NOT NULL)))),
+    CONSTRAINT ck_destination_session_slots_holder CHECK ((((holder IS NULL) AND (job_id IS NULL) AND (purpose IS NULL) AND (taken_at IS NULL) AND (expires_at IS NULL)) OR ((holder IS NOT NULL) AND (purpose = 'attempt'::text) AND (job_id IS NOT NULL) AND (taken_at IS NOT NULL)) OR ((holder IS NOT NULL) AND (purpose <> 'attempt'::text) AND (job_id IS NULL) AND (taken_at IS NOT NULL) AND (expires_at IS NOT NULL)))),
     CONSTRAINT destination_session_slots_purpose_check CHECK ((purpose = ANY (ARRAY['attempt'::text, 'recovery'::text, 'cleanup'::text, 'connection_test'::text]))),
     CONSTRAINT destination_session_slots_slot_check CHECK ((slot >= 1))
 );
@@ -1967,6 +1981,8 @@ CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH
 
 CREATE TRIGGER tr_export_jobs_guard_correction_code BEFORE UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((old.status = ANY (ARRAY['Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_correction_code_guard();
 
+CREATE TRIGGER tr_export_jobs_hold_slot_after_takeover AFTER UPDATE OF status, attempt_id ON public.export_jobs FOR EACH ROW WHEN (((old.status = ANY (ARRAY['Running'::text, 'Delivering'::text])) AND (old.attempt_id IS NOT NULL) AND ((new.status <> ALL (ARRAY['Running'::text, 'Delivering'::text])) OR (new.attempt_id IS DISTINCT FROM old.attempt_id)))) EXECUTE FUNCTION public.hold_session_slot_after_takeover();
+
 CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_insert_guard();
 
 CREATE TRIGGER tr_export_jobs_no_delete BEFORE DELETE ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_no_delete();
@@ -2208,6 +2224,8 @@ GRANT ALL ON FUNCTION public.delivery_window_open(d public.destinations, at time
 REVOKE ALL ON FUNCTION public.export_jobs_expected_manifest_guard() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.export_jobs_mark_outcome_unknown() FROM PUBLIC;
+
+REVOKE ALL ON FUNCTION public.hold_session_slot_after_takeover() FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION public.intake_ranges(hours text[]) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.intake_ranges(hours text[]) TO exports_worker;

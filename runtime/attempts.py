@@ -176,6 +176,11 @@ class AttemptRegistry:
             attempt.idle.cancel()
         await attempt.close_session()  # never left open past the attempt's last write here
         await attempt.keeper.finish()
+        if attempt.reason == StopReason.OWNERSHIP_LOST:
+            # Recovery took the job over while this attempt could still hold a partner session, and left its
+            # slot held for it (0041); every session of the attempt is closed now, so the slot is given back.
+            with contextlib.suppress(Exception):
+                await self.store.release_taken_over_slot(attempt.attempt_id)
         if self._attempts.get(attempt.attempt_id) is attempt:
             del self._attempts[attempt.attempt_id]
         if not self._attempts:

@@ -72,6 +72,7 @@ class Sshd:
     host: str = "127.0.0.1"
     max_sessions: int = 20
     client_alive_seconds: int = 0
+    login_grace_seconds: int = 0
     host_key_path: Path | None = None
 
     def session_processes(self) -> list[int]:
@@ -101,6 +102,7 @@ class Sshd:
         pick: PortPicker = pick_port,
         on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,
         client_alive_seconds: int = 0,
+        login_grace_seconds: int = 0,
     ) -> Sshd:
         """Generate keys and a config, start ``sshd -D -e``, and wait until it answers with its banner.
 
@@ -108,7 +110,9 @@ class Sshd:
         startup timeout) is stopped and tried again on a new port (:func:`servers.ports.start_with_retries`).
         ``on_spawn`` is called with the process right after each spawn (a test seam: it may kill it).
         ``client_alive_seconds`` (0: off) makes sshd drop a client that stops answering for about that long
-        (``ClientAliveInterval`` 1 s, ``ClientAliveCountMax``), as partners drop a stalled client's session.
+        (``ClientAliveInterval`` 1 s, ``ClientAliveCountMax``), as partners drop a stalled client's session;
+        ``login_grace_seconds`` (0: OpenSSH's 120 s) drops a connection not authenticated within that long
+        (``LoginGraceTime``): a client stalled half-way through its handshake, which ClientAlive never asks.
         """
         user = _ensure_partner_user()
         work_dir = Path(tempfile.mkdtemp(prefix="fenced-sshd-"))
@@ -134,7 +138,15 @@ class Sshd:
             port = ports()
             config = work_dir / "sshd_config"
             config.write_text(
-                _sshd_config(port, work_dir, host_key, authorized, max_sessions, client_alive_seconds)
+                _sshd_config(
+                    port,
+                    work_dir,
+                    host_key,
+                    authorized,
+                    max_sessions,
+                    client_alive_seconds,
+                    login_grace_seconds,
+                )
             )
             with (work_dir / "sshd.log").open("ab") as log:
                 process = subprocess.Popen(
@@ -152,6 +164,7 @@ class Sshd:
                 user=user,
                 max_sessions=max_sessions,
                 client_alive_seconds=client_alive_seconds,
+                login_grace_seconds=login_grace_seconds,
                 host_key_path=host_key,
             )
             try:
@@ -208,6 +221,7 @@ class Sshd:
                 self.work_dir / "authorized_keys",
                 self.max_sessions,
                 self.client_alive_seconds,
+                self.login_grace_seconds,
             )
         )
         with (self.work_dir / "sshd.log").open("ab") as log:
@@ -246,12 +260,15 @@ def _sshd_config(
     authorized: Path,
     max_sessions: int,
     client_alive_seconds: int = 0,
+    login_grace_seconds: int = 0,
 ) -> str:
     alive = (
         ["ClientAliveInterval 1", f"ClientAliveCountMax {client_alive_seconds}"]
         if client_alive_seconds
         else []
     )
+    if login_grace_seconds:
+        alive.append(f"LoginGraceTime {login_grace_seconds}")
     return "\n".join(
         [
             f"Port {port}",

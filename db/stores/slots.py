@@ -71,3 +71,9 @@ class SlotStatements(StoreBase):
             SlotRow,
         )
         return bool(rows)
+
+    async def release_taken_over_slot(self, attempt_id: UUID) -> bool:
+        """Give back the slot recovery left held for ``attempt_id`` after taking its job over (0041), once this
+        attempt's session is closed; False when there was none (no slot, or already taken by someone else)."""
+        rows = await self._rows("release_taken_over_slot", {"holder": attempt_id}, SlotRow)
+        return bool(rows)

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from db.pool import open_pool
+from db.stores.recovery import RecoveryStore
 from domain.models import (
     AuthorizationResult,
     DeliveryOutcome,
@@ -141,14 +143,9 @@ async def ended_by_terminal_write(factory, job, attempt) -> None:
     )
 
 
-async def ended_by_recovery(factory, job, attempt) -> None:
-    await factory.expire_lease(job.id)
-    assert await factory.recovery.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
-
-
 @pytest.mark.parametrize(
     "ending",
-    [ended_by_release, ended_by_stop, ended_by_terminal_write, ended_by_recovery],
+    [ended_by_release, ended_by_stop, ended_by_terminal_write],
     ids=lambda f: f.__name__,
 )
 async def test_the_statement_that_ends_an_attempt_frees_its_slot_for_the_next(factory, worker_store, ending):
@@ -166,6 +163,79 @@ async def test_the_statement_that_ends_an_attempt_frees_its_slot_for_the_next(fa
     )
     if ending is ended_by_release:
         assert row["waits"]  # a give-back for want of a slot is not counted, but its next claim waits
+
+
+# -- recovery's takeover leaves the slot held for a while (0041) -------------------------------------------
+
+
+async def recovery_with_hold(database, seconds: float):
+    """Recovery's store on a pool that sets the takeover hold as the worker sets it from its settings."""
+    pool = await open_pool(
+        database.app_url,
+        "exports_recovery",
+        max_size=2,
+        parameters={"fenced.session_takeover_hold_seconds": str(seconds)},
+    )
+    return pool, RecoveryStore(pool, lease_seconds=60)
+
+
+async def test_recovery_takeover_leaves_the_slot_held_until_the_old_attempt_gives_it_back(
+    factory, worker_store
+):
+    # The taken-over attempt may be alive with its session open (a paused worker, one cut off from
+    # PostgreSQL): the partner still counts that session, so the slot is not anyone else's yet.
+    tenant_id, destination_id = await limited(factory, 1)
+    job, attempt = await running_to(factory, tenant_id, destination_id)
+    assert (await take(worker_store, job, attempt)).slot == 1
+    waiting, waiting_attempt = await running_to(factory, tenant_id, destination_id)
+    await factory.expire_lease(job.id)
+    assert await factory.recovery.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
+
+    assert (await take(worker_store, waiting, waiting_attempt)).slot is None
+    [row] = await slots(factory, destination_id)
+    assert (row["holder"], row["purpose"], row["held"]) == (attempt, "attempt", True)
+    # Someone else's release, or the waiting attempt's, gives back nothing.
+    assert not await worker_store.release_taken_over_slot(waiting_attempt)
+    assert not await worker_store.release_session_slot(waiting_attempt)
+    assert (await take(worker_store, waiting, waiting_attempt)).slot is None
+
+    # The old attempt found its job gone and closed its session: it gives the slot back.
+    assert await worker_store.release_taken_over_slot(attempt)
+    assert (await take(worker_store, waiting, waiting_attempt)).slot == 1
+    assert not await worker_store.release_taken_over_slot(attempt)  # it is the other attempt's now
+    assert [(s["holder"], s["held"]) for s in await slots(factory, destination_id)] == [
+        (waiting_attempt, True)
+    ]
+
+
+async def test_recovery_takeover_leaves_the_slot_held_only_for_its_hold(factory, worker_store, database):
+    pool, recovery = await recovery_with_hold(database, 0.3)
+    try:
+        tenant_id, destination_id = await limited(factory, 1)
+        job, attempt = await running_to(factory, tenant_id, destination_id)
+        assert (await take(worker_store, job, attempt)).slot == 1
+        waiting, waiting_attempt = await running_to(factory, tenant_id, destination_id)
+        await factory.expire_lease(job.id)
+        assert await recovery.requeue_expired_attempt(job.id, attempt, 3, "recovery-test")
+
+        assert (await take(worker_store, waiting, waiting_attempt)).slot is None
+        await factory.admin("SELECT pg_sleep(0.4)")  # the database's clock passes the hold's end
+        assert (await take(worker_store, waiting, waiting_attempt)).slot == 1
+    finally:
+        await pool.close()
+
+
+async def test_an_attempt_still_holding_its_job_cannot_give_its_slot_back_as_taken_over(
+    factory, worker_store
+):
+    tenant_id, destination_id = await limited(factory, 1)
+    job, attempt = await running_to(factory, tenant_id, destination_id)
+    assert (await take(worker_store, job, attempt)).slot == 1
+
+    assert not await worker_store.release_taken_over_slot(attempt)
+
+    [row] = await slots(factory, destination_id)
+    assert (row["holder"], row["held"]) == (attempt, True)
 
 
 # -- two takers of the last slot -------------------------------------------------------------------------

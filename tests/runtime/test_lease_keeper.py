@@ -15,7 +15,9 @@ from db.pool import open_pool
 from db.stores.protocol import WorkerStore
 from domain.models import CancellationOutcome, FailureCode, FinishResult, JobStatus
 from observability.metrics import ExportMetrics, RenewalResult, get_metrics, set_metrics
+from runtime.attempts import AttemptRegistry, StopReason
 from runtime.lease import LeaseKeeper
+from settings import Settings
 from testbed import pg
 from tests.support.factories import Factory
 
@@ -232,3 +234,31 @@ async def test_each_renewal_is_counted_by_its_result_and_timed(
     assert lost["lost"] >= renewed["lost"] + 1
     assert lost["duration"] >= renewed["duration"] + 1
     assert lost["renewed"] == renewed["renewed"]
+
+
+async def test_an_attempt_that_lost_its_job_to_a_takeover_gives_its_held_slot_back_when_it_ends(
+    factory: Factory, keeper_store: WorkerStore
+) -> None:
+    # Recovery's takeover leaves the attempt's session slot held (0041): its worker may be alive with the
+    # session open. The registry's attempt finds the loss at a renewal, closes what it holds, and at its end
+    # gives the slot back, so the partner's limit is not kept waiting for the hold.
+    tenant_id = await factory.tenant()
+    destination_id = await factory.destination(tenant_id, max_sessions=1)
+    job, attempt_id = await factory.running(await factory.queued(tenant_id, destination_id))
+    other, other_attempt = await factory.running(await factory.queued(tenant_id, destination_id))
+    registry = AttemptRegistry(keeper_store, Settings(renew_every_seconds=60))
+    attempt, created = registry.open(job.id, attempt_id, timer=False)
+    assert created and (await attempt.keeper.start()).owned
+    taken = await keeper_store.take_session_slot(tenant_id, destination_id, attempt_id, job_id=job.id)
+    assert taken.slot == 1
+    await factory.expire_lease(job.id)
+    assert await factory.recovery.requeue_expired_attempt(job.id, attempt_id, 3, "recovery-test")
+    held = await keeper_store.take_session_slot(tenant_id, destination_id, other_attempt, job_id=other.id)
+    assert held.slot is None  # held for the attempt recovery took over
+
+    renewal = await attempt.keeper.renew_now()
+    assert renewal is not None and not renewal.owned and attempt.reason == StopReason.OWNERSHIP_LOST
+    await registry.end(attempt)
+
+    taken = await keeper_store.take_session_slot(tenant_id, destination_id, other_attempt, job_id=other.id)
+    assert taken.slot == 1
