@@ -667,7 +667,7 @@ CREATE FUNCTION public.hold_session_slot_after_takeover() RETURNS trigger
 DECLARE
     hold float8 := coalesce(nullif(current_setting('fenced.session_takeover_hold_seconds', true), '')::float8, 120);
 BEGIN
-    IF current_user = 'exports_recovery' AND hold > 0 THEN
+    IF hold > 0 THEN
         UPDATE destination_session_slots s
         SET expires_at = clock_timestamp() + make_interval(secs => hold)
         WHERE s.holder = OLD.attempt_id AND s.job_id = OLD.id AND s.purpose = 'attempt';
@@ -1981,7 +1981,7 @@ CREATE TRIGGER tr_export_jobs_guard BEFORE UPDATE ON public.export_jobs FOR EACH
 
 CREATE TRIGGER tr_export_jobs_guard_correction_code BEFORE UPDATE OF status ON public.export_jobs FOR EACH ROW WHEN (((old.status = ANY (ARRAY['Completed'::text, 'Failed'::text])) AND (new.status IS DISTINCT FROM old.status))) EXECUTE FUNCTION public.export_jobs_correction_code_guard();
 
-CREATE TRIGGER tr_export_jobs_hold_slot_after_takeover AFTER UPDATE OF status, attempt_id ON public.export_jobs FOR EACH ROW WHEN (((old.status = ANY (ARRAY['Running'::text, 'Delivering'::text])) AND (old.attempt_id IS NOT NULL) AND ((new.status <> ALL (ARRAY['Running'::text, 'Delivering'::text])) OR (new.attempt_id IS DISTINCT FROM old.attempt_id)))) EXECUTE FUNCTION public.hold_session_slot_after_takeover();
+CREATE TRIGGER tr_export_jobs_hold_slot_after_takeover AFTER UPDATE OF status, attempt_id ON public.export_jobs FOR EACH ROW WHEN (((CURRENT_USER = 'exports_recovery'::name) AND (old.status = ANY (ARRAY['Running'::text, 'Delivering'::text])) AND (old.attempt_id IS NOT NULL) AND ((new.status <> ALL (ARRAY['Running'::text, 'Delivering'::text])) OR (new.attempt_id IS DISTINCT FROM old.attempt_id)))) EXECUTE FUNCTION public.hold_session_slot_after_takeover();
 
 CREATE TRIGGER tr_export_jobs_insert_guard BEFORE INSERT ON public.export_jobs FOR EACH ROW EXECUTE FUNCTION public.export_jobs_insert_guard();
 

@@ -28,7 +28,7 @@ CREATE FUNCTION hold_session_slot_after_takeover() RETURNS trigger LANGUAGE plpg
 DECLARE
     hold float8 := coalesce(nullif(current_setting('fenced.session_takeover_hold_seconds', true), '')::float8, 120);
 BEGIN
-    IF current_user = 'exports_recovery' AND hold > 0 THEN
+    IF hold > 0 THEN
         UPDATE destination_session_slots s
         SET expires_at = clock_timestamp() + make_interval(secs => hold)
         WHERE s.holder = OLD.attempt_id AND s.job_id = OLD.id AND s.purpose = 'attempt';
@@ -39,7 +39,9 @@ END $$;
 CREATE TRIGGER tr_export_jobs_hold_slot_after_takeover
     AFTER UPDATE OF status, attempt_id ON export_jobs
     FOR EACH ROW
-    WHEN (OLD.status IN ('Running', 'Delivering') AND OLD.attempt_id IS NOT NULL
+    -- recovery's takeovers only (the role in the WHEN, so the worker's own writes never call the function)
+    WHEN (current_user = 'exports_recovery'
+          AND OLD.status IN ('Running', 'Delivering') AND OLD.attempt_id IS NOT NULL
           AND (NEW.status NOT IN ('Running', 'Delivering') OR NEW.attempt_id IS DISTINCT FROM OLD.attempt_id))
     EXECUTE FUNCTION hold_session_slot_after_takeover();
 
