@@ -50,7 +50,7 @@ class GpgIdentity:
     @classmethod
     def generate(cls, user_id: str, root: Path | None = None, passphrase: str = "") -> GpgIdentity:
         """A new key pair; with ``passphrase``, its secret key file is protected by it."""
-        home = Path(tempfile.mkdtemp(prefix="fx-id-", dir=root))
+        home = Path(tempfile.mkdtemp(prefix="fx-id-", dir=_short_enough(root)))
         loopback = ("--pinentry-mode", "loopback", "--passphrase", passphrase)
         _gpg(home, *loopback, "--quick-gen-key", user_id, "future-default", "default", "never")
         listing = _gpg(home, "--with-colons", "--list-keys").decode()
@@ -88,6 +88,17 @@ class GpgIdentity:
             ["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"], capture_output=True, check=False
         )
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+# gpg-agent listens on a Unix socket in the home (``S.gpg-agent.browser``, 19 characters more), and a socket's
+# path holds at most 107 bytes: a home deeper than this fails key generation with exit 2 (as root there is no
+# /run/user/0 to fall back on). pytest-xdist's ``popen-gw0/`` made the soak's run directory that deep.
+_MAX_HOME_PARENT = 60
+
+
+def _short_enough(root: Path | None) -> Path | None:
+    """``root`` when a home made in it leaves gpg-agent's socket path short enough; else the temp directory."""
+    return root if root is not None and len(str(root)) <= _MAX_HOME_PARENT else None
 
 
 def _gpg(home: Path, *args: str) -> bytes:
