@@ -417,6 +417,7 @@ async def test_the_json_lines_export_streams_the_whole_filtered_ledger(
     assert r.text.endswith("\n") and {x["principal"] for x in lines} == {tenant.operator_name}
 
 
+@pytest.mark.slow  # starter.py processes: seconds
 async def test_the_command_line_prints_the_ledger_and_its_json_lines(database, factory):
     tenant_id = await factory.tenant("acme-cli-audit")
     await factory.destination(tenant_id)

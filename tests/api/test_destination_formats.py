@@ -150,6 +150,7 @@ def _body() -> dict[str, Any]:
     return new_destination()
 
 
+@pytest.mark.slow  # starter.py processes, one per step: seconds
 async def test_the_command_line_sets_the_format_and_rotates_the_key_with_a_second_admin(
     database, acme, partner_key: GpgIdentity, second_partner_key: GpgIdentity, tmp_path
 ):

@@ -305,6 +305,7 @@ async def starter_on(
     return proc.returncode or 0, out.decode(), err.decode()
 
 
+@pytest.mark.slow  # starter.py processes, one per step: seconds
 async def test_the_command_line_tests_pins_and_unpins_as_the_roles_allow(
     dev_env, database, factory, acme, local_sftp_server, queue, worker_host
 ):

@@ -170,6 +170,7 @@ def test_a_stop_while_the_stages_are_behind_ends_the_write_and_abort_leaves_no_g
     assert writer._home is None  # the private GnuPG home is gone
 
 
+@pytest.mark.slow  # a GnuPG key generated with a passphrase: seconds
 def test_a_protected_signing_key_signs_with_its_passphrase_and_is_locked_without_it(
     tmp_path, partner_key: GpgIdentity, gpg_root
 ):

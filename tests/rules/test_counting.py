@@ -99,6 +99,7 @@ def test_about_keeps_two_significant_digits():
     assert [about(n) for n in (5, 99, 1_000, 1_049, 2_500_000_000)] == ["5", "99", "1k", "1k", "2.5B"]
 
 
+@pytest.mark.slow  # 1,800 prefixes, each checked against 2,000 IDs in Python: seconds
 def test_an_id_prefix_is_the_range_of_ids_that_start_with_it():
     ids = [uuid.uuid4() for _ in range(2_000)]
     for job_id in ids[:200]:
