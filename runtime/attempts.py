@@ -56,6 +56,7 @@ class Attempt:
     # Set while the attempt waits for one of its partner's session slots (issue #25.3): (in use, limit).
     waiting_for_slot: tuple[int, int] | None = None
     closing: asyncio.Task[None] | None = None  # the kept session's close after the attempt lost its job
+    lost: bool = False  # a renewal found the job taken over (whatever stopped the attempt first)
 
     def stop(self, reason: StopReason) -> None:
         """Stop the build phase (never cutoff 2 or the upload) for ``reason``; the first reason stands."""
@@ -127,6 +128,7 @@ class AttemptRegistry:
                 attempt.stop(StopReason.STOP_REQUESTED)
 
         def lost() -> None:
+            attempt.lost = True
             attempt.stop(StopReason.OWNERSHIP_LOST)
             if attempt.session is not None:
                 # A takeover committed: the job's slot is no longer this attempt's, so neither may its session
@@ -176,7 +178,7 @@ class AttemptRegistry:
             attempt.idle.cancel()
         await attempt.close_session()  # never left open past the attempt's last write here
         await attempt.keeper.finish()
-        if attempt.reason == StopReason.OWNERSHIP_LOST:
+        if attempt.lost:
             # Recovery took the job over while this attempt could still hold a partner session, and left its
             # slot held for it (0041); every session of the attempt is closed now, so the slot is given back.
             with contextlib.suppress(Exception):

@@ -262,3 +262,30 @@ async def test_an_attempt_that_lost_its_job_to_a_takeover_gives_its_held_slot_ba
 
     taken = await keeper_store.take_session_slot(tenant_id, destination_id, other_attempt, job_id=other.id)
     assert taken.slot == 1
+
+
+async def test_an_attempt_stopped_for_another_reason_first_still_gives_its_held_slot_back(
+    factory: Factory, keeper_store: WorkerStore
+) -> None:
+    # The first stop reason stands (a stop request here); losing the job afterwards still gives the slot back.
+    tenant_id = await factory.tenant()
+    destination_id = await factory.destination(tenant_id, max_sessions=1)
+    job, attempt_id = await factory.running(await factory.queued(tenant_id, destination_id))
+    other, other_attempt = await factory.running(await factory.queued(tenant_id, destination_id))
+    registry = AttemptRegistry(keeper_store, Settings(renew_every_seconds=60))
+    attempt, _ = registry.open(job.id, attempt_id, timer=False)
+    assert (await attempt.keeper.start()).owned
+    assert (
+        await keeper_store.take_session_slot(tenant_id, destination_id, attempt_id, job_id=job.id)
+    ).slot == 1
+    attempt.stop(StopReason.STOP_REQUESTED)
+    await factory.expire_lease(job.id)
+    assert await factory.recovery.requeue_expired_attempt(job.id, attempt_id, 3, "recovery-test")
+
+    renewal = await attempt.keeper.renew_now()
+    assert renewal is not None and not renewal.owned
+    assert attempt.lost and attempt.reason == StopReason.STOP_REQUESTED
+    await registry.end(attempt)
+
+    taken = await keeper_store.take_session_slot(tenant_id, destination_id, other_attempt, job_id=other.id)
+    assert taken.slot == 1
