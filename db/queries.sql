@@ -83,8 +83,11 @@ SELECT j.id AS job_id, j.tenant_id, j.status, j.version, j.attempt_id, j.destina
        d.retired_at AS destination_retired_at, d.contract_starts_on, d.contract_ends_on,
        p.name IS NOT NULL AS principal_found, p.role AS principal_role, p.revoked_at AS principal_revoked_at,
        p.export_lists AS principal_lists,
-       EXISTS (SELECT 1 FROM contacts c WHERE c.tenant_id = j.tenant_id AND c.list_name = j.list_name)
-           AS list_exists,
+       -- the list's first contact in its primary key's order: one index entry. (An EXISTS drops the ORDER BY
+       -- and the LIMIT, and its plan may read contacts sequentially up to the list's rows, which sit together,
+       -- often last: every tenant's contacts, twice an export.)
+       (SELECT true FROM contacts c WHERE c.tenant_id = j.tenant_id AND c.list_name = j.list_name
+        ORDER BY c.id LIMIT 1) IS NOT NULL AS list_exists,
        delivery_scope_open(j.tenant_id, j.destination_id) AS deliveries_open,
        coalesce(j.available_at <= clock_timestamp(), true) AS available,
        (clock_timestamp() AT TIME ZONE 'UTC')::date AS today
@@ -230,8 +233,10 @@ gate AS (
            coalesce((SELECT unchanged FROM destination), false) AS unchanged,
            coalesce((SELECT window_open FROM destination), false) AS window_open,
            coalesce((SELECT may_export FROM creator), false)
-           AND EXISTS (SELECT 1 FROM contacts c, job
-                       WHERE c.tenant_id = job.tenant_id AND c.list_name = job.list_name) AS policy_allows),
+           -- the list still has a contact: its first in the primary key's order, as read_policy_facts reads it
+           AND coalesce((SELECT (SELECT true FROM contacts c
+                                 WHERE c.tenant_id = job.tenant_id AND c.list_name = job.list_name
+                                 ORDER BY c.id LIMIT 1) FROM job), false) AS policy_allows),
 authorized AS (
     UPDATE export_jobs j
     SET status = 'Delivering',
