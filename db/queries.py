@@ -11,7 +11,7 @@ and timed (``observability.statements.observe_statement``).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any, LiteralString, TypeVar
@@ -30,17 +30,18 @@ Row = TypeVar("Row")
 
 @dataclass(frozen=True)
 class Query:
-    """One named statement: its name, the description under its header, and its text."""
+    """One named statement: its name, the description under its header, its text, and whether it changes
+    anything (or locks rows to): only those get a span unless reads are traced."""
 
     name: str
     description: str
     sql: LiteralString
     file: str
+    writes: bool = field(init=False)
 
-    @property
-    def writes(self) -> bool:
-        """Whether it changes anything (or locks rows to): only those get a span unless reads are traced."""
-        return _WRITES.search(re.sub(r"--[^\n]*", "", self.sql)) is not None
+    def __post_init__(self) -> None:
+        # Read once, here: every statement a process runs asks, and the text is a few kilobytes of SQL.
+        object.__setattr__(self, "writes", _WRITES.search(re.sub(r"--[^\n]*", "", self.sql)) is not None)
 
 
 def _parse(file: str, text: str) -> list[Query]:
