@@ -34,6 +34,14 @@ Role = Literal[
 # Start-up: how long a process keeps trying to reach PostgreSQL before it gives up with one clear error.
 START_RETRY_SECONDS = 60.0
 
+# Roles whose connections run the row protocol: the same few dozen statements over and over, each reading and
+# writing rows by their keys. Once psycopg prepares a statement on a connection (its fifth run there), the
+# server plans it once, a generic plan kept until the tables' statistics or definitions change, instead of
+# planning each call for its parameters: planning took about as much of the server's time per export as running
+# the statements (bench e2e; docs/benchmarks.md). Statements stay unprepared for their first runs, so the
+# fault seams that recognise a statement by its text on the wire (testbed.tcp_proxy) still see it.
+PLANNED_ONCE: frozenset[str] = frozenset({"exports_worker"})
+
 
 def is_stale(conn: AsyncConnection[Any]) -> bool:
     """True when an idle pooled connection can no longer serve a statement.
@@ -98,6 +106,8 @@ async def open_pool(
     async def configure(conn: AsyncConnection[Any]) -> None:
         await conn.set_autocommit(True)
         await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        if role in PLANNED_ONCE:
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
         for name, value in (parameters or {}).items():
             await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
 

@@ -45,7 +45,7 @@ async def crowded(factory):
     return tenant, destination
 
 
-def _positional(text: str) -> tuple[str, list[str]]:
+def positional(text: str) -> tuple[str, list[str]]:
     """The statement with ``%(name)s`` as ``$1``, ``$2``... in order of first use, and the names in that order."""
     names: list[str] = []
 
@@ -60,7 +60,7 @@ def _positional(text: str) -> tuple[str, list[str]]:
 def _plans(admin_url: str, statement: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The statement's custom and generic plans as ``exports_worker`` runs them, each in a transaction rolled
     back (a write's too), with what each node read."""
-    text, names = _positional(q(statement))
+    text, names = positional(q(statement))
     plans: dict[str, dict[str, Any]] = {}
     with psycopg.connect(admin_url, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
         with conn.transaction(force_rollback=True):
