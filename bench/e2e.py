@@ -17,8 +17,11 @@ receiver, and the webhook dispatcher fans out, signs and POSTs while the batch r
 order of the variants; each round's fenced/unfenced ratio is one pair, and the median of the pairs is
 reported with its 95 % bootstrap interval (as ``bench obs`` does). Each round also runs the fenced variant with
 the trigger disabled ("quiet": the same workflow and writes as before issue 26), so the run says what the new
-writes cost (fenced / quiet) beside what the fencing costs. After a fenced batch the webhooks still pending are
-drained (outside every wall), so no other batch shares the machine with them.
+writes cost (fenced / quiet) beside what the fencing costs. The quiet variant has a database of its own, whose
+trigger is disabled before anything is measured: an ``ALTER TABLE`` between batches would throw away every
+plan the fenced side's connections keep for their statements, a cost only that side would pay. After a fenced
+batch the webhooks still pending are drained (outside every wall), so no other batch shares the machine with
+them.
 
 The stop latency is measured with a build held open at the ``after_build`` seam: from the moment the
 cancellation transaction commits a stop request to the moment the row reads Stopped, once with the
@@ -88,8 +91,9 @@ from workflows.models import (
     RecordCancelResult,
 )
 
-ENABLE_TRIGGER = "ALTER TABLE export_jobs ENABLE TRIGGER tr_export_jobs_notify_outcome"
 DISABLE_TRIGGER = "ALTER TABLE export_jobs DISABLE TRIGGER tr_export_jobs_notify_outcome"
+# Each variant's database: the quiet one has its own, with the notification trigger disabled from the start.
+DATABASE_OF = {"fenced": "fenced", "plain": "fenced", "quiet": "quiet"}
 BATCH_TIMEOUT_SECONDS = 300.0  # a batch that has not ended by then is a hang, reported as one
 
 
@@ -191,9 +195,15 @@ class Bench:
     """One database, one SFTP server, one dev server; a fenced and an unfenced worker host."""
 
     def __init__(
-        self, database: TestDatabase, client: Client, sftp: Sshd | LocalSftpServer, work_root: Path
+        self,
+        database: TestDatabase,
+        quiet_database: TestDatabase,
+        client: Client,
+        sftp: Sshd | LocalSftpServer,
+        work_root: Path,
     ) -> None:
         self.database = database
+        self.databases = {"fenced": database, "quiet": quiet_database}
         self.client = client
         self.sftp = sftp
         self.work_root = work_root
@@ -201,6 +211,7 @@ class Bench:
         self.closers: list[Callable[[], Awaitable[Any]]] = []
         self.fenced: ExportActivities | None = None
         self.api: ApiStore | None = None
+        self.apis: dict[str, ApiStore] = {}
         self.receiver = WebhookReceiver()
         self.notifications: NotificationStore | None = None
 
@@ -214,16 +225,19 @@ class Bench:
         # Each variant has the pools of its own worker process (worker.py): the protocol's statements on one,
         # the builder's COPY on another of max_concurrent_builds connections, so no renewal, fence or read
         # waits behind a build.
+        with psycopg.connect(self.databases["quiet"].admin_url, autocommit=True) as admin:
+            admin.execute(DISABLE_TRIGGER)  # once, before anything is measured
         pools = {}
-        for variant in ("fenced", "plain"):
+        for variant in ("fenced", "quiet", "plain"):
+            database = self.databases[DATABASE_OF[variant]]
             protocol_pool = await open_pool(
-                self.database.app_url,
+                database.app_url,
                 "exports_worker",
                 max_size=settings.worker_pool_size,
                 name=f"bench-{variant}-worker",
             )
             build_pool = await open_pool(
-                self.database.app_url,
+                database.app_url,
                 "exports_worker",
                 min_size=0,
                 max_size=settings.max_concurrent_builds,
@@ -231,38 +245,42 @@ class Bench:
             )
             self.closers += [protocol_pool.close, build_pool.close]
             pools[variant] = (WorkerStore(protocol_pool, lease_seconds=60), build_pool)
-        api_pool = await open_pool(self.database.app_url, "exports_api", max_size=4, name="bench-api")
-        self.closers.append(api_pool.close)
-        self.api = ApiStore(api_pool)
-        store, build_pool = pools["fenced"]
-        self.fenced = ExportActivities(
-            store,
-            build_pool,
-            settings,
-            "bench-fenced",
-            self.queue("fenced-own"),
-            cancellation_store=self.api,
-            search_attributes=True,
-            partners=partner_for,
-        )
+        for name, database in self.databases.items():
+            api_pool = await open_pool(database.app_url, "exports_api", max_size=4, name=f"bench-{name}-api")
+            self.closers.append(api_pool.close)
+            self.apis[name] = ApiStore(api_pool)
+        self.api = self.apis["fenced"]
+        fenced_sides: dict[str, ExportActivities] = {}
+        for variant in ("fenced", "quiet"):
+            store, build_pool = pools[variant]
+            fenced_sides[variant] = ExportActivities(
+                store,
+                build_pool,
+                settings.model_copy(update={"work_dir": self.work_root / variant}),
+                f"bench-{variant}",
+                self.queue(f"{variant}-own"),
+                cancellation_store=self.apis[DATABASE_OF[variant]],
+                search_attributes=True,
+                partners=partner_for,
+            )
+        self.fenced = fenced_sides["fenced"]
         store, build_pool = pools["plain"]
         unfenced = UnfencedActivities(store, build_pool, self.work_root / "unfenced", self.queue("plain-own"))
-        workers = [
-            Worker(
-                self.client,
-                task_queue=self.queue("fenced"),
-                workflows=[ExportWorkflow],
-                activities=self.fenced.shared_activities(),
-            ),
-            Worker(self.client, task_queue=self.queue("fenced-own"), activities=self.fenced.own_activities()),
-            Worker(
-                self.client,
-                task_queue=self.queue("plain"),
-                workflows=[ExportWorkflow],
-                activities=unfenced.shared_activities(),
-            ),
-            Worker(self.client, task_queue=self.queue("plain-own"), activities=unfenced.own_activities()),
-        ]
+        workers = []
+        for variant, activities in (*fenced_sides.items(), ("plain", unfenced)):
+            workers += [
+                Worker(
+                    self.client,
+                    task_queue=self.queue(variant),
+                    workflows=[ExportWorkflow],
+                    activities=activities.shared_activities(),
+                ),
+                Worker(
+                    self.client,
+                    task_queue=self.queue(f"{variant}-own"),
+                    activities=activities.own_activities(),
+                ),
+            ]
         tasks = [asyncio.create_task(w.run()) for w in workers]
 
         async def stop_workers() -> None:
@@ -298,10 +316,12 @@ class Bench:
     def queue(self, name: str) -> str:
         return f"bench-{self.run_id}-{name}"
 
-    async def queue_exports(self, n: int, contacts: int) -> list[uuid.UUID]:
-        """``n`` queued exports, each of its own tenant with ``contacts`` synthetic contacts."""
+    async def queue_exports(self, n: int, contacts: int, variant: str = "fenced") -> list[uuid.UUID]:
+        """``n`` queued exports in ``variant``'s database, each of its own tenant with ``contacts`` synthetic
+        contacts."""
         jobs = []
-        with psycopg.connect(self.database.admin_url, autocommit=True) as admin:
+        database = self.databases[DATABASE_OF[variant]]
+        with psycopg.connect(database.admin_url, autocommit=True) as admin:
             for _ in range(n):
                 tenant_id, destination_id, job_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
                 admin.execute("INSERT INTO tenants (id, name) VALUES (%(id)s, 'bench')", {"id": tenant_id})
@@ -353,8 +373,7 @@ class Bench:
                     " FROM generate_series(1, %(n)s) g",
                     {"t": tenant_id, "n": contacts},
                 )
-                assert self.api is not None
-                created = await self.api.create_original(
+                created = await self.apis[DATABASE_OF[variant]].create_original(
                     tenant_id=tenant_id,
                     destination_id=destination_id,
                     list_name="main",
@@ -383,13 +402,6 @@ class Bench:
 
         latencies = await asyncio.wait_for(asyncio.gather(*(one(j) for j in jobs)), BATCH_TIMEOUT_SECONDS)
         return time.perf_counter() - started, list(latencies)
-
-    async def notifications_trigger(self, *, enabled: bool) -> None:
-        """Turn the outcome-notification trigger on or off (as the owner): the fenced variant without issue
-        26's writes, for the comparison."""
-        statement = ENABLE_TRIGGER if enabled else DISABLE_TRIGGER
-        with psycopg.connect(self.database.admin_url, autocommit=True) as admin:
-            admin.execute(statement)
 
     async def drain_webhooks(self, bound: float = 60.0) -> float:
         """Wait until every event is fanned out and no delivery is pending; the seconds it took."""
@@ -465,7 +477,8 @@ async def main(
     """Run both comparisons; print and return the figures."""
     work_root = Path(tempfile.mkdtemp(prefix="fenced-bench-e2e-"))
     with postgres_server() as server_url:
-        database = clone_database(server_url, make_template(server_url))
+        template = make_template(server_url)
+        database, quiet_database = clone_database(server_url, template), clone_database(server_url, template)
         env = await start_dev_server(
             search_attributes=[SearchAttributeKey.for_keyword(name) for name in SEARCH_ATTRIBUTE_NAMES]
         )
@@ -478,12 +491,12 @@ async def main(
         else:
             partner = LocalSftpServer(work_root / "partner")
             await partner.start()
-        bench = Bench(database, env.client, partner, work_root)
+        bench = Bench(database, quiet_database, env.client, partner, work_root)
         try:
             await bench.start(renew_every)
             # Warm both paths (workflow caches, pools, SSH) before measuring.
-            for variant in ("fenced", "plain"):
-                await bench.run_batch(variant, await bench.queue_exports(2, contacts))
+            for variant in ("fenced", "quiet", "plain"):
+                await bench.run_batch(variant, await bench.queue_exports(2, contacts, variant))
             await bench.drain_webhooks()
             walls: dict[str, list[float]] = {"fenced": [], "quiet": [], "plain": []}
             p50: dict[str, list[float]] = {"fenced": [], "quiet": [], "plain": []}
@@ -492,16 +505,8 @@ async def main(
             for r in range(rounds):
                 # each round runs the three, in an order that rotates, so none always follows another
                 for variant in order[r % 3 :] + order[: r % 3]:
-                    jobs = await bench.queue_exports(exports, contacts)
-                    if variant == "quiet":
-                        await bench.notifications_trigger(enabled=False)
-                    try:
-                        wall, latencies = await bench.run_batch(
-                            "fenced" if variant == "quiet" else variant, jobs
-                        )
-                    finally:
-                        if variant == "quiet":
-                            await bench.notifications_trigger(enabled=True)
+                    jobs = await bench.queue_exports(exports, contacts, variant)
+                    wall, latencies = await bench.run_batch(variant, jobs)
                     walls[variant].append(wall)
                     p50[variant].append(statistics.median(latencies))
                     if variant == "fenced":
