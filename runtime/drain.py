@@ -40,14 +40,14 @@ class HostWorkers:
     authorized reach their terminal writes. Recovery has a queue of its own (``maintenance``), so it never
     waits behind the export workflows' backlog on the shared one."""
 
-    # shared queue: ExportWorkflow, SweeperWorkflow, RecurringFireWorkflow, ConnectionTestWorkflow
-    workflows: Worker
-    # shared queue: the claim, a Temporal cancel's record, the sweeper, firings, connection tests
-    claims: Worker
-    # this host's queue: the build, cutoff 2 and the delivery
-    own: Worker
-    # the maintenance queue: RecoveryWorkflow and its activities
-    maintenance: Worker | None = None
+    workflows: (
+        Worker  # shared queue: ExportWorkflow, SweeperWorkflow, ConnectionTestWorkflow, RecurringFire...
+    )
+    claims: (
+        Worker  # shared queue: the claim, a Temporal cancel's record, the sweeper, firings, connection tests
+    )
+    own: Worker  # this host's queue: the build, cutoff 2 and the delivery
+    maintenance: Worker | None = None  # the maintenance queue: RecoveryWorkflow and its activities
 
     def __iter__(self) -> Iterator[Worker]:
         return iter(w for w in (self.workflows, self.claims, self.own, self.maintenance) if w is not None)
