@@ -33,8 +33,8 @@ class Settings(BaseSettings):
     )
     task_queue: str = Field(
         default="exports",
-        description="the shared task queue; each worker also serves <task_queue>-<worker_id>, and recovery runs"
-        " on <task_queue>.maintenance",
+        description="the shared task queue; each worker also serves <task_queue>-<worker_id>, and recovery and"
+        " the sweeper run on <task_queue>.maintenance",
     )
     worker_id: str | None = Field(
         default=None, description="this worker's ID (default: host name, PID and a random suffix)"
@@ -338,8 +338,7 @@ class Settings(BaseSettings):
 
     @property
     def maintenance_task_queue(self) -> str:
-        """The queue recovery runs on, its workflow and activities: its own, so a backlog of export workflow
-        tasks on the shared queue never holds up the takeovers that would clear it (the 2,000-export soak saw a
-        recovery run wait 6.5 minutes there for its first workflow task). The sweeper stays on the shared
-        queue: its re-wakes are more export workflows, and a backlog is no lost wake-up."""
+        """The queue recovery and the sweeper run on, workflows and activities: their own, so a backlog of export
+        workflow tasks on the shared queue never holds up the takeovers that would clear it (the 2,000-export
+        soak saw a recovery run wait 6.5 minutes there for its first workflow task)."""
         return f"{self.task_queue}.maintenance"

@@ -4,12 +4,12 @@ It opens the database pools, connects to Temporal, registers the Web UI's search
 server allows it, creates the recovery and sweeper Schedules if they are missing (runtime/), brings every
 recurring export's Schedule to its PostgreSQL row (service/recurring_schedules.py), and runs:
 
-- a Temporal worker on the shared task queue: ExportWorkflow, SweeperWorkflow, RecurringFireWorkflow
-  (recurring exports' Schedules), ConnectionTestWorkflow (a destination's connection test), the claim,
-  sweeper, firing and connection-test activities;
-- a Temporal worker on the maintenance queue (``{task_queue}.maintenance``): RecoveryWorkflow and its
-  activities, on a queue of their own so a backlog of export workflow tasks never holds up the takeovers
-  that would clear it;
+- a Temporal worker on the shared task queue: ExportWorkflow, RecurringFireWorkflow (recurring exports'
+  Schedules), ConnectionTestWorkflow (a destination's connection test), the claim, firing and connection-test
+  activities;
+- a Temporal worker on the maintenance queue (``{task_queue}.maintenance``): RecoveryWorkflow and
+  SweeperWorkflow with their activities, on a queue of their own so a backlog of export workflow tasks never
+  holds up the takeovers that would clear it;
 - a Temporal worker on this host's own queue (``{task_queue}-{worker_id}``): the build, cutoff 2 and
   delivery activities of the attempts this host claimed, so the local file never leaves the host;
 - the outbox dispatcher, the webhook dispatcher (outcome notifications) and the scavenger of local files.
@@ -193,16 +193,15 @@ def build_workers(
     comes with the client."""
     workflows: list[type] = [ExportWorkflow, ConnectionTestWorkflow]
     shared_activities = export.shared_activities()
-    # Recovery on its own queue: never behind a backlog of export workflow tasks. The sweeper stays on the
-    # shared queue: its re-wakes are more export workflows, and behind a backlog there is nothing to re-wake.
+    # Recovery and the sweeper on their own queue: never behind a backlog of export workflow tasks.
     maintenance_workflows: list[type] = []
     maintenance_activities: list[Callable[..., Any]] = []
     if recovery is not None:
         maintenance_workflows.append(RecoveryWorkflow)
         maintenance_activities += recovery.activities()
     if sweeper is not None:
-        workflows.append(SweeperWorkflow)
-        shared_activities += sweeper.activities()
+        maintenance_workflows.append(SweeperWorkflow)
+        maintenance_activities += sweeper.activities()
     if recurring is not None:
         workflows.append(RecurringFireWorkflow)
         shared_activities += recurring.activities()

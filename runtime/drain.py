@@ -37,17 +37,13 @@ class Dispatching(Protocol):
 class HostWorkers:
     """The Temporal workers of one host. The shared queue is served by two, so a drain can stop claiming at
     once (``claims``) while workflow tasks and this host's own queue keep going until the deliveries it
-    authorized reach their terminal writes. Recovery has a queue of its own (``maintenance``), so it never
-    waits behind the export workflows' backlog on the shared one."""
+    authorized reach their terminal writes. Recovery and the sweeper have a queue of their own
+    (``maintenance``), so they never wait behind the export workflows' backlog on the shared one."""
 
-    workflows: (
-        Worker  # shared queue: ExportWorkflow, SweeperWorkflow, ConnectionTestWorkflow, RecurringFire...
-    )
-    claims: (
-        Worker  # shared queue: the claim, a Temporal cancel's record, the sweeper, firings, connection tests
-    )
+    workflows: Worker  # shared queue: ExportWorkflow, ConnectionTestWorkflow, RecurringFireWorkflow
+    claims: Worker  # shared queue: the claim, a Temporal cancel's record, recurring firings, connection tests
     own: Worker  # this host's queue: the build, cutoff 2 and the delivery
-    maintenance: Worker | None = None  # the maintenance queue: RecoveryWorkflow and its activities
+    maintenance: Worker | None = None  # the maintenance queue: RecoveryWorkflow, SweeperWorkflow and theirs
 
     def __iter__(self) -> Iterator[Worker]:
         return iter(w for w in (self.workflows, self.claims, self.own, self.maintenance) if w is not None)
@@ -102,7 +98,7 @@ async def serve_then_drain(
         log.warning(
             "drain: %d attempt(s) still held after the grace window; their leases decide", attempts.busy
         )
-    # Recovery stops with the workflows: a takeover in progress is one conditional write.
+    # Recovery and the sweeper stop with the workflows: a takeover in progress is one conditional write.
     maintenance = [workers.maintenance.shutdown()] if workers.maintenance is not None else []
     finishing = asyncio.ensure_future(
         asyncio.gather(

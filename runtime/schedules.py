@@ -65,7 +65,7 @@ def sweeper_schedule(settings: Settings) -> Schedule:
             SweeperWorkflow.run,
             SweepInput(),
             id=SWEEPER_SCHEDULE_ID,
-            task_queue=settings.task_queue,
+            task_queue=settings.maintenance_task_queue,
             execution_timeout=timedelta(hours=1),
             static_summary="Sweeper: re-wake stale queued exports",
         ),

@@ -42,20 +42,15 @@ async def test_ensure_schedules_creates_both_idempotently_with_overlap_skip(dev_
     await ensure_schedules(dev_client, settings)  # a second worker starting: no error, no duplicate
 
     ids = [s.id async for s in await dev_client.list_schedules()]
-    for schedule_id, workflow_type, every, task_queue in (
-        (
-            RECOVERY_SCHEDULE_ID,
-            "RecoveryWorkflow",
-            settings.recovery_every_seconds,
-            settings.maintenance_task_queue,
-        ),
-        (SWEEPER_SCHEDULE_ID, "SweeperWorkflow", settings.sweep_every_seconds, settings.task_queue),
+    for schedule_id, workflow_type, every in (
+        (RECOVERY_SCHEDULE_ID, "RecoveryWorkflow", settings.recovery_every_seconds),
+        (SWEEPER_SCHEDULE_ID, "SweeperWorkflow", settings.sweep_every_seconds),
     ):
         assert ids.count(schedule_id) <= 1
         schedule = (await dev_client.get_schedule_handle(schedule_id).describe()).schedule
         action = schedule.action
         assert isinstance(action, ScheduleActionStartWorkflow)
-        assert (action.workflow, action.task_queue) == (workflow_type, task_queue)
+        assert (action.workflow, action.task_queue) == (workflow_type, settings.maintenance_task_queue)
         assert schedule.spec.intervals[0].every == timedelta(seconds=every)
         assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
 
@@ -79,10 +74,10 @@ async def test_an_existing_schedule_is_updated_and_keeps_its_paused_state(dev_cl
 async def test_the_recovery_schedule_runs_recovery_on_its_own_queue_past_a_backlog_on_the_shared_one(
     dev_client, settings, worker_store, recovery_store, factory
 ):
-    """Recovery runs on the maintenance queue, served by the host's maintenance worker as worker.py wires it:
-    a run is picked up and takes over an expired lease while export workflow tasks wait on the shared queue
-    with nothing serving them (a soak under load saw a recovery run wait 6.5 minutes behind such a backlog
-    when it shared that queue)."""
+    """Recovery and the sweeper run on the maintenance queue, served by the host's maintenance worker as
+    worker.py wires it: a run is picked up and takes over an expired lease while export workflow tasks wait
+    on the shared queue with nothing serving them (a soak under load saw a recovery run wait 6.5 minutes
+    behind such a backlog when it shared that queue)."""
     await ensure_schedules(dev_client, settings)
     job, _ = await factory.running()
     await factory.expire_lease(job.id)
