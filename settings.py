@@ -33,8 +33,7 @@ class Settings(BaseSettings):
     )
     task_queue: str = Field(
         default="exports",
-        description="the shared task queue; each worker also serves <task_queue>-<worker_id>, and recovery and"
-        " the sweeper run on <task_queue>.maintenance",
+        description="the shared task queue; each worker also serves <task_queue>-<worker_id>",
     )
     worker_id: str | None = Field(
         default=None, description="this worker's ID (default: host name, PID and a random suffix)"
@@ -335,10 +334,3 @@ class Settings(BaseSettings):
     metrics_db_cache_seconds: float = Field(
         default=5.0, description="how long one answer of the database gauges query is reused by scrapes"
     )
-
-    @property
-    def maintenance_task_queue(self) -> str:
-        """The queue recovery and the sweeper run on, workflows and activities: their own, so a backlog of export
-        workflow tasks on the shared queue never holds up the takeovers that would clear it (the 2,000-export
-        soak saw a recovery run wait 6.5 minutes there for its first workflow task)."""
-        return f"{self.task_queue}.maintenance"

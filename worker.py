@@ -4,12 +4,9 @@ It opens the database pools, connects to Temporal, registers the Web UI's search
 server allows it, creates the recovery and sweeper Schedules if they are missing (runtime/), brings every
 recurring export's Schedule to its PostgreSQL row (service/recurring_schedules.py), and runs:
 
-- a Temporal worker on the shared task queue: ExportWorkflow, RecurringFireWorkflow (recurring exports'
-  Schedules), ConnectionTestWorkflow (a destination's connection test), the claim, firing and connection-test
-  activities;
-- a Temporal worker on the maintenance queue (``{task_queue}.maintenance``): RecoveryWorkflow and
-  SweeperWorkflow with their activities, on a queue of their own so a backlog of export workflow tasks never
-  holds up the takeovers that would clear it;
+- a Temporal worker on the shared task queue: ExportWorkflow, RecoveryWorkflow, SweeperWorkflow,
+  RecurringFireWorkflow (recurring exports' Schedules), ConnectionTestWorkflow (a destination's connection
+  test), the claim, recovery, sweeper, firing and connection-test activities;
 - a Temporal worker on this host's own queue (``{task_queue}-{worker_id}``): the build, cutoff 2 and
   delivery activities of the attempts this host claimed, so the local file never leaves the host;
 - the outbox dispatcher, the webhook dispatcher (outcome notifications) and the scavenger of local files.
@@ -33,7 +30,6 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 from temporalio.client import Client
 from temporalio.runtime import Runtime
@@ -193,15 +189,12 @@ def build_workers(
     comes with the client."""
     workflows: list[type] = [ExportWorkflow, ConnectionTestWorkflow]
     shared_activities = export.shared_activities()
-    # Recovery and the sweeper on their own queue: never behind a backlog of export workflow tasks.
-    maintenance_workflows: list[type] = []
-    maintenance_activities: list[Callable[..., Any]] = []
     if recovery is not None:
-        maintenance_workflows.append(RecoveryWorkflow)
-        maintenance_activities += recovery.activities()
+        workflows.append(RecoveryWorkflow)
+        shared_activities += recovery.activities()
     if sweeper is not None:
-        maintenance_workflows.append(SweeperWorkflow)
-        maintenance_activities += sweeper.activities()
+        workflows.append(SweeperWorkflow)
+        shared_activities += sweeper.activities()
     if recurring is not None:
         workflows.append(RecurringFireWorkflow)
         shared_activities += recurring.activities()
@@ -232,18 +225,6 @@ def build_workers(
             identity=f"{export.worker_id}@own",
             interceptors=[LogContextInterceptor()],
         ),
-        maintenance=Worker(
-            client,
-            task_queue=settings.maintenance_task_queue,
-            workflows=maintenance_workflows,
-            activities=maintenance_activities,
-            workflow_runner=workflow_runner(),
-            graceful_shutdown_timeout=grace,
-            identity=f"{export.worker_id}@maintenance",
-            interceptors=[LogContextInterceptor()],
-        )
-        if maintenance_workflows
-        else None,
     )
 
 

@@ -35,18 +35,16 @@ class Dispatching(Protocol):
 
 @dataclass
 class HostWorkers:
-    """The Temporal workers of one host. The shared queue is served by two, so a drain can stop claiming at
-    once (``claims``) while workflow tasks and this host's own queue keep going until the deliveries it
-    authorized reach their terminal writes. Recovery and the sweeper have a queue of their own
-    (``maintenance``), so they never wait behind the export workflows' backlog on the shared one."""
+    """The three Temporal workers of one host. The shared queue is served by two, so a drain can stop
+    claiming at once (``claims``) while workflow tasks and this host's own queue keep going until the
+    deliveries it authorized reach their terminal writes."""
 
-    workflows: Worker  # shared queue: ExportWorkflow, ConnectionTestWorkflow, RecurringFireWorkflow
-    claims: Worker  # shared queue: the claim, a Temporal cancel's record, recurring firings, connection tests
+    workflows: Worker  # shared queue: ExportWorkflow, RecoveryWorkflow, SweeperWorkflow
+    claims: Worker  # shared queue: the claim, a Temporal cancel's record, recovery and the sweeper
     own: Worker  # this host's queue: the build, cutoff 2 and the delivery
-    maintenance: Worker | None = None  # the maintenance queue: RecoveryWorkflow, SweeperWorkflow and theirs
 
     def __iter__(self) -> Iterator[Worker]:
-        return iter(w for w in (self.workflows, self.claims, self.own, self.maintenance) if w is not None)
+        return iter((self.workflows, self.claims, self.own))
 
 
 async def serve_then_drain(
@@ -74,8 +72,6 @@ async def serve_then_drain(
         asyncio.create_task(workers.own.run(), name="own-worker"),
         asyncio.create_task(dispatcher.run(dispatcher_stop), name="outbox-dispatcher"),
     ]
-    if workers.maintenance is not None:
-        runs.append(asyncio.create_task(workers.maintenance.run(), name="maintenance-worker"))
     stopping = asyncio.create_task(stop.wait())
     listening = asyncio.create_task(dispatcher.ready.wait())
     await asyncio.wait([listening, stopping, *runs], return_when=asyncio.FIRST_COMPLETED)
@@ -98,15 +94,9 @@ async def serve_then_drain(
         log.warning(
             "drain: %d attempt(s) still held after the grace window; their leases decide", attempts.busy
         )
-    # Recovery and the sweeper stop with the workflows: a takeover in progress is one conditional write.
-    maintenance = [workers.maintenance.shutdown()] if workers.maintenance is not None else []
     finishing = asyncio.ensure_future(
         asyncio.gather(
-            workers.workflows.shutdown(),
-            workers.own.shutdown(),
-            claims_down,
-            *maintenance,
-            return_exceptions=True,
+            workers.workflows.shutdown(), workers.own.shutdown(), claims_down, return_exceptions=True
         )
     )
     if attempts.busy:

@@ -42,7 +42,7 @@ def _periodic(action: ScheduleActionStartWorkflow, every_seconds: float) -> Sche
 
 
 def recovery_schedule(settings: Settings) -> Schedule:
-    """Recovery every ``recovery_every_seconds`` on the maintenance queue (``Settings.maintenance_task_queue``)."""
+    """Recovery every ``recovery_every_seconds`` on the shared queue."""
     return _periodic(
         ScheduleActionStartWorkflow(
             RecoveryWorkflow.run,
@@ -50,7 +50,7 @@ def recovery_schedule(settings: Settings) -> Schedule:
                 batch=settings.recovery_batch, heartbeat_seconds=settings.recovery_heartbeat_seconds
             ),
             id=RECOVERY_SCHEDULE_ID,
-            task_queue=settings.maintenance_task_queue,
+            task_queue=settings.task_queue,
             execution_timeout=timedelta(hours=1),
             static_summary="Recovery: take over expired export leases",
         ),
@@ -65,7 +65,7 @@ def sweeper_schedule(settings: Settings) -> Schedule:
             SweeperWorkflow.run,
             SweepInput(),
             id=SWEEPER_SCHEDULE_ID,
-            task_queue=settings.maintenance_task_queue,
+            task_queue=settings.task_queue,
             execution_timeout=timedelta(hours=1),
             static_summary="Sweeper: re-wake stale queued exports",
         ),

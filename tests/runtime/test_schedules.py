@@ -5,18 +5,11 @@ these tests run there, with a real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from datetime import timedelta
 
 import pytest
-from temporalio.client import (
-    Client,
-    ScheduleActionStartWorkflow,
-    ScheduleOverlapPolicy,
-    WorkflowExecutionStatus,
-)
-from temporalio.service import RPCError
+from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverlapPolicy
 
 from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities
@@ -25,9 +18,9 @@ from domain.models import JobStatus
 from partner.kinds import partner_for
 from runtime.schedules import RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules
 from tests.support.eventually import eventually
-from worker import build_workers, open_export_activities, run_worker
-from workflows.export import ExportWorkflow
-from workflows.models import ExportInput
+from worker import run_worker
+from workflows.recovery import RecoveryWorkflow
+from workflows.sweeper import SweeperWorkflow
 
 WAIT = 30  # a bound on waiting for an outcome, never a delay that decides one
 
@@ -50,7 +43,7 @@ async def test_ensure_schedules_creates_both_idempotently_with_overlap_skip(dev_
         schedule = (await dev_client.get_schedule_handle(schedule_id).describe()).schedule
         action = schedule.action
         assert isinstance(action, ScheduleActionStartWorkflow)
-        assert (action.workflow, action.task_queue) == (workflow_type, settings.maintenance_task_queue)
+        assert (action.workflow, action.task_queue) == (workflow_type, settings.task_queue)
         assert schedule.spec.intervals[0].every == timedelta(seconds=every)
         assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
 
@@ -71,59 +64,39 @@ async def test_an_existing_schedule_is_updated_and_keeps_its_paused_state(dev_cl
         await ensure_schedules(dev_client, settings)
 
 
-async def test_the_recovery_schedule_runs_recovery_on_its_own_queue_past_a_backlog_on_the_shared_one(
+async def test_the_recovery_schedule_runs_recovery_on_a_worker(
     dev_client, settings, worker_store, recovery_store, factory
 ):
-    """Recovery and the sweeper run on the maintenance queue, served by the host's maintenance worker as
-    worker.py wires it: a run is picked up and takes over an expired lease while export workflow tasks wait
-    on the shared queue with nothing serving them (a soak under load saw a recovery run wait 6.5 minutes
-    behind such a backlog when it shared that queue)."""
+    from temporalio.worker import Worker
+
     await ensure_schedules(dev_client, settings)
     job, _ = await factory.running()
     await factory.expire_lease(job.id)
-    backlog = [
-        await dev_client.start_workflow(
-            ExportWorkflow.run,
-            ExportInput(job_id=uuid.uuid4(), message_id=uuid.uuid4()),
-            id=f"backlog-{uuid.uuid4()}",
-            task_queue=settings.task_queue,
-        )
-        for _ in range(20)
-    ]
     recovery = RecoveryActivities(recovery_store, settings, partners=partner_for)
     sweeper = SweeperActivities(worker_store, settings)
-    stack = contextlib.AsyncExitStack()
-    export = await open_export_activities(settings, stack, worker_id="maintenance-1", search_attributes=False)
-    workers = build_workers(dev_client, settings, export, recovery=recovery, sweeper=sweeper)
-    assert workers.maintenance is not None
-    try:
-        async with workers.maintenance:  # the shared queue's workers are never started
-            handle = dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID)
-            before = (await handle.describe()).info.num_actions
-            # The session's dev server is shared: a worker of an earlier module (its own task queue, gone
-            # now) may have left a run of this schedule open that nobody polls, and the schedule's SKIP would
-            # skip the trigger behind it. This run is started whatever is open; what it does is still
-            # asserted below.
-            await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
+    async with Worker(
+        dev_client,
+        task_queue=settings.task_queue,
+        workflows=[RecoveryWorkflow, SweeperWorkflow],
+        activities=[*recovery.activities(), *sweeper.activities()],
+    ):
+        handle = dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID)
+        before = (await handle.describe()).info.num_actions
+        # The session's dev server is shared: a worker of an earlier module (its own task queue, gone now)
+        # may have left a run of this schedule open that nobody polls, and the schedule's SKIP would skip
+        # the trigger behind it. This run is started whatever is open; what it does is still asserted below.
+        await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
 
-            async def a_new_action():
-                info = (await handle.describe()).info
-                return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
+        async def a_new_action():
+            info = (await handle.describe()).info
+            return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
 
-            action = await eventually(a_new_action, "the triggered recovery run", within=WAIT, interval=0.2)
-            run = dev_client.get_workflow_handle(action.action.workflow_id)
-            await asyncio.wait_for(run.result(), WAIT)
-            # The schedule's own interval can fire beside the trigger and take the job first (CI saw it):
-            # either way the requeue is by a run of this schedule.
-            runs = {a.action.workflow_id for a in (await handle.describe()).info.recent_actions}
-        # the backlog was never served: every export workflow still waits for its first workflow task
-        for waiting in backlog:
-            assert (await waiting.describe()).status == WorkflowExecutionStatus.RUNNING
-    finally:
-        for waiting in backlog:
-            with contextlib.suppress(RPCError):
-                await waiting.terminate(reason="test backlog")
-        await stack.aclose()
+        action = await eventually(a_new_action, "the triggered recovery run", within=WAIT, interval=0.2)
+        run = dev_client.get_workflow_handle(action.action.workflow_id)
+        await asyncio.wait_for(run.result(), WAIT)
+        # The schedule's own interval can fire beside the trigger and take the job first (CI saw it):
+        # either way the requeue is by a run of this schedule.
+        runs = {a.action.workflow_id for a in (await handle.describe()).info.recent_actions}
 
     requeued = await factory.job(job.id)
     assert requeued.status == JobStatus.QUEUED

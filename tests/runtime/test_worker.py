@@ -99,7 +99,7 @@ async def test_run_worker_serves_the_shared_queue_and_stops_cleanly_within_the_g
         RecoveryWorkflow.run,
         RecoveryInput(),
         id=f"recovery-{uuid.uuid4()}",
-        task_queue=host_settings.maintenance_task_queue,
+        task_queue=host_settings.task_queue,
         result_type=RecoveryBatchResult,
     )
     assert result.scanned == 0
@@ -185,7 +185,7 @@ async def test_a_job_that_crashes_its_worker_every_time_ends_failed_at_the_cap_t
                 RecoveryWorkflow.run,
                 RecoveryInput(),
                 id=f"recovery-{uuid.uuid4()}",
-                task_queue=host_settings.maintenance_task_queue,
+                task_queue=host_settings.task_queue,
                 result_type=RecoveryBatchResult,
             )
     finally:
