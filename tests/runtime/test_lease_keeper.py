@@ -236,12 +236,16 @@ async def test_each_renewal_is_counted_by_its_result_and_timed(
     assert lost["renewed"] == renewed["renewed"]
 
 
+@pytest.mark.parametrize(
+    "stopped_first", [None, StopReason.STOP_REQUESTED], ids=["lost", "stop-requested-then-lost"]
+)
 async def test_an_attempt_that_lost_its_job_to_a_takeover_gives_its_held_slot_back_when_it_ends(
-    factory: Factory, keeper_store: WorkerStore
+    factory: Factory, keeper_store: WorkerStore, stopped_first: StopReason | None
 ) -> None:
     # Recovery's takeover leaves the attempt's session slot held (0041): its worker may be alive with the
     # session open. The registry's attempt finds the loss at a renewal, closes what it holds, and at its end
-    # gives the slot back, so the partner's limit is not kept waiting for the hold.
+    # gives the slot back, so the partner's limit is not kept waiting for the hold. An attempt stopped for
+    # another reason first (a stop request) keeps that reason, and losing the job still gives the slot back.
     tenant_id = await factory.tenant()
     destination_id = await factory.destination(tenant_id, max_sessions=1)
     job, attempt_id = await factory.running(await factory.queued(tenant_id, destination_id))
@@ -251,40 +255,16 @@ async def test_an_attempt_that_lost_its_job_to_a_takeover_gives_its_held_slot_ba
     assert created and (await attempt.keeper.start()).owned
     taken = await keeper_store.take_session_slot(tenant_id, destination_id, attempt_id, job_id=job.id)
     assert taken.slot == 1
+    if stopped_first is not None:
+        attempt.stop(stopped_first)
     await factory.expire_lease(job.id)
     assert await factory.recovery.requeue_expired_attempt(job.id, attempt_id, 3, "recovery-test")
     held = await keeper_store.take_session_slot(tenant_id, destination_id, other_attempt, job_id=other.id)
     assert held.slot is None  # held for the attempt recovery took over
 
     renewal = await attempt.keeper.renew_now()
-    assert renewal is not None and not renewal.owned and attempt.reason == StopReason.OWNERSHIP_LOST
-    await registry.end(attempt)
-
-    taken = await keeper_store.take_session_slot(tenant_id, destination_id, other_attempt, job_id=other.id)
-    assert taken.slot == 1
-
-
-async def test_an_attempt_stopped_for_another_reason_first_still_gives_its_held_slot_back(
-    factory: Factory, keeper_store: WorkerStore
-) -> None:
-    # The first stop reason stands (a stop request here); losing the job afterwards still gives the slot back.
-    tenant_id = await factory.tenant()
-    destination_id = await factory.destination(tenant_id, max_sessions=1)
-    job, attempt_id = await factory.running(await factory.queued(tenant_id, destination_id))
-    other, other_attempt = await factory.running(await factory.queued(tenant_id, destination_id))
-    registry = AttemptRegistry(keeper_store, Settings(renew_every_seconds=60))
-    attempt, _ = registry.open(job.id, attempt_id, timer=False)
-    assert (await attempt.keeper.start()).owned
-    assert (
-        await keeper_store.take_session_slot(tenant_id, destination_id, attempt_id, job_id=job.id)
-    ).slot == 1
-    attempt.stop(StopReason.STOP_REQUESTED)
-    await factory.expire_lease(job.id)
-    assert await factory.recovery.requeue_expired_attempt(job.id, attempt_id, 3, "recovery-test")
-
-    renewal = await attempt.keeper.renew_now()
     assert renewal is not None and not renewal.owned
-    assert attempt.lost and attempt.reason == StopReason.STOP_REQUESTED
+    assert attempt.lost and attempt.reason == (stopped_first or StopReason.OWNERSHIP_LOST)
     await registry.end(attempt)
 
     taken = await keeper_store.take_session_slot(tenant_id, destination_id, other_attempt, job_id=other.id)
