@@ -192,7 +192,7 @@ class UnfencedActivities:
 
 
 class Bench:
-    """One database, one SFTP server, one dev server; a fenced and an unfenced worker host."""
+    """One dev server and one SFTP server; a fenced, a quiet (its own database) and an unfenced worker host."""
 
     def __init__(
         self,
