@@ -13,7 +13,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.host import ExportHost
-from domain.models import ClaimResult, JobStatus
+from domain.models import ClaimResult, ExportJob, JobStatus
 from observability import logs
 from rules.ownership import held_by
 from rules.policy import evaluate_policy
@@ -75,9 +75,10 @@ class ClaimActivity:
                 ClaimStep.REJECTED if rejected else ClaimStep.NOT_CLAIMED, facts.tenant_id
             )
 
-        result = await store.claim_if_queued(
+        claim = await store.claim(
             facts.job_id, facts.version, inp.attempt_id, self.host.worker_id, workflow_id=inp.workflow_id
         )
+        result = claim.result
         if result == ClaimResult.UNKNOWN:
             raise ApplicationError("the claim's answer and its re-read were both lost", type="ClaimUnknown")
         if result == ClaimResult.PAUSED:
@@ -93,17 +94,21 @@ class ClaimActivity:
             return self._not_claimed(ClaimStep.NOT_CLAIMED, facts.tenant_id)
         if self.host.seams.after_claim is not None:
             await self.host.seams.after_claim(facts.job_id)
-        return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id)
+        return self._claimed(facts.job_id, facts.tenant_id, inp.attempt_id, row=claim.job)
 
     def _not_claimed(self, step: ClaimStep, tenant_id: UUID) -> ClaimOutcome:
         return ClaimOutcome(step=step, tenant_id=tenant_id, search_attributes=self.search_attributes)
 
-    def _claimed(self, job_id: UUID, tenant_id: UUID, attempt_id: UUID) -> ClaimOutcome:
+    def _claimed(
+        self, job_id: UUID, tenant_id: UUID, attempt_id: UUID, *, row: ExportJob | None = None
+    ) -> ClaimOutcome:
         # From the confirmed claim on, one keeper renews this attempt's lease (the claim has just set it).
         attempt, created = self.host.open(job_id, attempt_id)
         if created:
             attempt.keeper.start_timer()
             self.host.attempts.watch_idle(attempt)
+        if row is not None:
+            attempt.claimed = row  # the build on this host starts from it, without reading it again
         return ClaimOutcome(
             step=ClaimStep.CLAIMED,
             tenant_id=tenant_id,

@@ -41,6 +41,7 @@ from domain.models import (
     FinishResult,
     JobStatus,
     RetryResult,
+    UploadFence,
 )
 from observability import logs
 from observability.metrics import get_metrics
@@ -108,47 +109,58 @@ class DeliverActivity:
                 keep_heartbeating(lambda: {"stage": "delivering", "bytes_sent": attempt.sent})
             )
             try:
-                job = await self.host.read_job(inp.job_id)
-                if job is not None:
-                    logs.bind_rest_of_task(tenant_id=job.tenant_id)
-                if not held_by(job, inp.attempt_id, JobStatus.DELIVERING):
-                    return DeliverResult(finish=FinishResult.NOT_OWNER)
-                if created:
-                    first = await attempt.keeper.start()
-                    if first is None:
-                        first = await attempt.keeper.renew_now()
-                    if first is None or not first.owned:
-                        # Nothing has left the host yet: an attempt that cannot confirm it still owns the job
-                        # does not start an irreversible upload; recovery resolves the Delivering row.
-                        return DeliverResult(
-                            finish=FinishResult.NOT_OWNER if first is not None else FinishResult.UNKNOWN
-                        )
+                # Handed on by prepare on this host when cutoff 2 authorized: the upload fence is then the first
+                # statement, and its answer is the row. Otherwise (the attempt is new here) the row is read and
+                # ownership confirmed before anything else.
+                handed, attempt.contract = attempt.contract, None
+                job: ExportJob | None = None
+                if created or handed is None:
+                    job = await self.host.read_job(inp.job_id)
+                    refused = await self._not_ours(job, inp, attempt, created)
+                    if refused is not None:
+                        return refused
+                else:
+                    logs.bind_rest_of_task(tenant_id=handed.tenant_id)
                 if self.host.seams.before_upload is not None:
-                    await self.host.seams.before_upload(job.id)
+                    await self.host.seams.before_upload(inp.job_id)
                 # The contract cutoff 2 authorized, whatever the destination says since: an edit after cutoff 2
-                # does not touch this upload (issue #24.2). Read while the upload fence is written.
-                contract = asyncio.create_task(
-                    self.host.store.load_destination(
-                        job.tenant_id, job.destination_id, job.destination_version
-                    )
-                )
-                contract.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved
-                fenced = await self._fence(attempt, rename=False)
-                if fenced != FenceResult.FENCED:
-                    contract.cancel()
+                # does not touch this upload (issue #24.2). Read while the upload fence is written, unless it
+                # was handed on.
+                contract = self._authorized_contract(job) if job is not None else None
+                fence = await self._fence_upload(attempt)
+                if fence.result != FenceResult.FENCED:
+                    if contract is not None:
+                        contract.cancel()
                     # Nothing was sent: the partner never heard of this attempt.
                     log.info(
-                        "job %s attempt %s: upload fence %s; nothing sent", job.id, attempt.attempt_id, fenced
+                        "job %s attempt %s: upload fence %s; nothing sent",
+                        inp.job_id,
+                        attempt.attempt_id,
+                        fence.result,
                     )
                     await self._append(
-                        job.id, attempt.attempt_id, {"observation": "upload_fence", "result": fenced.value}
+                        inp.job_id,
+                        attempt.attempt_id,
+                        {"observation": "upload_fence", "result": fence.result.value},
                     )
                     return DeliverResult(
                         finish=FinishResult.NOT_OWNER
-                        if fenced == FenceResult.NOT_OWNER
+                        if fence.result == FenceResult.NOT_OWNER
                         else FinishResult.UNKNOWN
                     )
-                return await self._upload_and_finish(job, inp, attempt, await contract)
+                # The row as the fence wrote it (only a re-read after a lost answer leaves it to be read).
+                job = fence.job or job or await self.host.read_job(inp.job_id)
+                if job is None:
+                    return DeliverResult(finish=FinishResult.UNKNOWN)  # fenced, and nothing sent
+                if contract is not None:
+                    destination = await contract
+                elif handed is not None and handed.version == job.destination_version:
+                    destination = handed  # what the build read is what cutoff 2 authorized
+                else:
+                    destination = await self.host.store.load_destination(
+                        job.tenant_id, job.destination_id, job.destination_version
+                    )
+                return await self._upload_and_finish(job, inp, attempt, destination)
             finally:
                 heartbeat.cancel()
                 await self.host.attempts.end(
@@ -156,20 +168,56 @@ class DeliverActivity:
                 )  # right after the terminal write, so no renewal reports a false loss
                 remove_export_file(Path(inp.file.path))
 
-    async def _fence(self, attempt: Attempt, *, rename: bool) -> FenceResult:
-        """Write the upload (or rename) fence for this attempt; renew once and retry when only the lease
-        lapsed (still the owner, only late). Anything but Fenced means: do not touch the partner."""
-        fence = (
-            self.host.store.fence_rename_if_delivering
-            if rename
-            else self.host.store.fence_upload_if_delivering
+    async def _not_ours(
+        self, job: ExportJob | None, inp: DeliverInput, attempt: Attempt, created: bool
+    ) -> DeliverResult | None:
+        """Why this attempt must not start its upload, as the row just read says, or ``None``: the job is not
+        Delivering for it, or (an attempt new on this host) its keeper cannot confirm it still owns the job."""
+        if job is not None:
+            logs.bind_rest_of_task(tenant_id=job.tenant_id)
+        if not held_by(job, inp.attempt_id, JobStatus.DELIVERING):
+            return DeliverResult(finish=FinishResult.NOT_OWNER)
+        if created:
+            first = await attempt.keeper.start()
+            if first is None:
+                first = await attempt.keeper.renew_now()
+            if first is None or not first.owned:
+                # Nothing has left the host yet: an attempt that cannot confirm it still owns the job does not
+                # start an irreversible upload; recovery resolves the Delivering row.
+                return DeliverResult(
+                    finish=FinishResult.NOT_OWNER if first is not None else FinishResult.UNKNOWN
+                )
+        return None
+
+    def _authorized_contract(self, job: ExportJob) -> asyncio.Task[Destination]:
+        """The destination version cutoff 2 authorized for ``job``, read in a task of its own."""
+        contract = asyncio.create_task(
+            self.host.store.load_destination(job.tenant_id, job.destination_id, job.destination_version)
         )
-        answer = await fence(attempt.job_id, attempt.attempt_id)
-        if answer == FenceResult.LEASE_LAPSED:
-            renewal = await attempt.keeper.renew_now()
-            if renewal is not None and renewal.owned:
-                answer = await fence(attempt.job_id, attempt.attempt_id)
+        contract.add_done_callback(lambda done: done.cancelled() or done.exception())  # retrieved
+        return contract
+
+    async def _fence_upload(self, attempt: Attempt) -> UploadFence:
+        """Write the upload fence for this attempt, with the row it left. Anything but Fenced means: do not
+        touch the partner."""
+        answer = await self.host.store.fence_upload(attempt.job_id, attempt.attempt_id)
+        if answer.result == FenceResult.LEASE_LAPSED and await self._renewed(attempt):
+            answer = await self.host.store.fence_upload(attempt.job_id, attempt.attempt_id)
         return answer
+
+    async def _fence_rename(self, attempt: Attempt) -> FenceResult:
+        """Write the rename fence for this attempt. Anything but Fenced means: send no rename."""
+        answer = await self.host.store.fence_rename_if_delivering(attempt.job_id, attempt.attempt_id)
+        if answer == FenceResult.LEASE_LAPSED and await self._renewed(attempt):
+            answer = await self.host.store.fence_rename_if_delivering(attempt.job_id, attempt.attempt_id)
+        return answer
+
+    @staticmethod
+    async def _renewed(attempt: Attempt) -> bool:
+        """A fence refused only for a lapsed lease: still the owner, only late, if a renewal succeeds (it does
+        only while no takeover has committed); then the fence is written once more."""
+        renewal = await attempt.keeper.renew_now()
+        return renewal is not None and renewal.owned
 
     async def _append(self, job_id: UUID, attempt_id: UUID, evidence: dict[str, Any]) -> None:
         with contextlib.suppress(StoreError, OSError, TimeoutError):
@@ -213,7 +261,7 @@ class DeliverActivity:
                     await self.host.seams.before_rename_fence(job.id)
                 # What the thread observed so far (the upload) is on record before the rename is sent:
                 # appended while the fence is written.
-                answer, _ = await asyncio.gather(self._fence(attempt, rename=True), recorder.drain())
+                answer, _ = await asyncio.gather(self._fence_rename(attempt), recorder.drain())
                 if answer == FenceResult.FENCED and self.host.seams.after_rename_fence is not None:
                     await self.host.seams.after_rename_fence(job.id)
                 if answer == FenceResult.OUTSIDE_WINDOW:

@@ -49,7 +49,8 @@ class ExportSeams:
     before_authorize: JobSeam | None = (
         None  # after the build, before the session slot, the session and cutoff 2
     )
-    before_upload: JobSeam | None = None  # in deliver, after ownership is confirmed, before the fence
+    # in deliver, before the upload fence (after ownership is confirmed, for an attempt new on this host)
+    before_upload: JobSeam | None = None
     during_upload: UploadSeam | None = None  # forwarded to DeliveryHooks.during_upload (bytes sent)
     before_rename_fence: JobSeam | None = None  # after the upload, before the rename fence
     after_rename_fence: JobSeam | None = None  # the rename fence matched, the rename not yet sent

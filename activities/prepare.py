@@ -87,7 +87,9 @@ class PrepareActivity:
     async def _prepare(self, inp: PrepareInput, attempt: Attempt, created: bool) -> PrepareResult:
         async with self.host.attempts.holding(attempt):
             attempt.stage = "building"
-            job = await self.host.read_job(inp.job_id)
+            # The row as the claim on this host wrote it, or (an attempt new here) as read now.
+            handed, attempt.claimed = attempt.claimed, None
+            job = handed or await self.host.read_job(inp.job_id)
             if job is not None:
                 logs.bind_rest_of_task(tenant_id=job.tenant_id)
             if not held_by(job, inp.attempt_id, JobStatus.RUNNING):
@@ -180,6 +182,9 @@ class PrepareActivity:
                 if answer == AuthorizationResult.AUTHORIZED:
                     authorized = True
                     attempt.stage = "authorized"
+                    # The upload on this host uses it if cutoff 2 authorized this very version (its fence's
+                    # answer says which it did), and reads nothing before its fence.
+                    attempt.contract = destination
                     return PrepareResult(
                         cutoff_answers=answers,
                         file=LocalFile(

@@ -113,12 +113,13 @@ RETURNING id;
 -- or waiting claim matches nothing and the job stays Queued. Outside the window it matches nothing either,
 -- and makes the job wait for the next opening instead (issue #25.2): available_at and a wake-up deferred as
 -- long, in this statement, so no attempt is made and the job is woken when the partner takes deliveries.
--- It answers with the row whether or not it matched (lock, guarded update, return the row), so a refusal is
--- classified from this answer; the locking reads return the latest committed versions after any wait.
+-- It answers with the whole row whether or not it matched (lock, guarded update, return the row), so a refusal
+-- is classified from this answer, and the attempt's build needs no read of its own; the locking reads return the
+-- latest committed versions after any wait.
 WITH job AS (
-    SELECT id, status, version, attempt_id, tenant_id, destination_id,
-           coalesce(available_at <= clock_timestamp(), true) AS available
-    FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+    SELECT e AS found, e.id, e.status, e.tenant_id, e.destination_id,
+           coalesce(e.available_at <= clock_timestamp(), true) AS available
+    FROM export_jobs e WHERE e.id = %(job_id)s FOR UPDATE),
 gate AS (
     -- the three switches of the job's scope read FOR SHARE, while it is Queued (a missing row is paused)
     SELECT coalesce((SELECT lock_delivery_scope(job.tenant_id, job.destination_id) FROM job
@@ -142,7 +143,7 @@ claimed AS (
       AND (j.available_at IS NULL OR j.available_at <= clock_timestamp())
       -- the partner takes deliveries now (a missing destination is the policy's and cutoff 2's to refuse)
       AND coalesce((SELECT open FROM win), true)
-    RETURNING j.id, j.status, j.version, j.attempt_id, j.claimed_by),
+    RETURNING j.*),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, version, worker_id, recorded_at)
     SELECT id, attempt_id, 'Claimed', version, claimed_by, clock_timestamp() FROM claimed),
@@ -159,12 +160,13 @@ woke AS (
     INSERT INTO outbox (message_id, kind, job_id, created_at, traceparent, available_at)
     SELECT gen_random_uuid(), 'ExportReady', id, clock_timestamp(), %(traceparent)s::text, available_at
     FROM deferred)
-SELECT true AS matched, status, version, attempt_id, true AS deliveries_open, true AS available,
-       true AS window_open, NULL::timestamptz AS window_opens_at
+SELECT true AS matched, true AS deliveries_open, true AS available,
+       true AS window_open, NULL::timestamptz AS window_opens_at, claimed.*
 FROM claimed
 UNION ALL
-SELECT false AS matched, status, version, attempt_id, (SELECT open FROM gate) AS deliveries_open, available,
-       coalesce((SELECT open FROM win), true) AS window_open, (SELECT opens_at FROM win) AS window_opens_at
+SELECT false AS matched, (SELECT open FROM gate) AS deliveries_open, job.available,
+       coalesce((SELECT open FROM win), true) AS window_open, (SELECT opens_at FROM win) AS window_opens_at,
+       (job.found).*
 FROM job WHERE NOT EXISTS (SELECT 1 FROM claimed);
 
 -- name: adopt_claim_if_running
@@ -394,24 +396,26 @@ SELECT id AS job_id, 'Exhausted' AS ending, NULL::timestamptz AS available_at FR
 -- name: fence_upload_if_delivering
 -- The upload fence: before any I/O with the partner, this attempt writes it, still Delivering, still the
 -- owner, with a current lease. The uploader sends nothing unless this matched (or, after a lost answer,
--- the re-read shows its own fence). Recovery's fail_unpublished_delivery refuses a late one.
+-- the re-read shows its own fence). Recovery's fail_unpublished_delivery refuses a late one. It answers with
+-- the whole row, as it wrote it or as the locking read found it, so the upload reads nothing else before it
+-- starts (the terms cutoff 2 authorized are on it).
 WITH job AS (
-    SELECT id, status, attempt_id, upload_fenced_at IS NOT NULL AS fenced,
-           coalesce(lease_expires_at > clock_timestamp(), false) AS lease_current
-    FROM export_jobs WHERE id = %(job_id)s FOR UPDATE),
+    SELECT e AS found, e.upload_fenced_at IS NOT NULL AS fenced,
+           coalesce(e.lease_expires_at > clock_timestamp(), false) AS lease_current
+    FROM export_jobs e WHERE e.id = %(job_id)s FOR UPDATE),
 fenced AS (
     UPDATE export_jobs j
     SET upload_fenced_at = clock_timestamp()
     FROM job
-    WHERE j.id = job.id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
+    WHERE j.id = (job.found).id AND j.attempt_id = %(attempt_id)s AND j.status = 'Delivering'
       AND j.upload_fenced_at IS NULL AND j.lease_expires_at > clock_timestamp()
-    RETURNING j.id, j.status, j.attempt_id, j.upload_fenced_at, j.claimed_by),
+    RETURNING j.*),
 event AS (
     INSERT INTO export_attempt_events (job_id, attempt_id, kind, worker_id, recorded_at)
     SELECT id, attempt_id, 'UploadFenced', claimed_by, upload_fenced_at FROM fenced)
-SELECT true AS matched, status, attempt_id, true AS fenced, true AS lease_current FROM fenced
+SELECT true AS matched, true AS fenced, true AS lease_current, fenced.* FROM fenced
 UNION ALL
-SELECT false AS matched, status, attempt_id, fenced, lease_current
+SELECT false AS matched, job.fenced, job.lease_current, (job.found).*
 FROM job WHERE NOT EXISTS (SELECT 1 FROM fenced);
 
 -- name: fence_rename_if_delivering

@@ -11,19 +11,21 @@ from pydantic import Field
 from domain.models import CancellationOutcome, ExportJob, JobStatus, Row
 
 
-class ClaimAnswer(Row):
-    """The claim's answer: whether it matched, and the row as the locking read found it otherwise, with
-    whether every delivery switch of its scope was enabled (read FOR SHARE by the claim itself)."""
+class ClaimAnswer(ExportJob):
+    """The claim's answer: whether it matched, with the whole row as it wrote it or, when it matched nothing,
+    as the locking read found it, and whether every delivery switch of its scope was enabled (read FOR SHARE by
+    the claim itself)."""
 
     matched: bool
-    status: JobStatus
-    version: int
-    attempt_id: UUID | None
     deliveries_open: bool
     available: bool  # not waiting after a give-back (its available_at passed, or it has none)
     # inside the destination's delivery window now (0035); when not, the claim deferred the job to this opening
     window_open: bool = True
     window_opens_at: datetime | None = None
+
+    def job(self) -> ExportJob:
+        """The row alone (its values are validated already)."""
+        return _row_of(self)
 
 
 class CutoffAnswer(Row):
@@ -53,6 +55,25 @@ class FenceAnswer(Row):
     fenced: bool
     lease_current: bool
     window_open: bool = True  # the rename fence only: inside the destination's delivery window (0035)
+
+
+class UploadFenceAnswer(ExportJob):
+    """The upload fence's answer: whether it matched, with the whole row, as it wrote it or, when it matched
+    nothing, as the locking read found it."""
+
+    matched: bool
+    fenced: bool
+    lease_current: bool
+    window_open: bool = True  # the rename fence's; the upload fence never reads the window
+
+    def job(self) -> ExportJob:
+        """The row alone (its values are validated already)."""
+        return _row_of(self)
+
+
+def _row_of(answer: ExportJob) -> ExportJob:
+    """An answer's ``export_jobs`` row alone, without the answer's own columns."""
+    return ExportJob.model_construct(**{name: getattr(answer, name) for name in ExportJob.model_fields})
 
 
 class JobIdRow(Row):

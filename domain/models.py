@@ -303,6 +303,22 @@ class ExportJob(Row):
         return final_name_for(self.delivery_key)
 
 
+class Claim(Row):
+    """Cutoff 1's answer with the row as the claim wrote it (``None`` unless this call's own statement
+    claimed it: a claim found by a re-read, or a retry's, is read again by whoever needs the row)."""
+
+    result: ClaimResult
+    job: ExportJob | None = None
+
+
+class UploadFence(Row):
+    """The upload fence's answer with the row it left: as the fence wrote it, or as its locking read found it
+    when it matched nothing (``None`` when only the re-read after a lost answer decided)."""
+
+    result: FenceResult
+    job: ExportJob | None = None
+
+
 def final_name_for(delivery_key: str, suffix: str = ".csv") -> str:
     """The partner-facing file name: a function of the delivery key (000 "The Tables") and the suffix of
     the destination's file format (``FileFormat.suffix``: ``.csv``, ``.csv.gz``, ``.csv.gz.pgp``, ...)."""

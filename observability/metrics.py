@@ -32,6 +32,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from domain.models import (
     AuthorizationResult,
     CancellationOutcome,
+    Claim,
     ClaimResult,
     DeliveryOutcome,
     FailureCause,
@@ -41,6 +42,7 @@ from domain.models import (
     ReleaseResult,
     RetryResult,
     Statement,
+    UploadFence,
 )
 from domain.recurring import FiringOutcome, SkipReason
 
@@ -132,10 +134,12 @@ def transition_result(answer: Any) -> TransitionResult:
 
     Accepts ``ClaimResult``, ``AuthorizationResult``, ``FinishResult``, ``FenceResult`` (or their string
     values), a bool (a conditional write that matched or not: recovery's takeovers, reject, cancel,
-    request-stop, reconcile, correct) and ``None`` (no answer). Anything else is a programming error.
+    request-stop, reconcile, correct), a ``Claim`` or an ``UploadFence`` (its result) and ``None`` (no answer). Anything else is a programming error.
     """
     if answer is None:
         return TransitionResult.UNKNOWN
+    if isinstance(answer, (Claim, UploadFence)):
+        answer = answer.result
     if isinstance(answer, bool):
         return TransitionResult.WRITTEN if answer else TransitionResult.REFUSED
     value = str(answer)

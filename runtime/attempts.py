@@ -20,6 +20,8 @@ from typing import Any
 from uuid import UUID
 
 from db.stores.protocol import WorkerStore
+from domain.destination import Destination
+from domain.models import ExportJob
 from runtime.lease import LeaseKeeper
 from settings import Settings
 
@@ -57,6 +59,12 @@ class Attempt:
     waiting_for_slot: tuple[int, int] | None = None
     closing: asyncio.Task[None] | None = None  # the kept session's close after the attempt lost its job
     lost: bool = False  # a renewal found the job taken over (whatever stopped the attempt first)
+    # The row as the claim on this host wrote it, handed on to the build, which then reads it no more (its
+    # ownership is the keeper's to watch, and cutoff 2 decides).
+    claimed: ExportJob | None = None
+    # The destination as the build read it, handed on at cutoff 2's authorization to the upload on this host,
+    # which uses it when cutoff 2 authorized that same version (and reads the version it did otherwise).
+    contract: Destination | None = None
 
     def stop(self, reason: StopReason) -> None:
         """Stop the build phase (never cutoff 2 or the upload) for ``reason``; the first reason stands."""

@@ -30,6 +30,7 @@ from db.rows import (
     RenewalRow,
     RetryRow,
     StoppedRow,
+    UploadFenceAnswer,
 )
 from db.stores.base import REREAD_TIMEOUT_SECONDS, observe_stop, transition
 from db.stores.evidence import EvidenceStatements
@@ -38,6 +39,7 @@ from db.stores.slots import SlotStatements
 from domain.controls import PolicyFacts
 from domain.models import (
     AuthorizationResult,
+    Claim,
     ClaimResult,
     DeliveryOutcome,
     EventKind,
@@ -54,6 +56,7 @@ from domain.models import (
     RetryResult,
     Statement,
     StopPoint,
+    UploadFence,
 )
 from observability.metrics import StopPath, get_metrics
 from observability.tracing import current_traceparent
@@ -101,7 +104,6 @@ class ProtocolStatements(Reads):
             message=message,
         )
 
-    @transition(Statement.CLAIM_IF_QUEUED)
     async def claim_if_queued(
         self,
         job_id: UUID,
@@ -110,7 +112,19 @@ class ProtocolStatements(Reads):
         worker_id: str,
         workflow_id: str | None = None,
     ) -> ClaimResult:
-        """Cutoff 1. Claimed only if the row is Running with this attempt: from the statement's own
+        """Cutoff 1 (:meth:`claim`), its result alone."""
+        return (await self.claim(job_id, checked_version, attempt_id, worker_id, workflow_id)).result
+
+    @transition(Statement.CLAIM_IF_QUEUED)
+    async def claim(
+        self,
+        job_id: UUID,
+        checked_version: int,
+        attempt_id: UUID,
+        worker_id: str,
+        workflow_id: str | None = None,
+    ) -> Claim:
+        """Cutoff 1, with the row as it wrote it when it claimed. Claimed only if the row is Running with this attempt: from the statement's own
         answer, or, when that answer was lost, from a re-read of state and ownership. NotYet when the
         claim matched nothing because the job waits after a give-back, Paused when only because a
         delivery switch of the job's scope is paused, OutsideWindow when only because its destination's
@@ -131,27 +145,28 @@ class ProtocolStatements(Reads):
         )
         if answers is not None:
             found = answers[0] if answers else None
+            assert found is None or isinstance(found, ClaimAnswer)
             if found is not None and found.matched:
-                return ClaimResult.CLAIMED
+                return Claim(result=ClaimResult.CLAIMED, job=found.job())
             if found is not None and found.status == JobStatus.QUEUED and found.version == checked_version:
                 if not found.available:
-                    return ClaimResult.NOT_YET
+                    return Claim(result=ClaimResult.NOT_YET)
                 if not found.deliveries_open:
-                    return ClaimResult.PAUSED
+                    return Claim(result=ClaimResult.PAUSED)
                 if not found.window_open:
-                    return ClaimResult.OUTSIDE_WINDOW
+                    return Claim(result=ClaimResult.OUTSIDE_WINDOW)
             status, owner = (found.status, found.attempt_id) if found else (None, None)
         else:
             try:
                 state = await self._reread(job_id)
             except TransientStoreError:
-                return ClaimResult.UNKNOWN
+                return Claim(result=ClaimResult.UNKNOWN)
             status, owner = (state.status, state.attempt_id) if state else (None, None)
         # State and ownership together: Running with this attempt's ID, and nothing else, means claimed
         # (a retry of a claim whose first answer was lost finds its own claim).
         if status == JobStatus.RUNNING and owner == attempt_id:
-            return ClaimResult.CLAIMED
-        return ClaimResult.LOST
+            return Claim(result=ClaimResult.CLAIMED)
+        return Claim(result=ClaimResult.LOST)
 
     @transition(Statement.ADOPT_CLAIM_IF_RUNNING)
     async def adopt_claim_if_running(self, job_id: UUID, attempt_id: UUID, worker_id: str) -> bool:
@@ -311,11 +326,25 @@ class ProtocolStatements(Reads):
                 return ReleaseResult.EXHAUSTED
         return ReleaseResult.NOT_OWNER
 
-    @transition(Statement.FENCE_UPLOAD_IF_DELIVERING)
     async def fence_upload_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
         """The upload fence: Fenced only if this attempt, Delivering with a current lease, wrote it (or,
         after a lost answer, the re-read shows its own fence). Nothing may be sent to the partner otherwise."""
-        return await self._fence("fence_upload_if_delivering", job_id, attempt_id, rename=False)
+        return (await self.fence_upload(job_id, attempt_id)).result
+
+    @transition(Statement.FENCE_UPLOAD_IF_DELIVERING)
+    async def fence_upload(self, job_id: UUID, attempt_id: UUID) -> UploadFence:
+        """The upload fence (:meth:`fence_upload_if_delivering`) with the row it left, so the upload need not
+        read it first; no row when only the re-read after a lost answer decided."""
+        answers = await self._unless_lost(
+            "fence_upload_if_delivering", {"job_id": job_id, "attempt_id": attempt_id}, UploadFenceAnswer
+        )
+        if answers is None:
+            return UploadFence(result=await self._fence_reread(job_id, attempt_id, rename=False))
+        if not answers:
+            return UploadFence(result=FenceResult.NOT_OWNER)
+        found = answers[0]
+        assert isinstance(found, UploadFenceAnswer)
+        return UploadFence(result=fence_result(found, attempt_id), job=found.job())
 
     @transition(Statement.FENCE_RENAME_IF_DELIVERING)
     async def fence_rename_if_delivering(self, job_id: UUID, attempt_id: UUID) -> FenceResult:
@@ -330,23 +359,27 @@ class ProtocolStatements(Reads):
             params["window_margin_seconds"] = self.window_margin_seconds
         answers = await self._unless_lost(name, params, FenceAnswer)
         if answers is None:
-            try:
-                state = await self._reread(job_id)
-            except TransientStoreError:
-                return FenceResult.UNKNOWN
-            if state is None:
-                return FenceResult.NOT_OWNER
-            found = FenceAnswer(
-                matched=False,
-                status=state.status,
-                attempt_id=state.attempt_id,
-                fenced=state.rename_fenced if rename else state.upload_fenced,
-                lease_current=state.lease_current,
-            )
-        elif not answers:
+            return await self._fence_reread(job_id, attempt_id, rename=rename)
+        if not answers:
             return FenceResult.NOT_OWNER
-        else:
-            found = answers[0]
+        return fence_result(answers[0], attempt_id)
+
+    async def _fence_reread(self, job_id: UUID, attempt_id: UUID, *, rename: bool) -> FenceResult:
+        """A fence whose answer was lost, decided from a re-read of state and ownership: Fenced only when
+        this attempt's own fence is on the row."""
+        try:
+            state = await self._reread(job_id)
+        except TransientStoreError:
+            return FenceResult.UNKNOWN
+        if state is None:
+            return FenceResult.NOT_OWNER
+        found = FenceAnswer(
+            matched=False,
+            status=state.status,
+            attempt_id=state.attempt_id,
+            fenced=state.rename_fenced if rename else state.upload_fenced,
+            lease_current=state.lease_current,
+        )
         return fence_result(found, attempt_id)
 
     async def _finish(
@@ -522,7 +555,7 @@ class ProtocolStatements(Reads):
         return [r.job_id for r in rows]
 
 
-def fence_result(found: FenceAnswer, attempt_id: UUID) -> FenceResult:
+def fence_result(found: FenceAnswer | UploadFenceAnswer, attempt_id: UUID) -> FenceResult:
     """The fence's answer from the row it left: Fenced when this attempt's fence is written."""
     if not held_by(found, attempt_id, JobStatus.DELIVERING):
         return FenceResult.NOT_OWNER

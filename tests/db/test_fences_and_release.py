@@ -19,6 +19,7 @@ import uuid
 
 from domain.models import (
     AuthorizationResult,
+    ClaimResult,
     DeliveryOutcome,
     EventKind,
     FailureCode,
@@ -228,6 +229,62 @@ async def test_recovery_committed_first_makes_a_late_fence_wait_then_be_refused(
     assert await fencing == FenceResult.NOT_OWNER  # the paused worker sends nothing
     row = await factory.job(job.id)
     assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
+
+
+async def test_the_upload_fence_answers_with_the_row_it_wrote_or_found(factory, worker_store):
+    """The upload reads nothing before its fence: the fence's answer is the whole row, as it wrote it (with the
+    terms cutoff 2 authorized), or, refused, as its locking read found it."""
+    job, attempt = await factory.delivering()
+    refused = await worker_store.fence_upload(job.id, uuid.uuid4())
+    assert refused.result == FenceResult.NOT_OWNER
+    assert refused.job == await factory.job(job.id)  # as found: not fenced, this attempt's
+
+    fenced = await worker_store.fence_upload(job.id, attempt)
+    row = await factory.job(job.id)
+    assert fenced.result == FenceResult.FENCED and fenced.job == row
+    assert row.upload_fenced_at is not None and row.attempt_id == attempt
+    assert (row.expected_file_name, row.destination_version) == (
+        fenced.job.expected_file_name,
+        fenced.job.destination_version,
+    ) and row.delivery_authorized_at is not None
+
+
+async def test_the_claim_answers_with_the_row_it_wrote_and_only_when_it_claimed(factory, worker_store):
+    """The build reads nothing before it starts: the claim's answer is the whole row as the claim wrote it. A
+    claim that matched nothing hands on no row."""
+    job = await factory.queued()
+    attempt = uuid.uuid4()
+    claim = await worker_store.claim(job.id, job.version, attempt, "w1")
+    row = await factory.job(job.id)
+    assert claim.result == ClaimResult.CLAIMED and claim.job == row
+    assert (row.status, row.attempt_id, row.claimed_by, row.attempt_count) == (
+        JobStatus.RUNNING,
+        attempt,
+        "w1",
+        1,
+    )
+
+    again = await worker_store.claim(job.id, job.version, uuid.uuid4(), "w2")
+    assert (again.result, again.job) == (ClaimResult.LOST, None)
+
+
+async def test_a_fence_that_waited_for_recovery_answers_with_the_row_recovery_committed(factory, kit):
+    job, attempt = await factory.delivering()
+    await factory.expire_lease(job.id)
+    held = await kit.hold("exports_recovery")
+    assert await held.run("fail_unpublished_delivery", fail_params(job.id, attempt))
+
+    worker = await kit.solo("exports_worker")
+    fencing = asyncio.create_task(worker.store.fence_upload(job.id, attempt))
+    await kit.wait_until_blocked_by(worker.pid, held.pid)
+    await still_waiting(fencing)
+
+    await held.commit()
+    answer = await fencing
+    assert answer.result == FenceResult.NOT_OWNER
+    # the latest committed row, read after the wait, not the one the statement's snapshot saw first
+    assert answer.job is not None and answer.job == await factory.job(job.id)
+    assert (answer.job.status, answer.job.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
 
 
 async def test_a_rolled_back_recovery_lets_the_waiting_fence_through(factory, kit, worker_store):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from domain.models import AuthorizationResult, EventKind, JobStatus
+from observability.metrics import get_metrics
 from service.auth import Caller
 from service.destinations import Destinations, EditDestination
 from service.exports import Exports
@@ -173,3 +174,95 @@ async def test_an_edit_of_the_host_after_cutoff_2_does_not_touch_the_upload_and_
     assert authorized.destination_version == 1
     evidence = [json.loads(e.detail or "{}") for e in recorded if e.kind == EventKind.DELIVERY_EVIDENCE]
     assert evidence and {e.get("destination_version") for e in evidence} == {1}
+
+
+def statements_run(*names: str) -> dict[str, float]:
+    """How many times this process has run each named statement so far (its latency histogram's count)."""
+    value = get_metrics().registry.get_sample_value
+    return {
+        name: value("fenced_exports_statement_duration_seconds_count", {"statement": name}) or 0.0
+        for name in names
+    }
+
+
+READS = ("get_job", "load_destination", "fence_upload_if_delivering")
+
+
+async def test_an_attempt_on_one_host_reads_the_row_and_the_destination_once_each(
+    harness: Harness, endpoints: tuple[Endpoint, Endpoint]
+) -> None:
+    """The claim's answer is the row, and the build starts from it; cutoff 2 authorized the version the build
+    read, so the upload uses the destination the build read, handed on, and its fence's answer is the row.
+    From the claim to the rename fence: no read of the row, and one of the destination (the build's)."""
+    old, _ = endpoints
+    job = await queue_to(harness, old)
+    counted: list[dict[str, float]] = []
+
+    async def count(job_id: uuid.UUID) -> None:
+        counted.append(statements_run(*READS))
+
+    harness.host.activities.seams.after_claim = count
+    harness.host.activities.seams.before_authorize = count
+    harness.host.activities.seams.after_rename_fence = count
+    result = await harness.run(job)
+
+    assert result.outcome == AttemptOutcome.COMPLETED
+    claimed, built, renamed = counted
+    assert {name: built[name] - claimed[name] for name in READS} == {
+        "get_job": 0,
+        "load_destination": 1,  # the build's
+        "fence_upload_if_delivering": 0,
+    }
+    assert {name: renamed[name] - built[name] for name in READS} == {
+        "get_job": 0,
+        "load_destination": 0,
+        "fence_upload_if_delivering": 1,
+    }
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.destination_version) == (JobStatus.COMPLETED, 1)
+    assert old.files() == [row.expected_file_name]
+    recorded = await events(harness, job.id)
+    evidence = [json.loads(e.detail or "{}") for e in recorded if e.kind == EventKind.DELIVERY_EVIDENCE]
+    assert evidence and {e.get("destination_version") for e in evidence} == {1}
+
+
+async def test_an_edit_of_no_delivery_term_during_the_build_is_authorized_and_the_upload_reads_that_version(
+    harness: Harness, endpoints: tuple[Endpoint, Endpoint]
+) -> None:
+    """A new display name during the build: cutoff 2 authorizes (nothing a delivery uses changed) and records
+    version 2, which is not the version the build read; the upload then reads version 2, and its evidence
+    names it."""
+    old, _ = endpoints
+    job = await queue_to(harness, old)
+    counted: list[dict[str, float]] = []
+
+    async def renamed_during_the_build(job_id: uuid.UUID) -> None:
+        await harness.factory.principal(job.tenant_id, "ada.admin", "admin")
+        exports = Exports(harness.factory.api)
+        answer = await Destinations(exports.store, approvals=exports.approvals).edit(
+            admin_of(job.tenant_id),
+            job.destination_id,
+            EditDestination(name="partner, renamed", reason="the partner's new trading name"),
+            '"1"',
+        )
+        assert answer.ok, answer.body
+        counted.append(statements_run(*READS))
+
+    async def count(job_id: uuid.UUID) -> None:
+        counted.append(statements_run(*READS))
+
+    harness.host.activities.seams.before_authorize = renamed_during_the_build
+    harness.host.activities.seams.after_rename_fence = count
+    result = await harness.run(job)
+
+    assert result.cutoff_answers == [AuthorizationResult.AUTHORIZED]
+    assert result.outcome == AttemptOutcome.COMPLETED
+    built, renamed = counted
+    assert renamed["load_destination"] - built["load_destination"] == 1  # the version cutoff 2 authorized
+    assert renamed["get_job"] - built["get_job"] == 0
+    row = await harness.factory.job(job.id)
+    assert (row.status, row.destination_version, row.attempt_count) == (JobStatus.COMPLETED, 2, 1)
+    assert old.files() == [row.expected_file_name]
+    recorded = await events(harness, job.id)
+    evidence = [json.loads(e.detail or "{}") for e in recorded if e.kind == EventKind.DELIVERY_EVIDENCE]
+    assert evidence and {e.get("destination_version") for e in evidence} == {2}
