@@ -82,7 +82,9 @@ async def fetch(conn: AsyncConnection[Any], name: str, params: dict[str, Any], r
     with observe_statement(name, params, writes=all_queries()[name].writes):
         async with conn.cursor(row_factory=class_row(row)) as cur:
             await cur.execute(q(name), params)
-            return await cur.fetchall() if cur.description else []
+            # rownumber is None when the statement returned no rows to fetch; unlike description, it builds
+            # no Column per field (the claim and the upload fence answer with the whole row)
+            return await cur.fetchall() if cur.rownumber is not None else []
 
 
 async def fetch_maybe(
@@ -117,4 +119,4 @@ def fetch_sync(conn: Connection[Any], name: str, params: dict[str, Any]) -> list
     dicts. Not observed: none of them runs the row protocol, and the gauges report their own duration."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(q(name), params)
-        return cur.fetchall() if cur.description else []
+        return cur.fetchall() if cur.rownumber is not None else []
