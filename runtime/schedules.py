@@ -19,6 +19,7 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.common import Priority
 from temporalio.service import RPCError, RPCStatusCode
 
 from settings import Settings
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 
 RECOVERY_SCHEDULE_ID = "fenced-exports-recovery"
 SWEEPER_SCHEDULE_ID = "fenced-exports-sweeper"
+# Recovery's runs, and the activities they start (they inherit it), go ahead of every export's tasks on the
+# shared queue (Temporal's task queue priority: 1 is first, 3 the default). Under a backlog of export workflow
+# tasks a run waited minutes between its batches while leases stayed expired; the sweeper keeps the default,
+# since re-waking a job that is only waiting in that backlog adds to it.
+RECOVERY_PRIORITY = Priority(priority_key=1)
 
 
 def _periodic(action: ScheduleActionStartWorkflow, every_seconds: float) -> Schedule:
@@ -42,7 +48,7 @@ def _periodic(action: ScheduleActionStartWorkflow, every_seconds: float) -> Sche
 
 
 def recovery_schedule(settings: Settings) -> Schedule:
-    """Recovery every ``recovery_every_seconds`` on the shared queue."""
+    """Recovery every ``recovery_every_seconds`` on the shared queue, ahead of the exports' tasks there."""
     return _periodic(
         ScheduleActionStartWorkflow(
             RecoveryWorkflow.run,
@@ -53,6 +59,7 @@ def recovery_schedule(settings: Settings) -> Schedule:
             task_queue=settings.task_queue,
             execution_timeout=timedelta(hours=1),
             static_summary="Recovery: take over expired export leases",
+            priority=RECOVERY_PRIORITY,
         ),
         settings.recovery_every_seconds,
     )
@@ -110,6 +117,7 @@ def _keep_state_update(schedule: Schedule) -> Callable[[ScheduleUpdateInput], Sc
 
 
 __all__: list[Any] = [
+    "RECOVERY_PRIORITY",
     "RECOVERY_SCHEDULE_ID",
     "SWEEPER_SCHEDULE_ID",
     "ensure_schedules",

@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from temporalio import activity, workflow
 from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverlapPolicy
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from activities.export import ExportActivities
 from activities.recovery import RecoveryActivities
 from activities.sweeper import SweeperActivities
 from domain.models import JobStatus
 from partner.kinds import partner_for
-from runtime.schedules import RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules
+from runtime.schedules import RECOVERY_PRIORITY, RECOVERY_SCHEDULE_ID, SWEEPER_SCHEDULE_ID, ensure_schedules
 from tests.support.eventually import eventually
 from worker import run_worker
 from workflows.recovery import RecoveryWorkflow
@@ -146,3 +149,89 @@ async def test_an_exports_workflow_is_found_by_its_export_job_id(dev_client, set
         stop.set()
         release.set()  # cutoff 2 is never skipped: it runs, and the host stops
         await asyncio.wait_for(host_task, WAIT)
+
+
+@activity.defn(name="backlog.note")
+async def _note(name: str) -> None:
+    pass
+
+
+class _StartOrder(Interceptor):
+    """Records the type of every activity this worker starts, in the order it starts them."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        order = self
+
+        class Recording(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                order.started.append(activity.info().activity_type)
+                return await super().execute_activity(input)
+
+        return Recording(next)
+
+
+@workflow.defn(name="BacklogWorkflow", sandboxed=False)
+class _Backlog:
+    """An export's stand-in: one workflow task, one activity, one more workflow task."""
+
+    @workflow.run
+    async def run(self, name: str) -> None:
+        await workflow.execute_activity(_note, name, start_to_close_timeout=timedelta(seconds=30))
+
+
+async def test_a_recovery_run_goes_ahead_of_a_backlog_of_export_tasks_on_the_shared_queue(
+    dev_client, settings, worker_store, recovery_store
+):
+    """Forty workflows wait on the shared queue with no worker, then recovery's schedule fires; one worker taking
+    one task at a time from the shared queue (no sticky cache) then starts recovery's first batch ahead of the
+    backlog's activities (its priority is 1, the backlog's the default 3, and its activities inherit it). Without the priority the batch waits behind
+    all forty workflow tasks and most of their activities: under the soak's load a run waited minutes between
+    its batches while leases stayed expired."""
+    from temporalio.worker import Worker
+
+    queue = f"backlog-{uuid.uuid4()}"
+    shared = settings.model_copy(update={"task_queue": queue})
+    order = _StartOrder()
+    try:
+        await ensure_schedules(dev_client, shared)
+        action = (await dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID).describe()).schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow) and action.priority == RECOVERY_PRIORITY
+        for i in range(40):
+            await dev_client.start_workflow(_Backlog.run, f"b{i}", id=f"{queue}-b{i}", task_queue=queue)
+        handle = dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID)
+        before = (await handle.describe()).info.num_actions
+        await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
+
+        async def a_new_action():
+            info = (await handle.describe()).info
+            return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
+
+        triggered = await eventually(a_new_action, "the triggered recovery run", within=WAIT, interval=0.2)
+        recovery = RecoveryActivities(recovery_store, shared, partners=partner_for)
+        sweeper = SweeperActivities(worker_store, shared)
+        async with Worker(
+            dev_client,
+            task_queue=queue,
+            workflows=[RecoveryWorkflow, SweeperWorkflow, _Backlog],
+            activities=[*recovery.activities(), *sweeper.activities(), _note],
+            interceptors=[order],
+            max_concurrent_workflow_tasks=1,
+            max_concurrent_workflow_task_polls=1,
+            max_cached_workflows=0,
+            max_concurrent_activities=1,
+        ):
+            await asyncio.wait_for(
+                dev_client.get_workflow_handle(triggered.action.workflow_id).result(), WAIT
+            )
+            for i in range(40):
+                await asyncio.wait_for(dev_client.get_workflow_handle(f"{queue}-b{i}").result(), WAIT)
+    finally:
+        await ensure_schedules(dev_client, settings)
+    first_batch = order.started.index("recover_expired_leases")
+    # measured on the dev server: 0 to 4 of the backlog's activities before the batch with the priority, 25 to 33
+    # without it
+    assert order.started[:first_batch].count("backlog.note") < 10, order.started[: first_batch + 1]
+    assert order.started.count("backlog.note") == 40  # the backlog ran too, after it
