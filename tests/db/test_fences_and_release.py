@@ -221,13 +221,16 @@ async def test_recovery_committed_first_makes_a_late_fence_wait_then_be_refused(
     assert await held.run("fail_unpublished_delivery", fail_params(job.id, attempt))
 
     worker = await kit.solo("exports_worker")
-    fencing = asyncio.create_task(worker.store.fence_upload_if_delivering(job.id, attempt))
+    fencing = asyncio.create_task(worker.store.fence_upload(job.id, attempt))
     await kit.wait_until_blocked_by(worker.pid, held.pid)
     await still_waiting(fencing)
 
     await held.commit()
-    assert await fencing == FenceResult.NOT_OWNER  # the paused worker sends nothing
+    answer = await fencing
+    assert answer.result == FenceResult.NOT_OWNER  # the paused worker sends nothing
     row = await factory.job(job.id)
+    # its answer is the row recovery committed, read after the wait, not the one its snapshot saw first
+    assert answer.job == row
     assert (row.status, row.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
 
 
@@ -266,25 +269,6 @@ async def test_the_claim_answers_with_the_row_it_wrote_and_only_when_it_claimed(
 
     again = await worker_store.claim(job.id, job.version, uuid.uuid4(), "w2")
     assert (again.result, again.job) == (ClaimResult.LOST, None)
-
-
-async def test_a_fence_that_waited_for_recovery_answers_with_the_row_recovery_committed(factory, kit):
-    job, attempt = await factory.delivering()
-    await factory.expire_lease(job.id)
-    held = await kit.hold("exports_recovery")
-    assert await held.run("fail_unpublished_delivery", fail_params(job.id, attempt))
-
-    worker = await kit.solo("exports_worker")
-    fencing = asyncio.create_task(worker.store.fence_upload(job.id, attempt))
-    await kit.wait_until_blocked_by(worker.pid, held.pid)
-    await still_waiting(fencing)
-
-    await held.commit()
-    answer = await fencing
-    assert answer.result == FenceResult.NOT_OWNER
-    # the latest committed row, read after the wait, not the one the statement's snapshot saw first
-    assert answer.job is not None and answer.job == await factory.job(job.id)
-    assert (answer.job.status, answer.job.failure_reason) == (JobStatus.FAILED, FailureCode.NOT_DELIVERED)
 
 
 async def test_a_rolled_back_recovery_lets_the_waiting_fence_through(factory, kit, worker_store):

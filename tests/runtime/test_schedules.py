@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 from temporalio import activity, workflow
-from temporalio.client import Client, ScheduleActionStartWorkflow, ScheduleOverlapPolicy
+from temporalio.client import (
+    Client,
+    ScheduleActionExecutionStartWorkflow,
+    ScheduleActionResult,
+    ScheduleActionStartWorkflow,
+    ScheduleHandle,
+    ScheduleOverlapPolicy,
+)
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from activities.export import ExportActivities
@@ -31,6 +38,25 @@ WAIT = 30  # a bound on waiting for an outcome, never a delay that decides one
 @pytest.fixture(scope="module")
 def dev_client(dev_env) -> Client:
     return dev_env.client
+
+
+async def triggered_run(handle: ScheduleHandle) -> ScheduleActionExecutionStartWorkflow:
+    """Trigger the schedule now and wait for the run it started.
+
+    The session's dev server is shared: a worker of an earlier module (its own task queue, gone now) may have
+    left a run of this schedule open that nobody polls, and the schedule's SKIP would skip the trigger behind
+    it. This run is started whatever is open (ALLOW_ALL); what it does is for the caller to assert.
+    """
+    before = (await handle.describe()).info.num_actions
+    await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
+
+    async def a_new_action() -> ScheduleActionResult | None:
+        info = (await handle.describe()).info
+        return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
+
+    found = await eventually(a_new_action, "the triggered run", within=WAIT, interval=0.2)
+    assert isinstance(found.action, ScheduleActionExecutionStartWorkflow)
+    return found.action
 
 
 async def test_ensure_schedules_creates_both_idempotently_with_overlap_skip(dev_client, settings):
@@ -84,18 +110,8 @@ async def test_the_recovery_schedule_runs_recovery_on_a_worker(
         activities=[*recovery.activities(), *sweeper.activities()],
     ):
         handle = dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID)
-        before = (await handle.describe()).info.num_actions
-        # The session's dev server is shared: a worker of an earlier module (its own task queue, gone now)
-        # may have left a run of this schedule open that nobody polls, and the schedule's SKIP would skip
-        # the trigger behind it. This run is started whatever is open; what it does is still asserted below.
-        await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
-
-        async def a_new_action():
-            info = (await handle.describe()).info
-            return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
-
-        action = await eventually(a_new_action, "the triggered recovery run", within=WAIT, interval=0.2)
-        run = dev_client.get_workflow_handle(action.action.workflow_id)
+        started = await triggered_run(handle)
+        run = dev_client.get_workflow_handle(started.workflow_id)
         await asyncio.wait_for(run.result(), WAIT)
         # The schedule's own interval can fire beside the trigger and take the job first (CI saw it):
         # either way the requeue is by a run of this schedule.
@@ -201,15 +217,7 @@ async def test_a_recovery_run_goes_ahead_of_a_backlog_of_export_tasks_on_the_sha
         assert isinstance(action, ScheduleActionStartWorkflow) and action.priority == RECOVERY_PRIORITY
         for i in range(40):
             await dev_client.start_workflow(_Backlog.run, f"b{i}", id=f"{queue}-b{i}", task_queue=queue)
-        handle = dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID)
-        before = (await handle.describe()).info.num_actions
-        await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
-
-        async def a_new_action():
-            info = (await handle.describe()).info
-            return info.recent_actions[-1] if info.num_actions > before and info.recent_actions else None
-
-        triggered = await eventually(a_new_action, "the triggered recovery run", within=WAIT, interval=0.2)
+        triggered = await triggered_run(dev_client.get_schedule_handle(RECOVERY_SCHEDULE_ID))
         recovery = RecoveryActivities(recovery_store, shared, partners=partner_for)
         sweeper = SweeperActivities(worker_store, shared)
         async with Worker(
@@ -223,9 +231,7 @@ async def test_a_recovery_run_goes_ahead_of_a_backlog_of_export_tasks_on_the_sha
             max_cached_workflows=0,
             max_concurrent_activities=1,
         ):
-            await asyncio.wait_for(
-                dev_client.get_workflow_handle(triggered.action.workflow_id).result(), WAIT
-            )
+            await asyncio.wait_for(dev_client.get_workflow_handle(triggered.workflow_id).result(), WAIT)
             for i in range(40):
                 await asyncio.wait_for(dev_client.get_workflow_handle(f"{queue}-b{i}").result(), WAIT)
     finally:
